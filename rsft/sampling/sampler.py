@@ -1,0 +1,294 @@
+"""The batched sampler: K completions for each of P prompts, plain or speculative, exact.
+
+One loop serves both. Each step, every running row has a `last` token (emitted, not yet in the
+policy's cache). With a draft, the draft proposes up to gamma tokens per row; the policy runs one
+forward over [last, d1..d_gamma] (rows with fewer drafts mask the rest) and the verifier
+(rsft.sampling.verifier) accepts a prefix of the drafts and emits one more token, so each row gains
+1..gamma+1 tokens. Without a draft (or when the gamma controller says speculation does not pay),
+gamma is 0 and the step is plain sampling: one forward, one token from p.
+
+Batch management (rsft.sampling.kv_batch): at most `batch_rows` rows run at once; a row leaves as
+soon as it emits EOS or reaches max_new_tokens and the next waiting completion takes its place; a
+prompt's rows are admitted together where they fit and share one prefill of the prompt.
+
+Randomness: every completion has its own `torch.Generator`, seeded from (seed, prompt index,
+sample index); all the uniforms a row consumes (draft samples, acceptance tests, the emitted token)
+come from it, drawn in a fixed order. A completion's randomness does not depend on which rows share
+its batch.
+
+Adaptive gamma (`GammaController`): tokens per policy forward follow (1 - a^(g+1)) / (1 - a) for
+acceptance rate a (Leviathan et al. 2022), but on a CPU a forward over g+1 positions costs more
+than over one. The controller measures the acceptance rate and the wall time of policy forwards
+per number of positions and of draft proposals, and picks the g in 0..gamma_max with the highest
+expected tokens per second; g = 0 means "do not speculate". It re-probes neighbouring values now
+and then so its estimates stay current.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from rsft.sampling.kv_batch import KVBatch
+from rsft.sampling.processing import (
+    check_finite,
+    check_sampling_settings,
+    draw_uniforms,
+    greedy_probs,
+    probs_from_logits,
+)
+from rsft.sampling.verifier import AcceptanceStats, check_strategy, verify
+
+
+@dataclass
+class SamplingSettings:
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    strategy: str = "exact"
+    leniency: float = 1.0
+    batch_rows: int = 16
+    gamma: int = 0
+    adaptive: bool = False
+
+    def check(self) -> None:
+        check_sampling_settings(self.temperature, self.top_k, self.top_p, self.strategy)
+        check_strategy(self.strategy, self.leniency)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sample.max_new_tokens={self.max_new_tokens}: expected >= 1")
+        if self.batch_rows < 1:
+            raise ValueError(f"sample.batch_rows={self.batch_rows}: expected >= 1")
+        if self.gamma < 0:
+            raise ValueError(f"draft.gamma={self.gamma}: expected >= 1 with a draft (0 = no speculation)")
+
+
+@dataclass
+class Completion:
+    prompt_index: int
+    sample_idx: int
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_target_forwards: int = 0
+
+
+@dataclass
+class _Row:
+    group: int  # prompt index
+    member: int  # sample index within the prompt
+    prompt_ids: list[int]
+    generator: torch.Generator
+    completion: Completion
+
+
+def completion_seed(seed: int, prompt_index: int, sample_idx: int) -> int:
+    """A 63-bit seed per completion, stable across runs, batch sizes and Python versions."""
+    digest = hashlib.sha256(f"{seed}/{prompt_index}/{sample_idx}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class GammaController:
+    """Chooses gamma each step from measured acceptance and measured cost (see module docstring)."""
+
+    def __init__(self, gamma_max: int, adaptive: bool, probe_every: int = 16):
+        self.gamma_max, self.adaptive, self.probe_every = gamma_max, adaptive, probe_every
+        self.accept_rate = 0.5  # prior, replaced by the running estimate after the first drafts
+        self.drafted = self.accepted = 0.0
+        self.target_seconds: dict[int, float] = {}  # positions per row -> EMA seconds per forward
+        self.draft_seconds = 0.0  # EMA seconds per proposed token (all rows)
+        self.steps = 0
+        self.history: list[int] = []
+
+    def _target_cost(self, positions: int) -> float:
+        if positions in self.target_seconds:
+            return self.target_seconds[positions]
+        one = self.target_seconds.get(1, 1.0)
+        measured = [(n, t) for n, t in self.target_seconds.items() if n > 1]
+        # per extra position, relative to one position; prior 0.3 (a 2-core CPU at 8-32 rows)
+        slope = sum((t / one - 1) / (n - 1) for n, t in measured) / len(measured) if measured else 0.3
+        return one * (1 + max(slope, 0.0) * (positions - 1))
+
+    def expected_rate(self, gamma: int) -> float:
+        """Expected emitted tokens per second per row-step for this gamma."""
+        a = min(self.accept_rate, 0.999)
+        tokens = (1 - a ** (gamma + 1)) / (1 - a)
+        return tokens / (self._target_cost(gamma + 1) + gamma * self.draft_seconds)
+
+    def choose(self) -> int:
+        self.steps += 1
+        if not self.adaptive or self.gamma_max == 0:
+            gamma = self.gamma_max
+        else:
+            best = max(range(self.gamma_max + 1), key=self.expected_rate)
+            if self.steps % self.probe_every == 0:  # re-measure a neighbour (and acceptance when at 0)
+                best = min(best + 1, self.gamma_max) if best == 0 or self.steps % (2 * self.probe_every) else best - 1
+            gamma = best
+        self.history.append(gamma)
+        return gamma
+
+    def observe(self, gamma: int, drafted: int, accepted: int, target_s: float, draft_s: float) -> None:
+        decay = 0.9
+        if drafted:
+            self.drafted = decay * self.drafted + drafted
+            self.accepted = decay * self.accepted + accepted
+            self.accept_rate = self.accepted / self.drafted
+        old = self.target_seconds.get(gamma + 1)
+        self.target_seconds[gamma + 1] = target_s if old is None else decay * old + (1 - decay) * target_s
+        if gamma:
+            self.draft_seconds = decay * self.draft_seconds + (1 - decay) * draft_s / gamma if self.draft_seconds else draft_s / gamma
+
+
+class Sampler:
+    """Generates completions from `target`; with `draft` (ModelDraft / NgramDraft), speculatively."""
+
+    def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None):
+        settings.check()
+        if draft is not None and settings.gamma < 1:
+            raise ValueError(f"draft.gamma={settings.gamma}: expected >= 1 with a draft")
+        self.target, self.settings, self.draft = target, settings, draft
+        self.eos = set(int(t) for t in eos_token_ids)
+        self.stats = AcceptanceStats()
+        self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
+        self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "prefill_seconds": 0.0}
+
+    def _processed(self, logits: torch.Tensor) -> torch.Tensor:
+        s = self.settings
+        if s.strategy == "greedy":
+            return greedy_probs(logits)
+        return probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], num_samples: int, seed: int, progress: bool = True) -> list[Completion]:
+        """K = num_samples completions for each prompt (token ids, chat-formatted); in prompt order."""
+        if num_samples < 1:
+            raise ValueError(f"sample.num_samples={num_samples}: expected >= 1")
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise ValueError(f"prompt {i} tokenizes to nothing; expected at least one token")
+        s = self.settings
+        waiting = [(p, k) for p in range(len(prompts)) for k in range(num_samples)]
+        waiting.reverse()  # pop() from the end takes them in prompt order
+        done: list[Completion] = []
+        target = KVBatch(self.target)
+        rows: list[_Row] = []
+        last = torch.zeros(0, dtype=torch.long)  # [rows]
+        device = target.device
+        bar = tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress)
+        while rows or waiting:
+            # admit waiting completions into free slots, a prompt's rows sharing one prefill
+            free = s.batch_rows - len(rows)
+            if free > 0 and waiting:
+                started = time.perf_counter()
+                admitted = [waiting.pop() for _ in range(min(free, len(waiting)))]
+                groups: dict[int, list[int]] = {}
+                for p, k in admitted:
+                    groups.setdefault(p, []).append(k)
+                new_rows = []
+                for p, members in groups.items():
+                    for k in members:
+                        cseed = completion_seed(seed, p, k)
+                        gen = torch.Generator(device="cpu").manual_seed(cseed)
+                        new_rows.append(_Row(p, k, prompts[p], gen, Completion(p, k, cseed)))
+                prefixes = [prompts[p][:-1] for p in groups]
+                copies = [len(m) for m in groups.values()]
+                target.admit(prefixes, copies)
+                if self.draft is not None:
+                    self.draft.admit(prefixes, copies, new_rows)
+                rows.extend(new_rows)
+                last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
+                self.timings["prefill_seconds"] += time.perf_counter() - started
+            last_dev = last.to(device)
+
+            remaining = torch.tensor([s.max_new_tokens - len(r.completion.token_ids) for r in rows])  # [rows]
+            gamma = min(self.controller.choose(), int(remaining.max()) - 1)
+            uniforms = draw_uniforms([r.generator for r in rows], 2 * gamma + 1).to(device)  # [rows, 2g+1]
+            draft_tokens = draft_probs = None
+            num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
+            draft_s = 0.0
+            if gamma > 0:
+                started = time.perf_counter()
+                draft_tokens, draft_probs, num_drafts = self.draft.propose(
+                    last_dev, gamma, uniforms[:, :gamma], s, rows)
+                num_drafts = torch.minimum(num_drafts, (remaining.to(device) - 1).clamp(min=0))
+                draft_s = time.perf_counter() - started
+                self.timings["draft_seconds"] += draft_s
+                width = int(num_drafts.max())  # no row drafted more: verify only that many positions
+                draft_tokens = draft_tokens[:, :width]
+                draft_probs = None if draft_probs is None else draft_probs[:, :width]
+            else:
+                width = 0
+            started = time.perf_counter()
+            inputs = last_dev[:, None] if width == 0 else torch.cat([last_dev[:, None], draft_tokens], 1)  # [rows, 1+w]
+            valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None]  # [rows, 1+w]
+            logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
+            check_finite(logits, row_ids=[f"prompt {r.group} sample {r.member}" for r in rows], where="policy logits")
+            target_probs = self._processed(logits.float())  # [rows, 1+w, vocab]
+            empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
+            result = verify(
+                draft_tokens if width else empty,
+                draft_probs,
+                target_probs,
+                uniforms[:, gamma:gamma + width],
+                uniforms[:, 2 * gamma],
+                num_drafts=num_drafts,
+                strategy=s.strategy,
+                leniency=s.leniency,
+            )
+            target.commit(1 + result.num_accepted)
+            target_s = time.perf_counter() - started
+            self.timings["target_seconds"] += target_s
+            self.stats.update(result, num_drafts)
+            self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()),
+                                    target_s, draft_s)
+
+            tokens = result.tokens.cpu()
+            emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]
+            if self.draft is not None:
+                self.draft.after_step(draft_tokens if width else None, result.num_accepted, emitted, rows, last_dev)
+            keep, new_last = [], []
+            for i, row in enumerate(rows):
+                c = row.completion
+                c.num_target_forwards += 1
+                c.num_drafted += int(num_drafts[i])
+                c.num_accepted += int(result.num_accepted[i])
+                for token in emitted[i]:
+                    if token in self.eos:
+                        c.finish_reason = "eos"
+                        break
+                    c.token_ids.append(token)
+                    if len(c.token_ids) >= s.max_new_tokens:
+                        c.finish_reason = "length"
+                        break
+                if c.finish_reason:
+                    done.append(c)
+                    bar.update(1)
+                else:
+                    keep.append(i)
+                    new_last.append(emitted[i][-1])
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, dtype=torch.long, device=device)
+                target.keep_rows(index)
+                if self.draft is not None:
+                    self.draft.keep_rows(index)
+                rows = [rows[i] for i in keep]
+            else:
+                target.compact()
+            last = torch.tensor(new_last, dtype=torch.long)
+        bar.close()
+        done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
+        return done
+
+    def summary(self) -> dict:
+        out = self.stats.summary()
+        out.update({k: round(v, 3) for k, v in self.timings.items()})
+        history = self.controller.history
+        out["gamma_chosen_mean"] = sum(history) / len(history) if history else 0.0
+        out["gamma_max"] = self.controller.gamma_max
+        return out
