@@ -12,6 +12,11 @@ from omegaconf import DictConfig, OmegaConf
 # stage name -> module exposing run(cfg); imported on use so `stage=sample` does not load TRL.
 STAGES = {
     "sample": "rsft.sample",
+    "score": "rsft.score",
+    "select": "rsft.select",
+    "sft": "rsft.sft",
+    "eval": "rsft.eval",
+    "loop": "rsft.loop",
 }
 
 log = logging.getLogger("rsft")
