@@ -85,11 +85,21 @@ class KVBatch:
             if prefix:
                 ids = torch.tensor([prefix], dtype=torch.long, device=self.device)  # [1, len]
                 self.model(input_ids=ids, past_key_values=fresh, use_cache=True, logits_to_keep=1)
+                new_layers = [(layer.keys.expand(count, -1, -1, -1), layer.values.expand(count, -1, -1, -1))
+                              for layer in fresh.layers if layer.is_initialized]
+            else:  # a one-token prompt: nothing to prefill, zero slots per layer
+                new_layers = [(self._empty_slots(count), self._empty_slots(count))
+                              for _ in range(self.model.config.num_hidden_layers)]
             length = len(prefix)
-            new_layers = [(layer.keys.expand(count, -1, -1, -1), layer.values.expand(count, -1, -1, -1))
-                          for layer in fresh.layers if layer.is_initialized]
             new_mask = torch.ones(count, length, dtype=torch.bool, device=self.device)  # [count, len]
             self._append_rows(new_layers, new_mask)
+
+    def _empty_slots(self, rows: int) -> torch.Tensor:
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(rows, heads, 0, head_dim, dtype=dtype, device=self.device)  # [rows, heads, 0, dim]
 
     def _append_rows(self, new_layers, new_mask: torch.Tensor) -> None:
         width = max(self.num_slots, new_mask.shape[1])

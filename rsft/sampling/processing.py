@@ -52,15 +52,15 @@ def check_finite(logits: Tensor, row_ids=None, where: str = "") -> None:
         return
     index = int(bad.nonzero()[0])
     name = row_ids[index] if row_ids is not None else index
-    problem = "NaN or +inf" if bad_value[index] else "every token at -inf (nothing to sample) at some position"
+    problem = "NaN or +inf" if bad_value[index] else "every token at -inf (nothing to sample)"
     prefix = f"{where}: " if where else ""
     raise ValueError(f"{prefix}row {name} (batch index {index}) has {problem} in its logits")
 
 
 def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """logits [..., vocab] (any dtype) -> float32 probabilities [..., vocab] after temperature, top-k, top-p."""
+    """logits [..., vocab] (any dtype) -> float32 probs [..., vocab] after temperature, top-k, top-p."""
     if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 to sample (got {temperature}); use greedy_probs for greedy decoding")
+        raise ValueError(f"temperature must be > 0 to sample (got {temperature}); greedy decoding: greedy_probs")
     scores = logits.float() / temperature  # [..., vocab]
     vocab = scores.shape[-1]
     if 0 < top_k < vocab:
@@ -69,10 +69,10 @@ def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p:
     if top_p < 1.0:
         sorted_scores, order = scores.sort(dim=-1, descending=True)  # [..., vocab], [..., vocab]
         sorted_probs = sorted_scores.softmax(-1)  # [..., vocab]
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., vocab] mass of strictly more probable tokens
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., vocab] mass of the more probable tokens
         # the most probable token has mass_before == 0 < top_p, so at least one token always stays
         drop_sorted = mass_before >= top_p  # [..., vocab]
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., vocab] back in vocab order (order is a permutation)
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., vocab] in vocab order; order is a permutation
         scores = scores.masked_fill(drop, float("-inf"))  # [..., vocab]
     return scores.softmax(-1)  # [..., vocab]
 
@@ -90,8 +90,9 @@ def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     returned. The distribution is probs / probs.sum(-1), i.e. rows need not sum to exactly 1.
     """
     if probs.dim() != 2 or uniforms.shape != probs.shape[:1]:
-        raise ValueError(f"need probs [batch, vocab] and uniforms [batch], got {tuple(probs.shape)} and {tuple(uniforms.shape)}")
-    # float64: a float32 running sum over a 100k+ vocabulary drifts by ~1e-4 and would move the token boundaries
+        shapes = f"{tuple(probs.shape)} and {tuple(uniforms.shape)}"
+        raise ValueError(f"need probs [batch, vocab] and uniforms [batch], got {shapes}")
+    # float64: a float32 running sum over a 100k+ vocabulary drifts by ~1e-4 and moves the token boundaries
     cdf = probs.double().cumsum(-1)  # [batch, vocab]
     # scaling u by the row's own total keeps u * total < total even when rounding left the total at 1 - eps
     thresholds = uniforms.double()[:, None] * cdf[:, -1:]  # [batch, 1]
@@ -107,5 +108,5 @@ def draw_uniforms(generators: list[torch.Generator], n: int) -> Tensor:
     """n float64 uniforms in [0, 1) per row -> [batch, n]; row i's numbers come only from generators[i]."""
     if not generators:
         raise ValueError("draw_uniforms needs one generator per row, got an empty list")
-    rows = [torch.rand(n, generator=g, dtype=torch.float64, device=g.device) for g in generators]  # batch x [n]
+    rows = [torch.rand(n, generator=g, dtype=torch.float64, device=g.device) for g in generators]  # [n] each
     return torch.stack(rows)  # [batch, n]

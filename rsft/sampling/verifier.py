@@ -56,6 +56,7 @@ def check_gamma(gamma: int) -> None:
 
 
 def check_strategy(strategy: str, leniency: float) -> None:
+    """Raise ValueError for an unknown strategy, or a leniency that is out of (0, 1] or given without lenient."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES} (got {strategy!r})")
     if strategy == "lenient" and not 0 < leniency <= 1:
@@ -99,13 +100,13 @@ def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
 
 
 def residual_distribution_one_hot(p: Tensor, drafted: Tensor) -> Tensor:
-    """The residual for q = one-hot at drafted [...] (long): p [..., vocab] with that token removed, renormalised."""
+    """The residual for q = one-hot at drafted [...] (long): p [..., vocab] without that token, renormalised."""
     excess = p.scatter(-1, drafted[..., None], 0.0)  # [..., vocab]
     return _normalize_or_p(excess, p)  # [..., vocab]
 
 
 def replacement_distribution(p: Tensor, q: Tensor | None, drafted: Tensor, strategy: str) -> Tensor:
-    """What a rejected position emits from: p [..., vocab], q [..., vocab] or None (one-hot draft), drafted [...]."""
+    """What a rejected position emits from. p [..., vocab]; q [..., vocab] or None (one-hot draft); drafted [...]."""
     if strategy == "skip_adjustment":
         return p  # the lossy shortcut: no residual
     if q is None:
@@ -113,7 +114,8 @@ def replacement_distribution(p: Tensor, q: Tensor | None, drafted: Tensor, strat
     return residual_distribution(p, q)
 
 
-def _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts, strategy):
+def _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts,
+                  strategy):
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [batch, gamma], got shape {tuple(draft_tokens.shape)}")
     batch, gamma = draft_tokens.shape
@@ -124,7 +126,9 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, samp
         )
     vocab = target_probs.shape[-1]
     if draft_probs is not None and draft_probs.shape != (batch, gamma, vocab):
-        raise ValueError(f"draft_probs must be [batch, gamma, vocab] = {(batch, gamma, vocab)}, got {tuple(draft_probs.shape)}")
+        raise ValueError(
+            f"draft_probs must be [batch, gamma, vocab] = {(batch, gamma, vocab)}, got {tuple(draft_probs.shape)}"
+        )
     if strategy != "greedy":  # greedy needs no random numbers
         if accept_uniforms is None or accept_uniforms.shape != (batch, gamma):
             shape = None if accept_uniforms is None else tuple(accept_uniforms.shape)
@@ -158,7 +162,8 @@ def verify(
     (both may be None for strategy=greedy); num_drafts [batch] long in 0..gamma, default gamma.
     """
     check_strategy(strategy, leniency)
-    _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts, strategy)
+    _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts,
+                  strategy)
     batch, gamma = draft_tokens.shape
     device = target_probs.device
     if num_drafts is None:
@@ -170,7 +175,8 @@ def verify(
     out_of_range = (drafts < 0) | (drafts >= vocab)  # [batch, gamma]
     if out_of_range.any():
         row, slot = out_of_range.nonzero()[0].tolist()
-        raise ValueError(f"draft token {int(drafts[row, slot])} (row {row}, slot {slot}) is not in [0, vocab={vocab})")
+        bad = int(drafts[row, slot])
+        raise ValueError(f"draft token {bad} (row {row}, slot {slot}) is not in [0, vocab={vocab})")
 
     if strategy == "greedy":
         accepted = drafts == target_probs[:, :gamma].argmax(-1)  # [batch, gamma]
@@ -246,7 +252,7 @@ class StreamingVerifier:
         if callable(self.target_probs):
             return self.target_probs(position)  # [vocab]
         if position >= self.target_probs.shape[0]:
-            raise ValueError(f"target_probs has {self.target_probs.shape[0]} positions, position {position} needed")
+            raise ValueError(f"target_probs has {self.target_probs.shape[0]} positions, needed position {position}")
         return self.target_probs[position]  # [vocab]
 
     def _emit(self, emit_from: Tensor) -> int:
@@ -267,14 +273,18 @@ class StreamingVerifier:
             accepted = token == int(p.argmax())
         else:
             q_at_x = torch.ones_like(p[token]) if q_probs is None else q_probs[token]  # []
-            accepted = bool(self.accept_uniforms[position] < acceptance_probs(p[token], q_at_x, self.leniency))
+            accept_prob = acceptance_probs(p[token], q_at_x, self.leniency)  # []
+            accepted = bool(self.accept_uniforms[position] < accept_prob)
         if accepted:
             self.tokens.append(token)
             self.kinds.append(ACCEPTED)
             return True
-        q = None if q_probs is None else q_probs[None]  # [1, vocab]
-        drafted = torch.tensor([token], device=p.device)  # [1]
-        emit_from = replacement_distribution(p[None], q, drafted, self.strategy)[0]  # [vocab]
+        if self.strategy == "greedy":
+            emit_from = p  # the correction is the argmax of p
+        else:
+            q = None if q_probs is None else q_probs[None]  # [1, vocab]
+            drafted = torch.tensor([token], device=p.device)  # [1]
+            emit_from = replacement_distribution(p[None], q, drafted, self.strategy)[0]  # [vocab]
         self.tokens.append(self._emit(emit_from))
         self.kinds.append(RECOVERED)
         self.rejected = True
@@ -371,7 +381,8 @@ class AcceptanceStats:
         theoretical = None
         if self.num_target_forwards:
             expected = sum(
-                rows * _expected_tokens_per_forward(alpha or 0.0, d) for d, rows in self.rows_by_num_drafts.items()
+                rows * _expected_tokens_per_forward(alpha or 0.0, d)
+                for d, rows in self.rows_by_num_drafts.items()
             )
             theoretical = expected / self.num_target_forwards
         return {

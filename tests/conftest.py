@@ -1,0 +1,31 @@
+"""Shared test helpers: Hydra compose against the repo's conf/, a run root under tmp_path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+SHARED_DATA = Path(__import__("os").environ.get("RSFT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# Small everything: the tiny random policy, no wandb, a few prompts and tokens.
+TINY = ["policy=tiny", "logger=none", "data.limit=3", "sample.num_samples=3", "sample.max_new_tokens=8"]
+
+
+def compose_cfg(tmp_path: Path, *overrides: str, tiny: bool = True):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(
+            "config",
+            overrides=[*(TINY if tiny else []), f"paths.runs_root={tmp_path}/runs", *overrides],
+        )
+
+
+@pytest.fixture
+def make_cfg(tmp_path):
+    """make_cfg("stage=sample", "draft=ngram") -> a composed config whose runs live in tmp_path."""
+    return lambda *overrides, tiny=True: compose_cfg(tmp_path, *overrides, tiny=tiny)
