@@ -1,0 +1,78 @@
+"""stage=score: the reward model's score for every sampled completion.
+
+    python -m rsft.run stage=score [round=0]
+
+Reads runs/<run_name>/round_XX/samples/ and the trained reward model runs/<run_name>/reward/
+(stage=prefs then stage=reward build it); writes round_XX/scored/: the samples with two more
+columns, `reward` (the model's raw output) and `reward_normalised` ((raw - mean) / std with the
+mean and std the reward stage measured on its training data, so thresholds do not depend on the
+scale a particular reward model happened to learn). The scorer sees the prompt as the user wrote
+it (the `prompt` column) and the completion text, as the reward model was trained.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import defaultdict
+
+from datasets import load_from_disk
+from omegaconf import DictConfig
+
+from rsft.models import resolve_device
+from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def load_reward_scorer(cfg: DictConfig, device):
+    """The trained reward model of this run (also used by stage=eval); a clear error when missing."""
+    path = RunPaths(cfg.paths.run_dir).reward
+    if not is_complete(path):
+        raise FileNotFoundError(
+            f"no trained reward model at {path}: stage=reward builds it from the labels stage=prefs writes; run "
+            f"`python -m rsft.run stage=prefs run_name={cfg.run_name}` then `... stage=reward` (stage=loop does both)"
+        )
+    from reward.scoring import load_scorer
+
+    return load_scorer(str(path), device)
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    paths = RunPaths(cfg.paths.run_dir)
+    out, source = paths.scored(cfg.round), paths.samples(cfg.round)
+    if should_skip(out, cfg.overwrite, "score"):
+        return out
+    if not is_complete(source):
+        raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
+                                f"`python -m rsft.run stage=sample round={cfg.round}` first")
+    samples = load_from_disk(str(source))
+    scorer = load_reward_scorer(cfg, resolve_device(cfg.device))
+    raw = scorer.score(samples["prompt"], samples["completion"], progress=True)
+    if len(raw) != len(samples):
+        raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
+    scored = samples.add_column("reward", [float(r) for r in raw])
+    scored = scored.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
+
+    by_prompt = defaultdict(list)
+    for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):
+        by_prompt[prompt_id].append(reward)
+    stats = {
+        "reward_mean": statistics.fmean(raw),
+        "reward_std": statistics.pstdev(raw),
+        "best_of_k_reward_mean": statistics.fmean(max(v) for v in by_prompt.values()),
+        "within_prompt_spread_mean": statistics.fmean(max(v) - min(v) for v in by_prompt.values()),
+    }
+    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(paths.reward),
+            "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
+            "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
+    with atomic_artifact(out, meta) as tmp:
+        scored.save_to_disk(str(tmp))
+    log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "score")
+    tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
+    if own_tracker:
+        tracker.finish()
+    return out

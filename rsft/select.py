@@ -1,0 +1,193 @@
+"""stage=select: which scored completions SFT trains on (best-of-K), and best-vs-worst pairs for DPO.
+
+    python -m rsft.run stage=select [round=0] [select.strategy=top_k select.k=1]
+
+Reads round_XX/scored/ (and, with select.pool_rounds, the scored sets of earlier rounds: Llama 2
+pooled the best samples of every earlier round); writes round_XX/selected/ and round_XX/pairs/.
+
+Per prompt, in this order:
+1. Filters: drop completions with no visible text (drop_empty), cut at max_new_tokens
+   (drop_truncated: finish_reason == "length"; teaching the policy to stop mid-sentence is the
+   opposite of what we want), and identical completions after the first (dedupe, text after strip).
+   A prompt with no survivor is logged by id and text and skipped; the stage goes on.
+2. Ranking: reward (raw; normalising is monotone) high to low; ties are broken by the newer round,
+   then by the lower sample index, so the same scored sets always give the same selection.
+3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
+   every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
+   uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,
+   same filters, that shows what the reward model adds.
+Pairs: the best and the worst survivor of a prompt (skipped when they tie), in TRL's conversational
+preference format: prompt = [user message], chosen / rejected = [assistant message].
+The reward model decides everything here; the gold oracle is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections import defaultdict
+
+from datasets import Dataset, load_from_disk
+from omegaconf import DictConfig, OmegaConf
+
+from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("top_k", "threshold", "random")
+
+
+def check_settings(s: DictConfig) -> None:
+    if s.strategy not in STRATEGIES:
+        raise ValueError(f"select.strategy={s.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if s.strategy in ("top_k", "random") and int(s.k) < 1:
+        raise ValueError(f"select.k={s.k}: expected >= 1")
+    if s.strategy == "threshold" and s.threshold is None:
+        raise ValueError("select.strategy=threshold needs select.threshold (a reward_normalised value)")
+
+
+def candidate_rounds(round_idx: int, pool_rounds: int) -> list[int]:
+    """This round and the earlier ones pooled with it, newest first."""
+    first = 0 if pool_rounds < 0 else max(0, round_idx - pool_rounds)
+    return list(range(round_idx, first - 1, -1))
+
+
+def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
+    rows = []
+    for r in rounds:
+        path = paths.scored(r)
+        if not is_complete(path):
+            raise FileNotFoundError(f"select needs round {r}'s scored samples at {path}; run "
+                                    f"`python -m rsft.run stage=score round={r}` first")
+        ds = load_from_disk(str(path))
+        for column in ("reward", "reward_normalised"):
+            if column not in ds.column_names:
+                raise KeyError(f"{path} has no {column!r} column (columns: {ds.column_names}); it was not written "
+                               f"by stage=score: rerun `python -m rsft.run stage=score round={r} overwrite=true`")
+        rows.extend(ds.to_list())
+    return rows
+
+
+def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
+    """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
+    dropped = {"empty": 0, "truncated": 0, "duplicate": 0}
+    ranked = sorted(candidates, key=lambda c: (-c["reward"], -c["round"], c["sample_idx"]))
+    kept, seen = [], set()
+    for c in ranked:
+        text = c["completion"].strip()
+        if s.drop_empty and not text:
+            dropped["empty"] += 1
+        elif s.drop_truncated and c["finish_reason"] == "length":
+            dropped["truncated"] += 1
+        elif s.dedupe and text in seen:
+            dropped["duplicate"] += 1
+        else:
+            seen.add(text)
+            kept.append(c)
+    return kept, dropped
+
+
+def prompt_rng(seed: int, round_idx: int, prompt_id: str) -> random.Random:
+    digest = hashlib.sha256(f"{seed}/{round_idx}/{prompt_id}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def choose(ranked: list[dict], s: DictConfig, seed: int, round_idx: int, prompt_id: str) -> list[dict]:
+    if s.strategy == "top_k":
+        return ranked[: int(s.k)]
+    if s.strategy == "threshold":
+        return [c for c in ranked if c["reward_normalised"] >= float(s.threshold)]
+    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(ranked)), min(int(s.k), len(ranked)))
+    return [ranked[i] for i in sorted(picked)]
+
+
+def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
+    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
+        return None
+    best, worst = ranked[0], ranked[-1]
+    return {
+        "prompt_id": best["prompt_id"],
+        "prompt": prompt_messages(best["prompt"], system_prompt),
+        "chosen": [{"role": "assistant", "content": best["completion"]}],
+        "rejected": [{"role": "assistant", "content": worst["completion"]}],
+        "chosen_reward": best["reward"],
+        "rejected_reward": worst["reward"],
+    }
+
+
+def prompt_messages(prompt: str, system_prompt: str | None) -> list[dict]:
+    """The prompt as chat messages, the way stage=sample showed it to the policy (rsft.data.chat_text)."""
+    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": prompt}]
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    s, paths, round_idx = cfg.select, RunPaths(cfg.paths.run_dir), int(cfg.round)
+    out_selected, out_pairs = paths.selected(round_idx), paths.pairs(round_idx)
+    want_pairs = bool(s.pairs)
+    if should_skip(out_selected, cfg.overwrite, "select") and (
+            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)")):
+        return out_selected
+    check_settings(s)
+    rounds = candidate_rounds(round_idx, int(s.pool_rounds))
+    rows = load_scored(paths, rounds)
+
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_prompt[row["prompt_id"]].append(row)
+    samples_per_prompt = max(len(v) for v in by_prompt.values()) if by_prompt else 0
+    if want_pairs and samples_per_prompt < 2:
+        raise ValueError(f"select.pairs=true needs at least 2 completions per prompt, but the scored samples of "
+                         f"rounds {rounds} have {samples_per_prompt} (sample.num_samples=1?); "
+                         f"set select.pairs=false or sample.num_samples >= 2")
+
+    selected, pairs, starved = [], [], []
+    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0}
+    for prompt_id, candidates in by_prompt.items():
+        ranked, dropped = survivors(candidates, s)
+        for key, n in dropped.items():
+            dropped_total[key] += n
+        if not ranked:
+            starved.append(prompt_id)
+            log.warning("select: every completion of prompt %s (%r) was filtered out (%s); no example for it",
+                        prompt_id, candidates[0]["prompt"][:80], dropped)
+            continue
+        for rank, c in enumerate(choose(ranked, s, int(cfg.seed), round_idx, prompt_id)):
+            selected.append({**c, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx})
+        pair = preference_pair(ranked, cfg.data.get("system_prompt")) if want_pairs else None
+        if pair is not None:
+            pairs.append(pair)
+
+    if not selected:
+        raise ValueError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
+                         f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "
+                         f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
+    counts = {
+        "candidates": len(rows), "prompts": len(by_prompt), "selected": len(selected), "pairs": len(pairs),
+        "prompts_without_survivors": len(starved), **{f"dropped_{k}": v for k, v in dropped_total.items()},
+    }
+    stats = {
+        "selected_reward_mean": sum(c["reward"] for c in selected) / len(selected),
+        "candidate_reward_mean": sum(c["reward"] for c in rows) / len(rows),
+        "acceptance_fraction": len(selected) / len(rows),
+    }
+    meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
+            "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
+    with atomic_artifact(out_selected, meta) as tmp:
+        Dataset.from_list(selected).save_to_disk(str(tmp))
+    if want_pairs:
+        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}) as tmp:
+            pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
+                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
+            pair_ds.save_to_disk(str(tmp))
+    log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
+             len(rows), len(by_prompt), len(pairs))
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "select")
+    tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},
+                step=round_idx)
+    if own_tracker:
+        tracker.finish()
+    return out_selected

@@ -1,0 +1,152 @@
+"""stage=sft: fine-tune the round's policy on the selected completions; save the next round's policy.
+
+    python -m rsft.run stage=sft [round=0] [sft.mode=lora sft.learning_rate=2e-4]
+
+Reads round_XX/selected/ and the policy round XX sampled from (round 0: conf/policy; round r: the
+policy round r - 1 saved); writes round_XX/policy/, a plain `save_pretrained` folder with the
+tokenizer, which round XX + 1 samples from (rsft.models.load_policy).
+
+TRL's SFTTrainer does the work. Each selected row becomes a conversational prompt-completion
+example, prompt = [system?, user] messages as stage=sample showed them, completion = [assistant],
+so TRL renders both with the policy's chat template and masks the loss to the completion tokens
+(including the end-of-turn token, so the policy also learns where to stop). LoRA (sft.mode=lora)
+is merged into the weights before saving, so the next round loads a plain folder. TRL's defaults
+for bf16 and gradient checkpointing are chosen for GPUs; on a CPU they are ~30x slower, so the
+device decides: fp32 without checkpointing on CPU, bf16 where the GPU supports it. Losses go to our
+Tracker (report_to="none"); nothing is checkpointed during training (save_strategy="no").
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+
+import torch
+from datasets import Dataset, load_from_disk
+from omegaconf import DictConfig, OmegaConf
+from transformers import TrainerCallback
+
+from rsft.models import load_policy, resolve_device
+from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
+from rsft.select import prompt_messages
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dataset:
+    """TRL's conversational prompt-completion format (loss on the completion only)."""
+    return Dataset.from_dict({
+        "prompt": [prompt_messages(p, system_prompt) for p in selected["prompt"]],
+        "completion": [[{"role": "assistant", "content": c}] for c in selected["completion"]],
+    })
+
+
+def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
+    from trl import SFTConfig
+
+    s = cfg.sft
+    on_gpu = device.type == "cuda"
+    return SFTConfig(
+        output_dir=output_dir,
+        learning_rate=float(s.learning_rate),
+        num_train_epochs=float(s.epochs),
+        per_device_train_batch_size=int(s.batch_size),
+        gradient_accumulation_steps=int(s.grad_accum),
+        lr_scheduler_type=str(s.lr_scheduler),
+        warmup_steps=s.warmup_steps,
+        weight_decay=float(s.weight_decay),
+        max_grad_norm=float(s.max_grad_norm),
+        max_length=int(s.max_length),
+        completion_only_loss=True,
+        packing=False,
+        # TRL defaults are bf16=True and gradient_checkpointing=True: slow on CPU, so the device decides
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        fp16=False,
+        activation_checkpointing=on_gpu and bool(s.gradient_checkpointing),  # transformers 5 name; the TRL
+        # default gradient_checkpointing=True is its deprecated alias and yields to this one
+        use_cpu=not on_gpu,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=int(s.logging_steps),
+        seed=int(cfg.seed) + int(cfg.round),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def lora_config(cfg: DictConfig):
+    from peft import LoraConfig
+
+    lora = cfg.sft.lora
+    modules = lora.target_modules
+    return LoraConfig(r=int(lora.r), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
+                      target_modules=modules if isinstance(modules, str) else list(modules), task_type="CAUSAL_LM")
+
+
+class LossHistory(TrainerCallback):
+    """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker)."""
+
+    def __init__(self):
+        self.history: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs:
+            self.history.append({"step": state.global_step, **{k: v for k, v in logs.items()
+                                                               if isinstance(v, (int, float))}})
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    from trl import SFTTrainer
+
+    paths, round_idx = RunPaths(cfg.paths.run_dir), int(cfg.round)
+    out, source = paths.policy(round_idx), paths.selected(round_idx)
+    if should_skip(out, cfg.overwrite, "sft"):
+        return out
+    if cfg.sft.mode not in ("full", "lora"):
+        raise ValueError(f"sft.mode={cfg.sft.mode!r}: expected full or lora")
+    if not is_complete(source):
+        raise FileNotFoundError(f"sft needs round {round_idx}'s selected completions at {source}; run "
+                                f"`python -m rsft.run stage=select round={round_idx}` first")
+    selected = load_from_disk(str(source))
+    if len(selected) == 0:
+        raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
+    train = conversational_examples(selected, cfg.data.get("system_prompt"))
+    device = resolve_device(cfg.device)
+    model, tokenizer, policy_source = load_policy(cfg, round_idx, device)
+    history = LossHistory()
+    with tempfile.TemporaryDirectory(prefix="rsft-sft-") as scratch:
+        trainer = SFTTrainer(
+            model=model, args=trainer_config(cfg, device, scratch), train_dataset=train,
+            processing_class=tokenizer, peft_config=lora_config(cfg) if cfg.sft.mode == "lora" else None,
+            callbacks=[history],
+        )
+        result = trainer.train()
+    trained = trainer.model
+    if cfg.sft.mode == "lora":
+        trained = trained.merge_and_unload()
+    trained.eval()
+
+    losses = [h["loss"] for h in history.history if "loss" in h]
+    stats = {
+        "train_loss": float(result.training_loss),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "steps": int(result.global_step),
+        "examples": len(train),
+        "seconds": float(result.metrics.get("train_runtime", 0.0)),
+    }
+    meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
+            "stats": stats, "loss_history": history.history,
+            "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
+    with atomic_artifact(out, meta) as tmp:
+        trained.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
+             stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "sft")
+    tracker.log({f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
+    if own_tracker:
+        tracker.finish()
+    return out
