@@ -2,6 +2,7 @@
 
     runs/<run_name>/
       prefs/ reward/ draft/                      pairwise labels, reward model, distilled draft
+      eval_initial/                              the initial policy's evaluation (the baseline)
       round_00/samples/ scored/ selected/ pairs/ policy/ draft/ eval/
       plots/ summary.md logs/ wandb/
 
@@ -60,7 +61,13 @@ class RunPaths:
         return self.round_dir(round_idx) / "draft"
 
     def eval(self, round_idx: int) -> Path:
+        """The evaluation of the policy trained in round r (round_XX/policy)."""
         return self.round_dir(round_idx) / "eval"
+
+    @property
+    def initial_eval(self) -> Path:
+        """The evaluation of the initial (configured) policy: the baseline every round is compared with."""
+        return self.root / "eval_initial"
 
     @property
     def prefs(self) -> Path:
