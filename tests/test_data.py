@@ -1,0 +1,67 @@
+"""Prompt loading and its errors: each names the setting, the file and what was expected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset
+from omegaconf import OmegaConf
+
+from rsft.data import chat_text, load_prompts
+from rsft.models import build_byte_tokenizer
+
+
+def local_cfg(path, **extra):
+    base = {"kind": "local", "path": str(path), "split": "train", "eval_path": None, "eval_split": "test",
+            "prompt_column": "prompt", "id_column": None, "limit": None, "eval_limit": None, "system_prompt": None}
+    return OmegaConf.create({**base, **extra})
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_demo_prompts_have_ids_prompts_and_tasks():
+    cfg = OmegaConf.create({"kind": "demo", "split": "train", "eval_split": "test", "prompt_column": "prompt",
+                            "id_column": "prompt_id", "limit": 5, "eval_limit": None, "system_prompt": None})
+    train, test = load_prompts(cfg, "train"), load_prompts(cfg, "eval")
+    assert len(train) == 5 and {"prompt_id", "prompt", "task"} <= set(train.column_names)
+    assert not set(train["prompt_id"]) & set(test["prompt_id"])
+
+
+def test_local_jsonl_with_a_custom_column(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"instruction": "a"}, {"instruction": "b"}])
+    ds = load_prompts(local_cfg(path, prompt_column="instruction"))
+    assert ds["prompt"] == ["a", "b"] and ds["prompt_id"] == ["p000000", "p000001"]
+
+
+def test_local_parquet_and_datasets_folder(tmp_path):
+    Dataset.from_list([{"prompt": "x", "id": 7}]).to_parquet(str(tmp_path / "p.parquet"))
+    assert load_prompts(local_cfg(tmp_path / "p.parquet", id_column="id"))["prompt_id"] == ["7"]
+    Dataset.from_list([{"prompt": "y"}]).save_to_disk(str(tmp_path / "folder"))
+    assert load_prompts(local_cfg(tmp_path / "folder"))["prompt"] == ["y"]
+
+
+@pytest.mark.parametrize(
+    "rows,extra,error,match",
+    [
+        (None, {}, FileNotFoundError, r"data.path=.*missing.jsonl.*no such file"),
+        ([], {}, ValueError, r"data.path=.*is empty"),
+        ([{"text": "a"}], {}, KeyError, r"data.prompt_column='prompt' is not a column.*\['text'\]"),
+        ([{"prompt": "a"}, {"prompt": 3}], {}, TypeError, r"row 1, column 'prompt': expected a non-empty string"),
+        ([{"prompt": "a"}, {"prompt": "  "}], {}, TypeError, r"row 1"),
+    ],
+)
+def test_bad_prompt_files_are_named(tmp_path, rows, extra, error, match):
+    path = tmp_path / "missing.jsonl"
+    if rows is not None:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(error, match=match):
+        load_prompts(local_cfg(path, **extra))
+
+
+def test_chat_template_opens_the_assistant_turn():
+    text = chat_text(build_byte_tokenizer(), "hello", system_prompt="be brief")
+    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"

@@ -1,0 +1,73 @@
+"""The run directory: atomic artifacts, skip and resume, a kill mid-write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rsft.paths import RunPaths, atomic_artifact, is_complete, read_meta, should_skip
+
+
+def test_artifact_appears_only_complete(tmp_path):
+    final = tmp_path / "round_00" / "samples"
+    with atomic_artifact(final, {"counts": 1}) as tmp:
+        (tmp / "data.txt").write_text("x")
+        assert not final.exists() and not is_complete(final)
+    assert is_complete(final) and (final / "data.txt").read_text() == "x"
+    meta = read_meta(final)
+    assert meta["counts"] == 1 and "versions" in meta and "build_seconds" in meta
+
+
+def test_an_exception_leaves_nothing_behind(tmp_path):
+    final = tmp_path / "samples"
+    with pytest.raises(RuntimeError):
+        with atomic_artifact(final, {}) as tmp:
+            (tmp / "part").write_text("half")
+            raise RuntimeError("boom")
+    assert not final.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_incomplete_folder_is_not_trusted_and_is_rebuilt(tmp_path):
+    final = tmp_path / "samples"
+    final.mkdir()
+    (final / "junk").write_text("from a killed run")
+    assert not should_skip(final, overwrite=False, what="test")
+    with atomic_artifact(final, {}) as tmp:
+        (tmp / "good").write_text("ok")
+    assert sorted(p.name for p in final.iterdir()) == ["good", "meta.json"]
+    assert should_skip(final, overwrite=False, what="test")
+    assert not should_skip(final, overwrite=True, what="test")
+
+
+def test_kill_minus_nine_mid_write_leaves_no_trusted_artifact(tmp_path):
+    final = tmp_path / "samples"
+    script = (
+        "import time, sys\n"
+        "from rsft.paths import atomic_artifact\n"
+        f"with atomic_artifact({str(final)!r}, {{}}) as tmp:\n"
+        "    (tmp / 'part').write_text('half')\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not is_complete(final) and not final.exists()
+    assert any(p.name.startswith(".samples.tmp-") for p in tmp_path.iterdir())  # the debris of the kill
+    with atomic_artifact(final, {}) as tmp:  # the next write sweeps it
+        (tmp / "ok").write_text("ok")
+    assert [p.name for p in tmp_path.iterdir()] == ["samples"]
+
+
+def test_layout_is_stable():
+    paths = RunPaths("runs/x")
+    assert str(paths.samples(0)) == "runs/x/round_00/samples"
+    assert str(paths.policy(2)) == "runs/x/round_02/policy"
+    assert str(paths.reward) == "runs/x/reward"

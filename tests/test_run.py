@@ -1,0 +1,58 @@
+"""Hydra composition and the stage table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from rsft.run import STAGES, run_stage
+from tests.conftest import CONF_DIR, REPO
+
+GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml")) for path in CONF_DIR.iterdir() if path.is_dir()}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
+def test_every_config_group_option_composes(make_cfg, group, option):
+    cfg = make_cfg("stage=sample", f"{group}={option}", tiny=False)
+    assert cfg[group] is not None
+
+
+def test_every_yaml_starts_with_the_command_that_uses_it():
+    for path in CONF_DIR.rglob("*.yaml"):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# python -m rsft.run"), f"{path} does not start with its command"
+
+
+def test_overrides_reach_the_config(make_cfg, tmp_path):
+    cfg = make_cfg("stage=sample", "run_name=abc", "sample.num_samples=5", "draft=ngram", "draft.gamma=3")
+    assert cfg.sample.num_samples == 5 and cfg.draft.kind == "ngram" and cfg.draft.gamma == 3
+    assert cfg.paths.run_dir == f"{tmp_path}/runs/abc"
+
+
+def test_unknown_option_is_an_error(make_cfg):
+    with pytest.raises(ConfigCompositionException):
+        make_cfg("stage=sample", "sample.no_such_option=1")
+
+
+def test_unknown_and_missing_stage_list_the_valid_ones(make_cfg):
+    with pytest.raises(SystemExit, match="valid stages: .*sample"):
+        run_stage(make_cfg("stage=nope"))
+    with pytest.raises(SystemExit, match="no stage given"):
+        run_stage(make_cfg())
+
+
+def test_stage_table_names_only_importable_stages():
+    import importlib
+
+    for name, module in STAGES.items():
+        assert callable(importlib.import_module(module).run), name
+
+
+def test_command_line_reports_a_bad_stage(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=nope", f"paths.runs_root={tmp_path}"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0
+    assert "valid stages" in done.stderr + done.stdout

@@ -1,0 +1,66 @@
+"""stage=sample on the tiny policy: K completions per prompt, provenance, determinism, skip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import load_from_disk
+
+from rsft.paths import RunPaths, read_meta
+from rsft.run import run_stage
+
+PROVENANCE = {"prompt_id", "prompt", "sample_idx", "completion", "completion_ids", "num_tokens", "finish_reason",
+              "seed", "round", "policy", "sampler", "num_drafted", "num_accepted", "num_target_forwards", "task"}
+
+
+@pytest.mark.parametrize("draft", ["none", "ngram"])
+def test_sample_writes_k_completions_per_prompt_with_provenance(make_cfg, draft):
+    cfg = make_cfg("stage=sample", f"draft={draft}")
+    out = run_stage(cfg)
+    ds = load_from_disk(str(out))
+    assert PROVENANCE <= set(ds.column_names)
+    assert len(ds) == 3 * 3
+    for pid in set(ds["prompt_id"]):
+        assert sorted(r["sample_idx"] for r in ds if r["prompt_id"] == pid) == [0, 1, 2]
+    assert all(r["finish_reason"] in ("eos", "length") and r["num_tokens"] == len(r["completion_ids"]) for r in ds)
+    assert json.loads(ds[0]["sampler"])["draft"] == draft
+    meta = read_meta(out)
+    assert meta["counts"]["rows"] == 9 and "tokens_per_second" in meta["sampling"]
+
+
+def test_same_seed_same_samples_and_complete_artifact_skips(make_cfg, tmp_path):
+    first = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=a"))))
+    second = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=b"))))
+    assert first["completion_ids"] == second["completion_ids"]
+    other = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=c", "seed=1"))))
+    assert other["completion_ids"] != first["completion_ids"]
+    samples = RunPaths(f"{tmp_path}/runs/a").samples(0)
+    stamp = read_meta(samples)["created_at"], (samples / "meta.json").stat().st_mtime
+    run_stage(make_cfg("stage=sample", "run_name=a"))  # complete: skipped, untouched
+    assert (read_meta(samples)["created_at"], (samples / "meta.json").stat().st_mtime) == stamp
+
+
+def test_bad_sampler_settings_stop_before_work(make_cfg, tmp_path):
+    with pytest.raises(ValueError, match="temperature"):
+        run_stage(make_cfg("stage=sample", "sample.temperature=0"))
+    with pytest.raises(ValueError, match="gamma"):
+        run_stage(make_cfg("stage=sample", "draft=ngram", "draft.gamma=0"))
+    with pytest.raises(FileNotFoundError, match="name_or_path"):
+        run_stage(make_cfg("stage=sample", "policy=hf", f"policy.name_or_path={tmp_path}/no_model"))
+    assert not (tmp_path / "runs" / "demo" / "round_00").exists()
+
+
+def test_draft_with_a_different_vocabulary_is_refused(make_cfg, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rsft.models import build_byte_tokenizer
+
+    other = tmp_path / "other_draft"
+    tok = build_byte_tokenizer()
+    tok.add_tokens(["<extra>"])
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(other)
+    tok.save_pretrained(other)
+    with pytest.raises(ValueError, match="cannot draft for this policy"):
+        run_stage(make_cfg("stage=sample", "draft=model", f"draft.name_or_path={other}"))
