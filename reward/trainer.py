@@ -97,7 +97,7 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
         max_length=None,  # our pairs are already truncated to reward.max_length; None disables TRL's filter
         bf16=bf16,
         fp16=False,
-        gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)) and on_cuda,
+        activation_checkpointing=bool(cfg.get("activation_checkpointing", False)) and on_cuda,
         use_cpu=not on_cuda,
         report_to="none",
         save_strategy="no",

@@ -1,0 +1,80 @@
+"""Preference data: formats in, truncation counted, bad input named by column and row."""
+
+import json
+import math
+
+import pytest
+from datasets import Dataset
+
+from reward.encoding import encode_pair, tokenize_preferences
+from reward.formats import split_hh_transcript, to_preference_pairs
+from rsft.models import build_byte_tokenizer
+
+HH_CHOSEN = "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: Why did the chicken..."
+HH_REJECTED = "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: No."
+
+
+def test_hh_transcript_split():
+    prompt, chosen, rejected = split_hh_transcript(HH_CHOSEN, HH_REJECTED)
+    assert prompt == "Human: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant:"
+    assert (chosen, rejected) == ("Why did the chicken...", "No.")
+
+
+def test_hh_split_when_earlier_turns_differ():
+    prompt, chosen, rejected = split_hh_transcript("\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d",
+                                                   "\n\nHuman: a\n\nAssistant: b\n\nHuman: x\n\nAssistant: y")
+    assert prompt == "Human: a\n\nAssistant:" and chosen.startswith("b\n\nHuman: c") and rejected.startswith("b\n\nHuman: x")
+
+
+def test_formats_plain_conversational_implicit_and_soft_labels():
+    plain = Dataset.from_list([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 0.7}])
+    assert to_preference_pairs(plain, "preference", "label_prob", "t")[0] == {
+        "prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 0.7}
+    conversational = Dataset.from_list([{"prompt": [{"role": "user", "content": "p"}],
+                                         "chosen": [{"role": "assistant", "content": "a"}],
+                                         "rejected": [{"role": "assistant", "content": "b"}]}])
+    assert to_preference_pairs(conversational, "preference", "label_prob", "t")[0] == {
+        "prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 1.0}
+    turn = [{"role": "user", "content": "p"}]
+    implicit = Dataset.from_list([{"chosen": turn + [{"role": "assistant", "content": "a"}],
+                                   "rejected": turn + [{"role": "assistant", "content": "b"}]}])
+    assert to_preference_pairs(implicit, "preference", "label_prob", "t")[0]["prompt"] == "p"
+    hh = Dataset.from_list([{"chosen": HH_CHOSEN, "rejected": HH_REJECTED}])
+    assert to_preference_pairs(hh, "hh_rlhf", "label_prob", "t")[0]["rejected"] == "No."
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"prompt": "p", "chosen": "a"}], "missing column 'rejected'"),
+    ([{"chosen": "a", "rejected": "b"}], "missing column 'prompt'"),
+    ([{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "same", "rejected": "same"}],
+     "row 1: columns 'chosen' and 'rejected' are identical"),
+    ([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 1.2}], "row 0, column 'label_prob'"),
+    ([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 0.5},
+      {"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": math.nan}], "row 1, column 'label_prob'"),
+    ([{"prompt": "p", "chosen": "", "rejected": "b"}], "row 0, column 'chosen'"),
+])
+def test_bad_input_names_column_and_row(rows, message):
+    with pytest.raises((ValueError, KeyError), match=message):
+        to_preference_pairs(Dataset.from_list(rows), "preference", "label_prob", "my.jsonl")
+
+
+def test_empty_dataset():
+    with pytest.raises(ValueError, match="no rows"):
+        to_preference_pairs(Dataset.from_dict({"prompt": [], "chosen": [], "rejected": []}), "preference",
+                            "label_prob", "my.jsonl")
+
+
+def test_prompt_truncated_from_the_left_and_counted():
+    tokenizer = build_byte_tokenizer()  # one token per byte; frame: "\n\n" (2 tokens) + eos
+    ids, prompt_cut, completion_cut = encode_pair(tokenizer, "0123456789", "abc", 10)
+    assert (prompt_cut, completion_cut) == (6, 0)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "6789\n\nabc"
+    ids, prompt_cut, completion_cut = encode_pair(tokenizer, "0123", "abcdefghij", 10)
+    assert (prompt_cut, completion_cut, len(ids)) == (4, 3, 10)
+    pairs = Dataset.from_list([{"prompt": "0123456789", "chosen": "abc", "rejected": "de", "label_prob": 1.0},
+                               {"prompt": "01", "chosen": "a", "rejected": "b", "label_prob": 1.0},
+                               {"prompt": "0123", "chosen": "abcdefghij", "rejected": "x", "label_prob": 1.0}])
+    encoded, counts = tokenize_preferences(pairs, tokenizer, 10)
+    assert len(encoded) == 3 and all(len(ids) <= 10 for ids in list(encoded["chosen_ids"]) + list(encoded["rejected_ids"]))
+    assert counts == {"pairs": 3, "pairs_prompt_truncated": 2, "prompt_tokens_cut": 6 + 4,
+                      "completions_truncated": 1, "pairs_dropped": 0}
