@@ -1,0 +1,88 @@
+"""stage=loop: rounds of best-of-K rejection sampling and fine-tuning, tracked and reported.
+
+    python -m rsft.run stage=loop [loop.rounds=2] [select.strategy=random run_name=demo-random]
+
+Before round 0, when runs/<run_name>/reward/ is missing: stage=prefs (pairs of the initial
+policy's samples labelled by the simulated annotators) and stage=reward (the Bradley-Terry model).
+With loop.eval, the initial policy is evaluated once (eval_initial/, the baseline). Then for round
+r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
+
+    sample  K completions per train prompt from the policy round r - 1 trained (round 0: initial)
+    score   the reward model's score of each
+    select  the best per prompt (select.*) -> selected/, pairs/
+    sft     fine-tune on selected/ -> round_XX/policy (what round r + 1 samples from)
+    eval    (loop.eval) round_XX/policy on held-out prompts -> round_XX/eval
+
+Every stage is called with a copy of the config at round r and skips when its artifact is
+complete, so rerunning the same command after a crash resumes at the first missing artifact and
+ends with the same artifacts (sampling is seeded per round and completion). One Tracker (one
+wandb run) covers the whole loop; after each round the round's metrics are read back from the
+artifacts and logged at step r, and at the end the plots and summary.md (rsft.report) are written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+from omegaconf import DictConfig, OmegaConf
+
+from rsft import report
+from rsft.paths import RunPaths, is_complete
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+# The stages of one round, in order. The draft refresh (stage=draft: distil the draft from the
+# round's new policy into round_XX/draft, which round r + 1's sampler loads) belongs right after
+# "sft": adding "draft" there is the whole change, as it follows the same run(cfg, tracker) contract.
+ROUND_STAGES = ("sample", "score", "select", "sft")
+
+
+def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
+    from rsft.run import STAGES
+
+    if name not in STAGES:
+        raise RuntimeError(f"stage={name} is not in rsft.run.STAGES ({', '.join(sorted(STAGES))}); the loop needs it")
+    log.info("loop: round %s, stage=%s", cfg.round, name)
+    return importlib.import_module(STAGES[name]).run(cfg, tracker)
+
+
+def at_round(cfg: DictConfig, round_idx: int, stage: str) -> DictConfig:
+    return OmegaConf.merge(cfg, {"round": round_idx, "stage": stage})
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    paths, rounds = RunPaths(cfg.paths.run_dir), int(cfg.loop.rounds)
+    if rounds < 1:
+        raise ValueError(f"loop.rounds={rounds}: expected >= 1")
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "loop")
+    try:
+        if not is_complete(paths.reward):
+            for name in ("prefs", "reward"):
+                run_named_stage(name, at_round(cfg, 0, name), tracker)
+        if cfg.loop.eval:
+            run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
+                            tracker)
+        for r in range(rounds):
+            for name in ROUND_STAGES:
+                run_named_stage(name, at_round(cfg, r, name), tracker)
+            if cfg.loop.eval:
+                run_named_stage("eval", OmegaConf.merge(at_round(cfg, r, "eval"), {"eval": {"policy": "round"}}),
+                                tracker)
+            tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r).items()}, step=r)
+            examples = report.example_rows(paths, r, int(cfg.loop.examples))
+            tracker.log_table("examples", examples, step=r)
+        plots = report.write_plots(paths, rounds)
+        for name, png in plots.items():
+            tracker.log_image(f"plots/{name}", png, step=rounds - 1)
+        summary = report.write_summary(cfg, paths, rounds, plots,
+                                       report.example_rows(paths, rounds - 1, int(cfg.loop.examples)))
+        final = report.round_metrics(paths, rounds - 1)
+        tracker.summary({f"final/{k}": v for k, v in final.items()})
+        log.info("loop: %d rounds done; %s", rounds, summary)
+    finally:
+        if own_tracker:
+            tracker.finish()
+    return paths.root
