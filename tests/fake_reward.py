@@ -1,0 +1,30 @@
+"""A stand-in reward model for stage tests: a deterministic function of the completion text.
+
+Loading the real Bradley-Terry model is tested in tests/reward/ and in test_loop's end-to-end
+test; these tests check what the pipeline does with rewards, so they patch
+rsft.score.load_reward_scorer (stage=score and stage=eval both go through it).
+"""
+
+from __future__ import annotations
+
+from rsft.paths import RunPaths, atomic_artifact
+
+
+class FakeScorer:
+    mean, std = 2.0, 4.0
+
+    def score(self, prompts, completions, batch_size=32, progress=True):
+        assert len(prompts) == len(completions)
+        return [float(len(set(c))) + 0.01 * len(c) for c in completions]
+
+    def normalise(self, raw):
+        return [(r - self.mean) / self.std for r in raw]
+
+
+def install_fake_reward(monkeypatch, cfg) -> None:
+    """A complete (empty) reward artifact, so the loop skips prefs/reward, and the fake scorer."""
+    import rsft.score
+
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
+        pass
+    monkeypatch.setattr(rsft.score, "load_reward_scorer", lambda cfg, device: FakeScorer())

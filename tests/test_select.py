@@ -1,0 +1,138 @@
+"""stage=select on hand-written scored sets: filters, ties, strategies, pooling, pairs, bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from datasets import Dataset, load_from_disk
+
+from rsft.paths import RunPaths, atomic_artifact, read_meta
+from rsft.run import run_stage
+
+
+def row(prompt_id, sample_idx, completion, reward, finish_reason="eos", round_idx=0):
+    return {"prompt_id": prompt_id, "prompt": f"prompt {prompt_id}", "sample_idx": sample_idx,
+            "completion": completion, "finish_reason": finish_reason, "round": round_idx,
+            "num_tokens": len(completion), "reward": float(reward), "reward_normalised": float(reward) / 2}
+
+
+def write_scored(cfg, rows, round_idx=0, drop_column=None):
+    ds = Dataset.from_list(rows)
+    if drop_column:
+        ds = ds.remove_columns(drop_column)
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).scored(round_idx), {"stage": "score"}) as tmp:
+        ds.save_to_disk(str(tmp))
+
+
+def selected_of(out):
+    return load_from_disk(str(out)).to_list()
+
+
+ROWS = [
+    row("a", 0, "best but cut off", 9.0, finish_reason="length"),
+    row("a", 1, "good", 5.0),
+    row("a", 2, "good", 5.0),          # duplicate of sample 1
+    row("a", 3, "   ", 8.0),           # empty
+    row("a", 4, "worst", -1.0),
+    row("b", 0, "tie one", 3.0),
+    row("b", 1, "tie two", 3.0),
+    row("b", 2, "low", 1.0),
+]
+
+
+def test_top1_filters_dedupes_and_breaks_ties_by_sample_index(make_cfg):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, ROWS)
+    out = run_stage(cfg)
+    kept = {r["prompt_id"]: r for r in selected_of(out)}
+    assert kept["a"]["completion"] == "good" and kept["a"]["sample_idx"] == 1
+    assert kept["b"]["completion"] == "tie one"  # equal rewards: the lower sample index
+    counts = read_meta(out)["counts"]
+    assert counts["selected"] == 2 and counts["candidates"] == 8
+    assert (counts["dropped_empty"], counts["dropped_truncated"], counts["dropped_duplicate"]) == (1, 1, 1)
+
+
+def test_truncated_kept_when_configured_and_top_k(make_cfg):
+    cfg = make_cfg("stage=select", "select.drop_truncated=false", "select.k=2")
+    write_scored(cfg, ROWS)
+    kept = selected_of(run_stage(cfg))
+    assert [(r["prompt_id"], r["completion"], r["rank"]) for r in kept] == [
+        ("a", "best but cut off", 0), ("a", "good", 1), ("b", "tie one", 0), ("b", "tie two", 1)]
+
+
+def test_threshold_keeps_every_survivor_above_it(make_cfg):
+    cfg = make_cfg("stage=select", "select.strategy=threshold", "select.threshold=1.0")  # normalised = reward/2
+    write_scored(cfg, ROWS)
+    assert sorted(r["completion"] for r in selected_of(run_stage(cfg))) == ["good", "tie one", "tie two"]
+
+
+def test_random_baseline_same_budget_seeded(make_cfg):
+    many = [row(p, i, f"{p} text {i}", float(i)) for p in "abcdef" for i in range(6)]
+    picks = []
+    for run_name, seed in (("r1", 0), ("r2", 0), ("r3", 1)):
+        cfg = make_cfg("stage=select", "select.strategy=random", f"run_name={run_name}", f"seed={seed}")
+        write_scored(cfg, many)
+        picks.append([r["sample_idx"] for r in selected_of(run_stage(cfg))])
+    assert len(picks[0]) == 6  # k=1 per prompt: the same budget as best-of-K
+    assert picks[0] == picks[1] and picks[0] != picks[2]
+    assert picks[0] != [5] * 6  # not the best each time
+
+
+def test_pooling_ranks_earlier_rounds_too_and_ties_prefer_the_newer_round(make_cfg):
+    cfg = make_cfg("stage=select", "round=1", "select.pool_rounds=-1")
+    write_scored(cfg, [row("a", 0, "old best", 7.0), row("b", 0, "old tie", 2.0)], round_idx=0)
+    write_scored(cfg, [row("a", 0, "new", 4.0, round_idx=1), row("b", 1, "new tie", 2.0, round_idx=1)], round_idx=1)
+    kept = {r["prompt_id"]: r for r in selected_of(run_stage(cfg))}
+    assert kept["a"]["completion"] == "old best" and kept["a"]["selected_in_round"] == 1
+    assert kept["b"]["completion"] == "new tie"
+    alone = make_cfg("stage=select", "round=1", "run_name=alone", "select.pairs=false")
+    write_scored(alone, [row("a", 0, "new", 4.0, round_idx=1)], round_idx=1)
+    assert [r["completion"] for r in selected_of(run_stage(alone))] == ["new"]
+
+
+def test_pairs_are_best_vs_worst_in_trl_conversational_preference_format(make_cfg):
+    cfg = make_cfg("stage=select", "data.system_prompt=Be brief.")
+    write_scored(cfg, ROWS + [row("c", 0, "same", 1.0), row("c", 1, "also same", 1.0)])
+    run_stage(cfg)
+    pairs = {p["prompt_id"]: p for p in load_from_disk(str(RunPaths(cfg.paths.run_dir).pairs(0))).to_list()}
+    assert set(pairs) == {"a", "b"}  # c's survivors tie: no preference to learn
+    a = pairs["a"]
+    assert a["prompt"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "prompt a"}]
+    assert a["chosen"] == [{"role": "assistant", "content": "good"}]
+    assert a["rejected"] == [{"role": "assistant", "content": "worst"}]
+    assert a["chosen_reward"] > a["rejected_reward"]
+
+
+def test_scored_set_without_reward_column_names_file_and_column(make_cfg):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, ROWS, drop_column="reward")
+    with pytest.raises(KeyError, match=r"round_00/scored has no 'reward' column"):
+        run_stage(cfg)
+
+
+def test_one_sample_per_prompt_with_pairs_is_an_error(make_cfg):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, [row("a", 0, "only", 1.0), row("b", 0, "only", 1.0)])
+    with pytest.raises(ValueError, match="select.pairs=false"):
+        run_stage(cfg)
+    cfg = make_cfg("stage=select", "select.pairs=false")
+    assert len(selected_of(run_stage(cfg))) == 2
+
+
+def test_prompt_with_every_completion_filtered_is_logged_and_skipped(make_cfg, caplog):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, ROWS + [row("z", 0, "", 1.0), row("z", 1, "cut", 2.0, finish_reason="length")])
+    with caplog.at_level(logging.WARNING):
+        out = run_stage(cfg)
+    assert "prompt z ('prompt z')" in caplog.text
+    assert sorted(r["prompt_id"] for r in selected_of(out)) == ["a", "b"]
+    assert read_meta(out)["prompts_without_survivors"] == ["z"]
+
+
+def test_nothing_selected_stops_before_sft(make_cfg):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, [row("a", 0, "", 1.0), row("a", 1, "cut", 2.0, finish_reason="length")])
+    with pytest.raises(ValueError, match="kept no completion"):
+        run_stage(cfg)
+    assert not (RunPaths(cfg.paths.run_dir).selected(0)).exists()
