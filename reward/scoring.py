@@ -39,6 +39,7 @@ class RewardScorer:
     def score(self, prompts: list[str], completions: list[str], batch_size: int = 32,
               progress: bool = True) -> list[float]:
         """Raw rewards, one per (prompt, completion), in input order."""
+        prompts, completions = list(prompts), list(completions)  # datasets columns are not lists
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
         inputs = [encode_pair(self.tokenizer, p, c, self.max_length)[0] for p, c in zip(prompts, completions)]

@@ -11,6 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 # stage name -> module exposing run(cfg); imported on use so `stage=sample` does not load TRL.
 STAGES = {
+    "prefs": "rsft.prefs",
+    "reward": "rsft.reward",
     "sample": "rsft.sample",
     "score": "rsft.score",
     "select": "rsft.select",

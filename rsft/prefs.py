@@ -1,0 +1,120 @@
+"""stage=prefs: simulated pairwise labels for the demo task, from the round-0 policy's own samples.
+
+    python -m rsft.run stage=prefs [prefs.num_prompts=64] [prefs.num_samples=4] [prefs.soft=true]
+
+1. Sample prefs.num_samples completions for each of prefs.num_prompts train prompts from the round-0
+   policy (rsft.sample.sample_dataset with prefs.seed, its own seed).
+2. Score each with the gold oracle (reward.gold; needs the demo task's `task` column).
+3. Pair every two distinct completions of a prompt and label the pair with a simulated annotator
+   (reward.annotators): P(i beats j) = sigmoid((gold_i - gold_j) / tau), hard (one draw) or soft.
+   Each pair is written in TRL's preference format with the preferred side as `chosen`, so
+   label_prob >= 0.5 (1.0 for hard labels); identical completions are not paired (counted).
+4. Split BY PROMPT into train and test (no prompt's pairs on both sides) and write
+   runs/<run_name>/prefs/ (a DatasetDict) with meta.json.
+
+Users with their own preference data skip this stage: stage=reward reward.data.path=...
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import defaultdict
+from itertools import combinations
+
+from datasets import Dataset, DatasetDict
+from omegaconf import DictConfig, OmegaConf
+
+from reward.annotators import label_pair
+from reward.gold import gold_score
+from rsft.data import load_prompts
+from rsft.models import load_policy, resolve_device
+from rsft.paths import RunPaths, atomic_artifact, should_skip
+from rsft.sample import sample_dataset
+from rsft.sampling.sampler import SamplingSettings
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def label_pairs(samples: Dataset, golds: list[float], tau: float, soft: bool, rng: random.Random):
+    """Every within-prompt pair of distinct completions, labelled; returns (rows, identical pairs skipped)."""
+    by_prompt = defaultdict(list)
+    for row, prompt_id in enumerate(samples["prompt_id"]):
+        by_prompt[prompt_id].append(row)
+    rows, identical = [], 0
+    for prompt_id, members in by_prompt.items():
+        for i, j in combinations(members, 2):
+            a, b = samples[i], samples[j]
+            if a["completion"] == b["completion"]:
+                identical += 1
+                continue
+            p_i = label_pair(golds[i], golds[j], tau, rng, soft)  # P(i beats j), or its 0/1 draw
+            (win, lose, g_win, g_lose, p) = (a, b, golds[i], golds[j], p_i) if p_i >= 0.5 else \
+                (b, a, golds[j], golds[i], 1.0 - p_i)
+            rows.append({"prompt_id": prompt_id, "prompt": a["prompt"], "chosen": win["completion"],
+                         "rejected": lose["completion"], "label_prob": float(p), "gold_chosen": g_win,
+                         "gold_rejected": g_lose, "chosen_sample_idx": win["sample_idx"],
+                         "rejected_sample_idx": lose["sample_idx"], "chosen_finish_reason": win["finish_reason"],
+                         "rejected_finish_reason": lose["finish_reason"]})
+    return rows, identical
+
+
+def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) -> DatasetDict:
+    prompt_ids = sorted({r["prompt_id"] for r in rows})
+    if len(prompt_ids) < 2:
+        raise ValueError(f"prefs: pairs from {len(prompt_ids)} prompt(s); a train/test split by prompt needs >= 2 "
+                         f"(raise prefs.num_prompts, or prefs.num_samples so prompts yield distinct completions)")
+    rng.shuffle(prompt_ids)
+    n_test = min(max(1, round(test_fraction * len(prompt_ids))), len(prompt_ids) - 1)
+    test_ids = set(prompt_ids[:n_test])
+    return DatasetDict({"train": Dataset.from_list([r for r in rows if r["prompt_id"] not in test_ids]),
+                        "test": Dataset.from_list([r for r in rows if r["prompt_id"] in test_ids])})
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    paths = RunPaths(cfg.paths.run_dir)
+    out = paths.prefs
+    if should_skip(out, cfg.overwrite, "prefs"):
+        return out
+    p = cfg.prefs
+    settings = SamplingSettings(max_new_tokens=int(p.max_new_tokens), temperature=float(p.temperature),
+                                top_k=int(p.top_k), top_p=float(p.top_p), batch_rows=int(p.batch_rows))
+    settings.check()
+    if int(p.num_samples) < 2:
+        raise ValueError(f"prefs.num_samples={p.num_samples}: pairs need >= 2 completions per prompt")
+    limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
+    prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
+    if "task" not in prompts.column_names:
+        raise ValueError(f"stage=prefs simulates labels with the demo task's gold oracle, which needs the prompts' "
+                         f"`task` column (data=demo); data.kind={cfg.data.kind!r} has columns {prompts.column_names}. "
+                         f"Bring your own pairs instead: stage=reward reward.data.path=<your pairs> "
+                         f"(reward.data.format=preference|hh_rlhf)")
+    device = resolve_device(cfg.device)
+    model, tokenizer, policy_source = load_policy(cfg, 0, device)
+    log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
+    samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
+                                      cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source})
+    golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
+    rng = random.Random(int(p.seed))
+    rows, identical = label_pairs(samples, golds, float(p.tau), bool(p.soft), rng)
+    splits = split_by_prompt(rows, float(p.test_fraction), rng)
+    counts = {"prompts": len(prompts), "completions": len(samples), "pairs": len(rows),
+              "train_pairs": len(splits["train"]), "test_pairs": len(splits["test"]),
+              "identical_pairs_skipped": identical,
+              "gold_ties": sum(r["gold_chosen"] == r["gold_rejected"] for r in rows),
+              "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
+    stats = {"gold_mean": sum(golds) / len(golds), "label_prob_mean": sum(r["label_prob"] for r in rows) / len(rows)}
+    meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
+            "counts": counts, "stats": stats, "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
+    with atomic_artifact(out, meta) as tmp:
+        splits.save_to_disk(str(tmp))
+    log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "
+             "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], out, identical,
+             counts["label_against_gold"])
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "prefs")
+    tracker.log({f"prefs/{k}": v for k, v in {**counts, **stats}.items()})
+    if own_tracker:
+        tracker.finish()
+    return out

@@ -1,0 +1,132 @@
+"""stage=reward: train the Bradley-Terry reward model, evaluate it on held-out pairs, save it.
+
+    python -m rsft.run stage=reward                                   # on this run's prefs (stage=prefs)
+    python -m rsft.run stage=reward reward.data.path=pairs.jsonl      # on your own pairs
+    python -m rsft.run stage=reward reward.data.path=hh.jsonl.gz reward.data.format=hh_rlhf
+
+1. Pairs: runs/<run_name>/prefs/ (train / test by prompt), or reward.data.path normalised by
+   reward.formats (held out: reward.data.eval_path, else eval_fraction of the shuffled rows).
+2. Backbone with a fresh scalar head (reward.model); pairs tokenised by reward.encoding (prompts
+   cut from the left when long, counted, never dropped); trained by reward.trainer (TRL's
+   RewardTrainer with soft labels).
+3. Held-out pairwise accuracy (and, for the demo task, agreement with the gold oracle's order);
+   the reward mean / std over the unique training responses, stored with the model for
+   normalisation (reward_stats.json); metrics.json; all logged to the Tracker.
+4. runs/<run_name>/reward/: save_pretrained model + tokenizer, reward_stats.json, metrics.json,
+   meta.json, written atomically. reward.scoring.load_scorer reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import tempfile
+import time
+
+from datasets import Dataset, DatasetDict, load_from_disk
+from omegaconf import DictConfig, OmegaConf
+
+from reward.encoding import tokenize_preferences
+from reward.formats import check_pairs, load_raw, to_preference_pairs
+from reward.model import load_reward_backbone
+from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model
+from reward.trainer import train_reward_model
+from rsft.models import resolve_device
+from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
+from rsft.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+TRAIN_ACCURACY_PAIRS = 512  # training accuracy is measured on at most this many pairs
+
+
+def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
+    """(train pairs, held-out pairs, where they came from), each row prompt/chosen/rejected/label_prob/..."""
+    d = cfg.reward.data
+    if d.path is None:
+        source = RunPaths(cfg.paths.run_dir).prefs
+        if not is_complete(source):
+            raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
+                                    f"run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or train on "
+                                    f"your own pairs with reward.data.path=<file, folder or hub name>")
+        splits = load_from_disk(str(source))
+        train, test = splits["train"], splits["test"]
+        check_pairs(train, f"{source} (train)")
+        check_pairs(test, f"{source} (test)")
+        train = train.select(range(min(len(train), d.limit))) if d.limit is not None else train
+        return train, test, str(source)
+    raw, source = load_raw(d)
+    pairs = to_preference_pairs(raw, d.format, d.label_column, source).shuffle(seed=int(cfg.reward.seed))
+    if d.limit is not None:
+        pairs = pairs.select(range(min(len(pairs), int(d.limit))))
+    if d.eval_path is not None:
+        raw_test, test_source = load_raw(OmegaConf.merge(d, {"path": d.eval_path}))
+        return pairs, to_preference_pairs(raw_test, d.format, d.label_column, test_source), source
+    if not 0.0 < float(d.eval_fraction) < 1.0 or len(pairs) < 2:
+        raise ValueError(f"reward.data.eval_fraction={d.eval_fraction} with {len(pairs)} pairs: expected a fraction "
+                         f"in (0, 1) and >= 2 pairs, or set reward.data.eval_path")
+    n_test = max(1, round(float(d.eval_fraction) * len(pairs)))
+    return pairs.select(range(n_test, len(pairs))), pairs.select(range(n_test)), source
+
+
+def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]) -> float | None:
+    """How often the reward orders a pair as the gold oracle does (demo prefs only; gold ties left out)."""
+    if "gold_chosen" not in test.column_names:
+        return None
+    agree = [(rc > rr) == (gc > gr) for rc, rr, gc, gr in
+             zip(r_chosen, r_rejected, test["gold_chosen"], test["gold_rejected"]) if gc != gr]
+    return sum(agree) / len(agree) if agree else None
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    paths = RunPaths(cfg.paths.run_dir)
+    out = paths.reward
+    if should_skip(out, cfg.overwrite, "reward"):
+        return out
+    rcfg = cfg.reward
+    train, test, source = load_pairs(cfg)
+    device = resolve_device(cfg.device)
+    model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir)
+    train_tokens, truncation = tokenize_preferences(train, tokenizer, int(rcfg.max_length))
+    _, test_truncation = tokenize_preferences(test, tokenizer, int(rcfg.max_length))
+    log.info("truncation at max_length=%d: train %s; held out %s", rcfg.max_length, truncation, test_truncation)
+    own_tracker = tracker is None
+    tracker = tracker or Tracker(cfg, "reward")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
+        train_metrics = train_reward_model(model, tokenizer, train_tokens, rcfg, device, scratch, tracker)
+    train_seconds = time.perf_counter() - started
+
+    scorer = RewardScorer(model, tokenizer, int(rcfg.max_length), device=device)
+    batch = int(rcfg.score_batch_size)
+    held_out = pairwise_accuracy(scorer, test, batch, progress=bool(rcfg.progress))
+    seen = pairwise_accuracy(scorer, train.select(range(min(len(train), TRAIN_ACCURACY_PAIRS))), batch)
+    responses = sorted({(p, r) for p, c, x in zip(train["prompt"], train["chosen"], train["rejected"]) for r in (c, x)})
+    rewards = scorer.score([p for p, _ in responses], [r for _, r in responses], batch, progress=bool(rcfg.progress))
+    std = statistics.pstdev(rewards) if len(rewards) > 1 else 1.0
+    stats = {"mean": statistics.fmean(rewards), "std": max(std, 1e-6), "responses": len(rewards),
+             "max_length": int(rcfg.max_length), "backbone": str(rcfg.backbone.name_or_path)}
+    metrics = {
+        "heldout_accuracy": held_out["accuracy"], "heldout_pairs": held_out["pairs"],
+        "train_accuracy": seen["accuracy"], "train_pairs": len(train),
+        "gold_agreement": gold_agreement(test, held_out["r_chosen"], held_out["r_rejected"]),
+        "reward_mean": stats["mean"], "reward_std": stats["std"], "train_seconds": round(train_seconds, 2),
+        "train_loss": train_metrics.get("train_loss"),
+        "truncation": {"train": truncation, "heldout": test_truncation},
+    }
+    meta = {"stage": "reward", "data": source, "backbone": str(rcfg.backbone.name_or_path), "metrics": metrics,
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+    with atomic_artifact(out, meta) as tmp:
+        save_reward_model(model, tokenizer, tmp, stats)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
+             metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
+             metrics["gold_agreement"], out)
+    flat = {k: v for k, v in metrics.items() if v is not None and k != "truncation"}
+    flat.update({f"truncation_{k}": v for k, v in truncation.items()})
+    tracker.log({f"reward/{k}": v for k, v in flat.items()})
+    tracker.summary({f"reward/{k}": v for k, v in flat.items()})
+    if own_tracker:
+        tracker.finish()
+    return out
