@@ -181,7 +181,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}) as tmp:
             pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
                 {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
-            pair_ds.save_to_disk(str(tmp))
+            pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
     log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
              len(rows), len(by_prompt), len(pairs))
     own_tracker = tracker is None

@@ -136,3 +136,10 @@ def test_nothing_selected_stops_before_sft(make_cfg):
     with pytest.raises(ValueError, match="kept no completion"):
         run_stage(cfg)
     assert not (RunPaths(cfg.paths.run_dir).selected(0)).exists()
+
+
+def test_no_pair_to_make_still_writes_a_loadable_empty_pairs_set(make_cfg):
+    cfg = make_cfg("stage=select")
+    write_scored(cfg, [row("a", 0, "one", 1.0), row("a", 1, "two", 1.0)])
+    run_stage(cfg)
+    assert len(load_from_disk(str(RunPaths(cfg.paths.run_dir).pairs(0)))) == 0

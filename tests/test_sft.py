@@ -1,0 +1,84 @@
+"""stage=sft on the tiny policy: the policy moves toward the selected completions, is saved with its
+tokenizer, and the next round samples from it; LoRA is merged; an empty selection is an error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset, load_from_disk
+
+from rsft.models import load_policy, load_saved_causal_lm
+from rsft.paths import RunPaths, atomic_artifact, read_meta
+from rsft.run import run_stage
+from rsft.sft import conversational_examples
+
+COMPLETION = "Bees make honey."
+
+
+def write_selected(cfg, n=4):
+    rows = [{"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": COMPLETION, "reward": 1.0}
+            for i in range(n)]
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(0), {"stage": "select"}) as tmp:
+        Dataset.from_list(rows).save_to_disk(str(tmp))
+
+
+def completion_nll(model, tokenizer, prompt: str) -> float:
+    """Mean NLL of COMPLETION (+ end of turn) after the chat-formatted prompt."""
+    messages = [{"role": "user", "content": prompt}]
+    prefix = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    full_ids = tokenizer(prefix + COMPLETION + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    labels = torch.tensor([[-100] * len(prefix_ids) + full_ids[len(prefix_ids):]])
+    with torch.no_grad():
+        return float(model(torch.tensor([full_ids]), labels=labels).loss)
+
+
+def test_conversational_prompt_completion_format():
+    ds = conversational_examples(Dataset.from_list([{"prompt": "hi", "completion": "hello"}]), "sys")
+    assert ds[0]["prompt"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    assert ds[0]["completion"] == [{"role": "assistant", "content": "hello"}]
+
+
+def test_full_sft_changes_every_parameter_and_next_round_samples_from_it(make_cfg):
+    cfg = make_cfg("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=3", "device=cpu")
+    write_selected(cfg)
+    before, tokenizer, _ = load_policy(cfg, 0, torch.device("cpu"))
+    out = run_stage(cfg)
+    after, saved_tokenizer = load_saved_causal_lm(out, torch.device("cpu"))
+    assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert saved_tokenizer.chat_template == tokenizer.chat_template
+    old = dict(before.named_parameters())
+    for name, param in after.named_parameters():
+        assert not torch.equal(param, old[name]), f"{name} did not change"
+    prompt = "Tell me about bees, 0."
+    assert completion_nll(after, tokenizer, prompt) < completion_nll(before, tokenizer, prompt) - 0.5
+    meta = read_meta(out)
+    assert meta["stats"]["steps"] == 3 and meta["stats"]["loss_last"] < meta["stats"]["loss_first"]
+    assert len(meta["loss_history"]) >= 3
+
+    samples = load_from_disk(str(run_stage(make_cfg("stage=sample", "round=1"))))
+    assert set(samples["policy"]) == {str(out)}
+    assert set(samples["round"]) == {1}
+
+
+def test_lora_is_merged_into_a_plain_folder(make_cfg):
+    cfg = make_cfg("stage=sft", "sft.mode=lora", "sft.learning_rate=1e-2", "device=cpu")
+    write_selected(cfg)
+    before, _, _ = load_policy(cfg, 0, torch.device("cpu"))
+    out = run_stage(cfg)
+    assert not (out / "adapter_config.json").exists()
+    after, _ = load_saved_causal_lm(out, torch.device("cpu"))
+    assert type(after) is type(before)
+    old = dict(before.named_parameters())
+    changed = {n for n, p in after.named_parameters() if not torch.equal(p, old[n])}
+    assert "model.layers.0.self_attn.q_proj.weight" in changed and "model.embed_tokens.weight" not in changed
+
+
+def test_empty_selection_is_an_error_before_training(make_cfg):
+    cfg = make_cfg("stage=sft")
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(0), {"stage": "select"}) as tmp:
+        Dataset.from_dict({"prompt": [], "completion": []}).save_to_disk(str(tmp), num_shards=1)
+    with pytest.raises(ValueError, match="no selected completions"):
+        run_stage(cfg)
+    with pytest.raises(FileNotFoundError, match="stage=select round=1"):
+        run_stage(make_cfg("stage=sft", "round=1"))
