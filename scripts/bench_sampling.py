@@ -1,0 +1,171 @@
+"""Sampling throughput: HF generate vs rsft's plain and speculative samplers, in one process.
+
+    python scripts/bench_sampling.py --prompts 16 --k 8 --max-new-tokens 48 --batch-rows 16 64
+
+Every method samples K completions for the same demo prompts with the same temperature and
+max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offline). Methods:
+- `hf`: `model.generate(do_sample=True, num_return_sequences=K)`, batch_rows / K prompts at a time;
+- `plain`: rsft's sampler without a draft (one policy forward per token);
+- `ngram`: the model-free n-gram draft at a fixed gamma (`--gammas`), and `ngram-adaptive`;
+- `model`: a draft model folder (`--draft PATH`, e.g. runs/<run>/draft from stage=draft), fixed gammas
+  and adaptive.
+Real tokens are counted up to and including EOS. Peak memory is the largest resident set size seen
+while the method ran (sampled every 10 ms), minus the resident size before it started.
+Prints one JSON object per measurement and, at the end, a Markdown table for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from rsft.data import chat_text, load_prompts
+from rsft.models import load_causal_lm, load_saved_causal_lm
+from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.sampling.sampler import Sampler, SamplingSettings
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+class PeakRSS:
+    """Samples /proc/self/statm in a thread; `peak_mb` is the max resident size above the start."""
+
+    def __enter__(self):
+        self.page = 4096
+        self.start = self.peak = self._rss()
+        self.running = True
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _watch(self):
+        while self.running:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak_mb = (self.peak - self.start) / 2**20
+
+
+def hf_generate(model, tokenizer, prompt_ids, k, rows, max_new_tokens, temperature, seed):
+    torch.manual_seed(seed)
+    per_batch = max(rows // k, 1)
+    tokens = 0
+    eos = tokenizer.eos_token_id
+    tokenizer.padding_side = "left"
+    for start in range(0, len(prompt_ids), per_batch):
+        chunk = prompt_ids[start:start + per_batch]
+        batch = tokenizer.pad({"input_ids": chunk}, return_tensors="pt")
+        out = model.generate(**batch, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                             num_return_sequences=k, max_new_tokens=max_new_tokens, pad_token_id=eos)
+        new = out[:, batch["input_ids"].shape[1]:]  # [rows, new]
+        for row in new.tolist():
+            tokens += row.index(eos) + 1 if eos in row else len(row)
+    return {"tokens": tokens}
+
+
+def rsft_sample(model, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive):
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, batch_rows=rows,
+                                gamma=gamma if draft is not None else 0, adaptive=adaptive)
+    sampler = Sampler(model, settings, [model.generation_config.eos_token_id], draft=draft)
+    completions = sampler.generate(prompt_ids, k, seed, progress=False)
+    summary = sampler.summary()
+    return {
+        "tokens": sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions),
+        "acceptance_rate": summary.get("acceptance_rate"),
+        "acceptance_per_position": summary.get("acceptance_per_position"),
+        "tokens_per_target_forward": summary.get("tokens_per_target_forward"),
+        "theoretical_tokens_per_forward": summary.get("theoretical_tokens_per_forward"),
+        "gamma_chosen_mean": summary.get("gamma_chosen_mean"),
+        "target_seconds": summary.get("target_seconds"),
+        "draft_seconds": summary.get("draft_seconds"),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--batch-rows", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--methods", nargs="+", default=["hf", "plain", "ngram", "ngram-adaptive"])
+    parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
+    parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also write the JSON results here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["stage=sample", f"data.limit={args.prompts}"])
+    device = torch.device("cpu")
+    if args.policy:
+        model, tokenizer = load_saved_causal_lm(args.policy, device)
+    else:
+        model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
+    prompts = load_prompts(cfg.data, "train")
+    prompt_ids = [tokenizer(chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts["prompt"]]
+    draft_model = load_saved_causal_lm(args.draft, device)[0] if args.draft else None
+
+    plans = []
+    for rows in args.batch_rows:
+        for method in args.methods:
+            if method in ("hf", "plain"):
+                plans.append((rows, method, None, False))
+            elif method in ("ngram", "model"):
+                plans.extend((rows, method, g, False) for g in args.gammas)
+            elif method in ("ngram-adaptive", "model-adaptive"):
+                plans.append((rows, method.split("-")[0], max(args.gammas), True))
+            else:
+                raise SystemExit(f"--methods: unknown method {method!r}")
+    results = []
+    baselines = {}
+    for rows, method, gamma, adaptive in plans:
+        if method == "model" and draft_model is None:
+            raise SystemExit("--methods model needs --draft PATH")
+        with PeakRSS() as mem:
+            started = time.perf_counter()
+            if method == "hf":
+                out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
+                                  args.temperature, args.seed)
+            else:
+                draft = {"plain": None, "ngram": NgramDraft(), "model": ModelDraft(draft_model) if draft_model else None}[method]
+                out = rsft_sample(model, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
+                                  args.seed, draft, gamma or 0, adaptive)
+            seconds = time.perf_counter() - started
+        name = method + ("" if gamma is None else f" g={gamma}") + (" adaptive" if adaptive else "")
+        record = {"method": name, "batch_rows": rows, "seconds": round(seconds, 2),
+                  "tokens_per_second": round(out["tokens"] / seconds, 1), "peak_mb": round(mem.peak_mb, 1), **out}
+        if method == "hf":
+            baselines[rows] = record["tokens_per_second"]
+        record["vs_hf"] = round(record["tokens_per_second"] / baselines[rows], 2) if rows in baselines else None
+        results.append(record)
+        print(json.dumps(record), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    print("\n| rows | method | tokens/s | vs HF generate | acceptance | tokens/forward (theory) | peak MB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        acc = "-" if r.get("acceptance_rate") is None else f"{r['acceptance_rate']:.2f}"
+        tpf = "-" if r.get("tokens_per_target_forward") is None or r["method"] in ("hf", "plain") else (
+            f"{r['tokens_per_target_forward']:.2f} ({r['theoretical_tokens_per_forward'] or 0:.2f})")
+        print(f"| {r['batch_rows']} | {r['method']} | {r['tokens_per_second']} | {r['vs_hf'] or '-'} | {acc} | {tpf} | {r['peak_mb']} |")
+
+
+if __name__ == "__main__":
+    main()
