@@ -3,6 +3,12 @@
 `logger=wandb` (offline by default: files under runs/<run_name>/wandb/, uploaded later with
 `wandb sync`) or `logger=none` (the Tracker then only writes to the Python log). `stage=loop` opens
 one Tracker for all its rounds; a stage run alone opens its own.
+
+`step` is an x-axis value of the metric group, not wandb's global step: stages log at step=round,
+the reward trainer at step=its training step, and wandb drops any log whose step is below the
+largest seen so far, so passing `step` through would silently lose every round metric logged after
+a training loop. Instead each top-level group (`sample/...`, `reward/...`) gets its own step
+metric `step/<group>` (wandb.define_metric), and wandb's own step just counts log calls.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ log = logging.getLogger(__name__)
 class Tracker:
     def __init__(self, cfg: DictConfig, job_type: str):
         self.run = None
+        self._step_metrics: set[str] = set()
         if cfg.logger.kind == "none":
             return
         if cfg.logger.kind != "wandb":
@@ -48,7 +55,22 @@ class Tracker:
         log.info("metrics%s: %s", "" if step is None else f" (step {step})",
                  ", ".join(f"{k}={v:.4g}" for k, v in scalars.items()))
         if self.run is not None:
-            self.run.log(metrics, step=step)
+            self.run.log(self._with_step(metrics, step))
+
+    def _with_step(self, metrics: dict[str, Any], step: int | None) -> dict[str, Any]:
+        """Add step/<group> = step for each top-level group of the keys (see the module docstring)."""
+        if step is None:
+            return metrics
+        out = dict(metrics)
+        for key in metrics:
+            group = key.split("/", 1)[0]
+            step_key = f"step/{group}"
+            if step_key not in self._step_metrics:
+                self.run.define_metric(step_key)
+                self.run.define_metric(f"{group}/*" if "/" in key else key, step_metric=step_key)
+                self._step_metrics.add(step_key)
+            out[step_key] = step
+        return out
 
     def log_table(self, key: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
         if self.run is None or not rows:
@@ -56,14 +78,15 @@ class Tracker:
         import wandb
 
         columns = list(rows[0])
-        self.run.log({key: wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])}, step=step)
+        self.run.log(self._with_step({key: wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
+                                     step))
 
     def log_image(self, key: str, png_path: str | Path, step: int | None = None) -> None:
         if self.run is None:
             return
         import wandb
 
-        self.run.log({key: wandb.Image(str(png_path))}, step=step)
+        self.run.log(self._with_step({key: wandb.Image(str(png_path))}, step))
 
     def summary(self, values: dict[str, Any]) -> None:
         if self.run is not None:
