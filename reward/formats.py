@@ -58,7 +58,7 @@ def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
 
 def messages_to_text(messages) -> str:
     """A message list as text: a lone user message is its content, longer ones "Role: content" turns."""
-    if isinstance(messages, str):
+    if not isinstance(messages, list):  # text already (anything else is reported by check_pairs)
         return messages
     if len(messages) == 1 and messages[0]["role"] in ("user", "assistant"):
         return messages[0]["content"]
@@ -122,14 +122,14 @@ def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source
 
 
 def check_pairs(pairs: Dataset, source: str, label_column: str = LABEL_COLUMN) -> None:
-    """Every row: text in prompt/chosen/rejected, chosen != rejected, a label in [0, 1] (not NaN)."""
+    """Every row: text (may be empty) in prompt/chosen/rejected, chosen != rejected, a label in [0, 1] (not NaN)."""
     if len(pairs) == 0:
         raise ValueError(f"{source}: no preference pairs left (after loading and limits)")
     for row, example in enumerate(pairs):
         for column in ("prompt", "chosen", "rejected"):
             value = example[column]
-            if not isinstance(value, str) or (column != "prompt" and not value.strip()):
-                raise ValueError(f"{source}, row {row}, column {column!r}: expected non-empty text, got {value!r:.80}")
+            if not isinstance(value, str):  # an empty reply is data (HH-RLHF has a few preferred ones)
+                raise ValueError(f"{source}, row {row}, column {column!r}: expected text, got {value!r:.80}")
         if example["chosen"] == example["rejected"]:
             raise ValueError(f"{source}, row {row}: columns 'chosen' and 'rejected' are identical ({example['chosen']!r:.60})")
         label = example[LABEL_COLUMN]

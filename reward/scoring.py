@@ -82,16 +82,18 @@ def load_scorer(path: str | Path, device: str | torch.device = "cpu") -> RewardS
     return RewardScorer(model, tokenizer, stats["max_length"], stats["mean"], stats["std"], device)
 
 
-def pairwise_accuracy(scorer: RewardScorer, pairs, batch_size: int = 32, progress: bool = False) -> dict:
-    """Held-out pairwise accuracy: how often r(chosen) > r(rejected) agrees with label_prob > 0.5.
+def pairwise_accuracy(r_chosen: list[float], r_rejected: list[float], label_prob: list[float]) -> tuple[float, int]:
+    """(accuracy, pairs counted): how often r(chosen) > r(rejected) agrees with label_prob > 0.5.
 
-    Pairs labelled exactly 0.5 (ties) carry no direction and are left out of the accuracy. Returns
-    the accuracy, the number of pairs it counts, and the rewards (for gold-agreement metrics).
+    Pairs labelled exactly 0.5 (ties) carry no direction and are left out.
     """
+    counted = [(rc > rr) == (p > 0.5) for rc, rr, p in zip(r_chosen, r_rejected, label_prob) if p != 0.5]
+    return sum(counted) / max(len(counted), 1), len(counted)
+
+
+def score_pairs(scorer: RewardScorer, pairs, batch_size: int = 32, progress: bool = False):
+    """(rewards of the chosen replies, rewards of the rejected replies) of a prompt/chosen/rejected dataset."""
     n = len(pairs)
     rewards = scorer.score(list(pairs["prompt"]) * 2, list(pairs["chosen"]) + list(pairs["rejected"]),
                            batch_size=batch_size, progress=progress)
-    r_chosen, r_rejected = rewards[:n], rewards[n:]
-    counted = [(rc > rr) == (p > 0.5) for rc, rr, p in zip(r_chosen, r_rejected, pairs["label_prob"]) if p != 0.5]
-    return {"accuracy": sum(counted) / max(len(counted), 1), "pairs": len(counted),
-            "r_chosen": r_chosen, "r_rejected": r_rejected}
+    return rewards[:n], rewards[n:]

@@ -30,16 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 from reward.encoding import tokenize_preferences
 from reward.formats import check_pairs, load_raw, to_preference_pairs
 from reward.model import load_reward_backbone
-from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model
+from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
 from rsft.models import resolve_device
 from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
 from rsft.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-TRAIN_ACCURACY_PAIRS = 512  # training accuracy is measured on at most this many pairs
-
 
 def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
     """(train pairs, held-out pairs, where they came from), each row prompt/chosen/rejected/label_prob/..."""
@@ -99,18 +96,23 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     train_seconds = time.perf_counter() - started
 
     scorer = RewardScorer(model, tokenizer, int(rcfg.max_length), device=device)
-    batch = int(rcfg.score_batch_size)
-    held_out = pairwise_accuracy(scorer, test, batch, progress=bool(rcfg.progress))
-    seen = pairwise_accuracy(scorer, train.select(range(min(len(train), TRAIN_ACCURACY_PAIRS))), batch)
+    batch, progress = int(rcfg.score_batch_size), bool(rcfg.progress)
+    r_chosen, r_rejected = score_pairs(scorer, test, batch, progress)
+    heldout_accuracy, heldout_pairs = pairwise_accuracy(r_chosen, r_rejected, test["label_prob"])
+    # Every unique training response is scored once: the normalisation statistics and the train accuracy.
     responses = sorted({(p, r) for p, c, x in zip(train["prompt"], train["chosen"], train["rejected"]) for r in (c, x)})
-    rewards = scorer.score([p for p, _ in responses], [r for _, r in responses], batch, progress=bool(rcfg.progress))
+    rewards = scorer.score([p for p, _ in responses], [r for _, r in responses], batch, progress)
+    reward_of = dict(zip(responses, rewards))
+    train_accuracy, _ = pairwise_accuracy([reward_of[p, c] for p, c in zip(train["prompt"], train["chosen"])],
+                                          [reward_of[p, x] for p, x in zip(train["prompt"], train["rejected"])],
+                                          train["label_prob"])
     std = statistics.pstdev(rewards) if len(rewards) > 1 else 1.0
     stats = {"mean": statistics.fmean(rewards), "std": max(std, 1e-6), "responses": len(rewards),
              "max_length": int(rcfg.max_length), "backbone": str(rcfg.backbone.name_or_path)}
     metrics = {
-        "heldout_accuracy": held_out["accuracy"], "heldout_pairs": held_out["pairs"],
-        "train_accuracy": seen["accuracy"], "train_pairs": len(train),
-        "gold_agreement": gold_agreement(test, held_out["r_chosen"], held_out["r_rejected"]),
+        "heldout_accuracy": heldout_accuracy, "heldout_pairs": heldout_pairs,
+        "train_accuracy": train_accuracy, "train_pairs": len(train),
+        "gold_agreement": gold_agreement(test, r_chosen, r_rejected),
         "reward_mean": stats["mean"], "reward_std": stats["std"], "train_seconds": round(train_seconds, 2),
         "train_loss": train_metrics.get("train_loss"),
         "truncation": {"train": truncation, "heldout": test_truncation},

@@ -51,7 +51,7 @@ def test_formats_plain_conversational_implicit_and_soft_labels():
     ([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 1.2}], "row 0, column 'label_prob'"),
     ([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 0.5},
       {"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": math.nan}], "row 1, column 'label_prob'"),
-    ([{"prompt": "p", "chosen": "", "rejected": "b"}], "row 0, column 'chosen'"),
+    ([{"prompt": "p", "chosen": "a", "rejected": None}], "row 0, column 'rejected'"),
 ])
 def test_bad_input_names_column_and_row(rows, message):
     with pytest.raises((ValueError, KeyError), match=message):

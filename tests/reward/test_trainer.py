@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from reward.encoding import tokenize_preferences
 from reward.model import build_tiny_reward_model
-from reward.scoring import RewardScorer, load_scorer, pairwise_accuracy, save_reward_model
+from reward.scoring import RewardScorer, load_scorer, pairwise_accuracy, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
 from rsft.models import build_byte_tokenizer
 
@@ -42,8 +42,9 @@ def test_separable_pairs_are_learned_and_every_parameter_moves(tmp_path, soft):
     unchanged = [name for name, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[name])]
     assert not unchanged, f"parameters not updated: {unchanged}"
     scorer = RewardScorer(model, tokenizer, max_length=64)
-    held_out = pairwise_accuracy(scorer, toy_pairs(32, seed=2))
-    assert held_out["accuracy"] >= 0.9
+    held_out = toy_pairs(32, seed=2)
+    accuracy, counted = pairwise_accuracy(*score_pairs(scorer, held_out), held_out["label_prob"])
+    assert counted == 32 and accuracy >= 0.9
 
 
 def test_scorer_round_trip_in_input_order(tmp_path):
