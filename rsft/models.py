@@ -170,6 +170,7 @@ def build_tiny_causal_lm(cfg: DictConfig | dict, vocab_size: int, tokenizer=None
         intermediate_size=cfg["intermediate_size"],
         max_position_embeddings=2048,
         tie_word_embeddings=True,
+        initializer_range=float(cfg.get("initializer_range", 0.02)),
         bos_token_id=getattr(tokenizer, "bos_token_id", None),
         eos_token_id=getattr(tokenizer, "eos_token_id", None),
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
@@ -230,10 +231,10 @@ def check_same_vocabulary(policy_tokenizer, draft_tokenizer, policy_model, draft
     problems = []
     if policy_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
         problems.append(f"tokenizer vocabularies differ ({len(policy_tokenizer)} vs {len(draft_tokenizer)} tokens)")
-    p_width = policy_model.get_output_embeddings().weight.shape[0]
-    d_width = draft_model.get_output_embeddings().weight.shape[0]
+    p_width = policy_model.get_input_embeddings().weight.shape[0]
+    d_width = draft_model.get_input_embeddings().weight.shape[0]
     if p_width != d_width:
-        problems.append(f"output layers differ ({p_width} vs {d_width} logits)")
+        problems.append(f"embedding tables differ ({p_width} vs {d_width} rows)")
     if problems:
         raise ValueError(f"draft {draft_name!r} cannot draft for this policy: " + "; ".join(problems))
 

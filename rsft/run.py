@@ -14,6 +14,7 @@ STAGES = {
     "prefs": "rsft.prefs",
     "reward": "rsft.reward",
     "sample": "rsft.sample",
+    "draft": "rsft.draft",
     "score": "rsft.score",
     "select": "rsft.select",
     "sft": "rsft.sft",

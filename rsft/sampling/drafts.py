@@ -26,8 +26,11 @@ from rsft.sampling.processing import greedy_probs, probs_from_logits, sample_fro
 class ModelDraft:
     deterministic = False
 
-    def __init__(self, model):
+    def __init__(self, model, head_token_ids: list[int] | None = None, vocab_size: int | None = None):
+        """head_token_ids: the draft's output layer covers only these tokens (q is 0 elsewhere)."""
         self.kv = KVBatch(model)
+        self.head = None if head_token_ids is None else torch.tensor(head_token_ids, device=self.kv.device)
+        self.vocab_size = vocab_size or model.config.vocab_size
         self.pending: list[list[int]] = []  # per row: tokens emitted but not yet fed to the draft model
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] pending tokens fed in this step's first forward
 
@@ -54,11 +57,15 @@ class ModelDraft:
         tokens, probs = [], []
         for i in range(gamma):
             if sampling.strategy == "greedy":
-                q = greedy_probs(logits)  # [rows, vocab]
+                q = greedy_probs(logits)  # [rows, head or vocab]
                 x = q.argmax(-1)  # [rows]
             else:
                 q = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
                 x = sample_from_probs(q, uniforms[:, i])
+            if self.head is not None:  # back to vocabulary ids; q is zero off the head
+                full = torch.zeros(q.shape[0], self.vocab_size, dtype=q.dtype, device=q.device)  # [rows, vocab]
+                q = full.index_copy_(1, self.head, q)
+                x = self.head[x]
             tokens.append(x)
             probs.append(q)
             if i + 1 < gamma:
@@ -140,7 +147,7 @@ class NgramDraft:
 
 def build_draft(cfg, policy_model, policy_tokenizer, device, round_idx: int):
     """The draft `cfg.draft` describes, checked against the policy; None for draft=none."""
-    from rsft.models import check_same_vocabulary, load_causal_lm, load_saved_causal_lm
+    from rsft.models import check_same_vocabulary, load_causal_lm
     from rsft.paths import RunPaths, is_complete
 
     kind = cfg.draft.kind
@@ -163,8 +170,11 @@ def build_draft(cfg, policy_model, policy_tokenizer, device, round_idx: int):
         path = paths.round_draft(round_idx - 1) if round_idx > 0 and is_complete(paths.round_draft(round_idx - 1)) else paths.draft
         if not is_complete(path):
             raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
-        model, tokenizer = load_saved_causal_lm(path, device)
-        name = str(path)
+        from rsft.draft import load_draft
+
+        model, tokenizer, head = load_draft(path, device)
+        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
+        return ModelDraft(model, head_token_ids=head)
     else:
         raise ValueError(f"draft.kind={kind!r}: expected none, ngram, model or distilled")
     check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, name)
