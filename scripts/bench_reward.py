@@ -9,7 +9,8 @@ fixed seed: the first --train pairs train, the last --test are held out. Backbon
 - ours: reward.trainer (prompts cut from the left to max_length, nothing dropped, soft-label loss
   with hard labels here, reward read by attention mask), evaluated with reward.scoring.
 - plain TRL: RewardTrainer on the prompt/chosen/rejected text (its tokenisation, its EOS append,
-  its filter that drops pairs over max_length, its loss and the model's own reading). Two
+  its filter that drops pairs over max_length, its loss and the model's own [CLS]-pooler reading,
+  where ours mean-pools MiniLM as it was pre-trained). Two
   concessions, without which it does not run here at all: `eos_token="[SEP]"` (BERT has no EOS
   and TRL appends one) and our device-chosen precision (its bf16 + checkpointing defaults take
   ~30x longer per step on this CPU). Its model is evaluated on every held-out pair in its own
@@ -89,7 +90,13 @@ def trl_format_accuracy(model, tokenizer, test, max_length: int, batch_size: int
 def run_plain_trl(train, test, cfg, device, cache_dir):
     from trl import RewardTrainer
 
-    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir)  # the same backbone and fresh head
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from rsft.models import model_source
+
+    source = model_source(cfg.backbone, cache_dir)  # the same backbone, loaded the plain way (its own pooler)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
     args = training_args(cfg, device, tempfile.mkdtemp(prefix="bench-trl-"))
     args.max_length = int(cfg.max_length)  # TRL's own filter on
     args.eos_token = tokenizer.sep_token   # BERT has no EOS; TRL appends one to every text
