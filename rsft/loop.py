@@ -1,8 +1,10 @@
 """stage=loop: rounds of best-of-K rejection sampling and fine-tuning, tracked and reported.
 
-    python -m rsft.run stage=loop [loop.rounds=2] [select.strategy=random run_name=demo-random]
+    python -m rsft.run stage=loop [loop.rounds=2]
+    python -m rsft.run stage=loop select.strategy=random run_name=demo-random loop.reward_from=demo  # the baseline
 
-Before round 0, when runs/<run_name>/reward/ is missing: stage=prefs (pairs of the initial
+Before round 0, when runs/<run_name>/reward/ is missing: copied from loop.reward_from's run when
+set (a baseline judged by the same reward model), else stage=prefs (pairs of the initial
 policy's samples labelled by the simulated annotators) and stage=reward (the Bradley-Terry model).
 With loop.eval, the initial policy is evaluated once (eval_initial/, the baseline). Then for round
 r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
@@ -24,6 +26,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import shutil
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,6 +53,23 @@ def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
     return importlib.import_module(STAGES[name]).run(cfg, tracker)
 
 
+def share_judge(source: RunPaths, paths: RunPaths) -> None:
+    """Copy another run's labels, reward model and baseline eval (missing ones only), so that runs
+    compared with each other (best-of-K vs select.strategy=random) are judged by the same reward model."""
+    for name in ("prefs", "reward", "initial_eval"):
+        src, dst = getattr(source, name), getattr(paths, name)
+        if is_complete(dst):
+            continue
+        if not is_complete(src):
+            raise FileNotFoundError(f"loop.reward_from: {src} is missing or incomplete; run that loop first")
+        tmp = dst.parent / f".{dst.name}.tmp-copy"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        shutil.rmtree(dst, ignore_errors=True)  # an incomplete leftover
+        os.replace(tmp, dst)
+        log.info("loop: copied %s from %s", dst.name, src)
+
+
 def at_round(cfg: DictConfig, round_idx: int, stage: str) -> DictConfig:
     return OmegaConf.merge(cfg, {"round": round_idx, "stage": stage})
 
@@ -59,6 +81,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     own_tracker = tracker is None
     tracker = tracker or Tracker(cfg, "loop")
     try:
+        if cfg.loop.reward_from:
+            share_judge(RunPaths(Path(cfg.paths.runs_root) / cfg.loop.reward_from), paths)
         if not is_complete(paths.reward):
             for name in ("prefs", "reward"):
                 run_named_stage(name, at_round(cfg, 0, name), tracker)

@@ -71,3 +71,20 @@ def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypat
                 "sft/train_loss", "final/eval/gold_mean", "plots/best_of_n", "examples"):
         assert key.encode() in records, key
     assert list((runs[0] / "files" / "media" / "images").glob("**/*.png"))
+
+
+def test_reward_from_copies_the_judge_and_baseline_of_another_run(tmp_path):
+    from rsft.loop import share_judge
+    from rsft.paths import atomic_artifact, read_meta
+
+    source, target = RunPaths(tmp_path / "best"), RunPaths(tmp_path / "random")
+    for name in ("prefs", "reward", "initial_eval"):
+        with atomic_artifact(getattr(source, name), {"stage": name}) as tmp:
+            (tmp / "weights.bin").write_bytes(name.encode())
+    target.reward.mkdir(parents=True)  # an incomplete leftover is replaced
+    share_judge(source, target)
+    for name in ("prefs", "reward", "initial_eval"):
+        assert read_meta(getattr(target, name))["stage"] == name
+        assert (getattr(target, name) / "weights.bin").read_bytes() == name.encode()
+    with pytest.raises(FileNotFoundError, match="loop.reward_from"):
+        share_judge(RunPaths(tmp_path / "nothing"), RunPaths(tmp_path / "other"))
