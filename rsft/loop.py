@@ -13,6 +13,7 @@ r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
     score   the reward model's score of each
     select  the best per prompt (select.*) -> selected/, pairs/
     sft     fine-tune on selected/ -> round_XX/policy (what round r + 1 samples from)
+    draft   (draft=distilled) distil round_XX/policy into round_XX/draft for round r + 1's sampler
     eval    (loop.eval) round_XX/policy on held-out prompts -> round_XX/eval
 
 Every stage is called with a copy of the config at round r and skips when its artifact is
@@ -30,7 +31,7 @@ import os
 import shutil
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import report
 from rsft.paths import RunPaths, is_complete
@@ -38,9 +39,8 @@ from rsft.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
-# The stages of one round, in order. The draft refresh (stage=draft: distil the draft from the
-# round's new policy into round_XX/draft, which round r + 1's sampler loads) belongs right after
-# "sft": adding "draft" there is the whole change, as it follows the same run(cfg, tracker) contract.
+# The stages of one round, in order. With draft=distilled, stage=draft follows "sft": it distils
+# round r's new policy into round_XX/draft, which round r + 1's sampler loads.
 ROUND_STAGES = ("sample", "score", "select", "sft")
 
 
@@ -74,6 +74,18 @@ def at_round(cfg: DictConfig, round_idx: int, stage: str) -> DictConfig:
     return OmegaConf.merge(cfg, {"round": round_idx, "stage": stage})
 
 
+def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConfig:
+    """The sample stage's config for round r. With draft=distilled, round r uses the draft distilled
+    from round r - 1's policy; before any exists (round 0 of a fresh run) the n-gram draft stands in."""
+    stage_cfg = at_round(cfg, round_idx, "sample")
+    if cfg.draft.kind == "distilled" and round_idx == 0 and not is_complete(paths.draft):
+        log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round 0 uses draft=ngram")
+        with open_dict(stage_cfg):
+            stage_cfg.draft = {"kind": "ngram", "gamma": cfg.draft.gamma, "adaptive": cfg.draft.adaptive,
+                               "max_ngram": 4, "min_ngram": 1}
+    return stage_cfg
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths(cfg.paths.run_dir), int(cfg.loop.rounds)
     if rounds < 1:
@@ -91,7 +103,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                             tracker)
         for r in range(rounds):
             for name in ROUND_STAGES:
-                run_named_stage(name, at_round(cfg, r, name), tracker)
+                run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
+                                tracker)
+            if cfg.draft.kind == "distilled" and r + 1 < rounds:  # the draft follows the policy
+                run_named_stage("draft", at_round(cfg, r, "draft"), tracker)
             if cfg.loop.eval:
                 run_named_stage("eval", OmegaConf.merge(at_round(cfg, r, "eval"), {"eval": {"policy": "round"}}),
                                 tracker)

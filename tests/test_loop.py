@@ -88,3 +88,16 @@ def test_reward_from_copies_the_judge_and_baseline_of_another_run(tmp_path):
         assert (getattr(target, name) / "weights.bin").read_bytes() == name.encode()
     with pytest.raises(FileNotFoundError, match="loop.reward_from"):
         share_judge(RunPaths(tmp_path / "nothing"), RunPaths(tmp_path / "other"))
+
+
+def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
+    from rsft.paths import read_meta
+
+    cfg = make_cfg(*LOOP, "run_name=drafted", "draft=distilled", "loop.eval=false", "draft_model.num_layers=1",
+                   "draft_model.epochs=1", "draft_model.eval_prompts=2", "draft_model.eval_samples=2")
+    paths = RunPaths(run_stage(cfg))
+    assert read_meta(paths.samples(0))["config"]["draft"]["kind"] == "ngram"  # no distilled draft before round 0
+    assert read_meta(paths.round_draft(0))["metrics"]["teacher"] == str(paths.policy(0))
+    assert read_meta(paths.samples(1))["sampling"]["num_drafted"] > 0  # round 1 drafted with round 0's draft
+    assert read_meta(paths.samples(1))["config"]["draft"]["kind"] == "distilled"
+    assert not is_complete(paths.round_draft(1))  # no round 2 to draft for

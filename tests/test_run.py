@@ -11,7 +11,8 @@ from hydra.errors import ConfigCompositionException
 from rsft.run import STAGES, run_stage
 from tests.conftest import CONF_DIR, REPO
 
-GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml")) for path in CONF_DIR.iterdir() if path.is_dir()}
+GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml") if not p.stem.startswith("_"))
+          for path in CONF_DIR.iterdir() if path.is_dir()}
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
