@@ -7,8 +7,8 @@ max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offl
 - `hf`: `model.generate(do_sample=True, num_return_sequences=K)`, batch_rows / K prompts at a time;
 - `plain`: rsft's sampler without a draft (one policy forward per token);
 - `ngram`: the model-free n-gram draft at a fixed gamma (`--gammas`), and `ngram-adaptive`;
-- `model`: a draft model folder (`--draft PATH`, e.g. runs/<run>/draft from stage=draft), fixed gammas
-  and adaptive.
+- `model`: a distilled draft folder (`--draft PATH`: runs/<run>/draft from stage=draft), at fixed
+  gammas and `model-adaptive`.
 Real tokens are counted up to and including EOS. Peak memory is the largest resident set size seen
 while the method ran (sampled every 10 ms), minus the resident size before it started.
 Prints one JSON object per measurement and, at the end, a Markdown table for the README.
@@ -26,6 +26,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rsft.data import chat_text, load_prompts
+from rsft.draft import load_draft
 from rsft.models import load_causal_lm, load_saved_causal_lm
 from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
@@ -82,7 +83,13 @@ def rsft_sample(model, prompt_ids, k, rows, max_new_tokens, temperature, seed, d
     sampler = Sampler(model, settings, [model.generation_config.eos_token_id], draft=draft)
     completions = sampler.generate(prompt_ids, k, seed, progress=False)
     summary = sampler.summary()
+    steps = max(summary.get("num_verify_calls") or 0, 1)
+    drafted_steps = sum(1 for g in sampler.controller.history if g > 0)
     return {
+        "steps": steps,
+        "policy_seconds_per_step": (summary.get("target_seconds") or 0) / steps,
+        "draft_seconds_per_token": (summary.get("draft_seconds") or 0) / max(drafted_steps * (gamma or 1), 1)
+        if drafted_steps else None,
         "tokens": sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions),
         "acceptance_rate": summary.get("acceptance_rate"),
         "acceptance_per_position": summary.get("acceptance_per_position"),
@@ -120,7 +127,7 @@ def main():
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
     prompts = load_prompts(cfg.data, "train")
     prompt_ids = [tokenizer(chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts["prompt"]]
-    draft_model = load_saved_causal_lm(args.draft, device)[0] if args.draft else None
+    draft_model, draft_head = load_draft(args.draft, device)[::2] if args.draft else (None, None)
 
     plans = []
     for rows in args.batch_rows:
@@ -134,7 +141,7 @@ def main():
             else:
                 raise SystemExit(f"--methods: unknown method {method!r}")
     results = []
-    baselines = {}
+    baselines, plain_step = {}, {}
     for rows, method, gamma, adaptive in plans:
         if method == "model" and draft_model is None:
             raise SystemExit("--methods model needs --draft PATH")
@@ -144,7 +151,7 @@ def main():
                 out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
                                   args.temperature, args.seed)
             else:
-                draft = {"plain": None, "ngram": NgramDraft(), "model": ModelDraft(draft_model) if draft_model else None}[method]
+                draft = {"plain": None, "ngram": NgramDraft(), "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
                 out = rsft_sample(model, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
                                   args.seed, draft, gamma or 0, adaptive)
             seconds = time.perf_counter() - started
@@ -153,18 +160,24 @@ def main():
                   "tokens_per_second": round(out["tokens"] / seconds, 1), "peak_mb": round(mem.peak_mb, 1), **out}
         if method == "hf":
             baselines[rows] = record["tokens_per_second"]
+        if method == "plain":
+            plain_step[rows] = out["policy_seconds_per_step"]
+        if out.get("draft_seconds_per_token") is not None and rows in plain_step:
+            # one draft token's cost relative to one plain policy step at the same batch size
+            record["draft_cost_vs_policy_step"] = round(out["draft_seconds_per_token"] / plain_step[rows], 3)
         record["vs_hf"] = round(record["tokens_per_second"] / baselines[rows], 2) if rows in baselines else None
         results.append(record)
         print(json.dumps(record), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
-    print("\n| rows | method | tokens/s | vs HF generate | acceptance | tokens/forward (theory) | peak MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| rows | method | tokens/s | vs HF generate | acceptance | tokens/forward (theory) | draft token / policy step | peak MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         acc = "-" if r.get("acceptance_rate") is None else f"{r['acceptance_rate']:.2f}"
         tpf = "-" if r.get("tokens_per_target_forward") is None or r["method"] in ("hf", "plain") else (
             f"{r['tokens_per_target_forward']:.2f} ({r['theoretical_tokens_per_forward'] or 0:.2f})")
-        print(f"| {r['batch_rows']} | {r['method']} | {r['tokens_per_second']} | {r['vs_hf'] or '-'} | {acc} | {tpf} | {r['peak_mb']} |")
+        cost = r.get("draft_cost_vs_policy_step", "-")
+        print(f"| {r['batch_rows']} | {r['method']} | {r['tokens_per_second']} | {r['vs_hf'] or '-'} | {acc} | {tpf} | {cost} | {r['peak_mb']} |")
 
 
 if __name__ == "__main__":
