@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import DataCollatorForPreference
 
+from rsft.models import trainer_device_args
 from reward.formats import LABEL_COLUMN
 from reward.loss import bradley_terry_loss
 from reward.model import reward_forward
@@ -80,8 +81,6 @@ class TrackerCallback(TrainerCallback):
 
 def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> RewardConfig:
     """RewardConfig from `reward` config fields, precision and checkpointing chosen from the device."""
-    on_cuda = device.type == "cuda"
-    bf16 = on_cuda and torch.cuda.is_bf16_supported()
     return RewardConfig(
         output_dir=output_dir,
         learning_rate=float(cfg.learning_rate),
@@ -95,15 +94,9 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
         data_seed=int(cfg.seed),
         center_rewards_coefficient=cfg.get("center_rewards_coefficient"),
         max_length=None,  # our pairs are already truncated to reward.max_length; None disables TRL's filter
-        bf16=bf16,
-        fp16=False,
-        activation_checkpointing=bool(cfg.get("activation_checkpointing", False)) and on_cuda,
-        use_cpu=not on_cuda,
-        report_to="none",
-        save_strategy="no",
         eval_strategy="no",
         logging_steps=int(cfg.logging_steps),
-        dataloader_num_workers=0,
+        **trainer_device_args(device, bool(cfg.get("activation_checkpointing", False))),
         disable_tqdm=not bool(cfg.get("progress", True)),
     )
 

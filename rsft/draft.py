@@ -3,9 +3,10 @@
     python -m rsft.run stage=draft [round=0]        # then: stage=sample draft=distilled
 
 SmolLM2-135M-Instruct has no smaller sibling with its tokenizer, and SFT moves the policy every
-round, so rsft grows its own draft: a Llama with the policy's tokenizer, hidden size and
-embeddings (copied from the policy, tied) but only `draft_model.num_layers` layers, trained to
-imitate the policy on completions the policy sampled (the round's samples, plus the kept set).
+round, so rsft grows its own draft: the policy's architecture with only `draft_model.num_layers`
+layers, starting as a shallow sub-network of the policy (its embeddings, its first layers and its
+last layer, its final norm), trained to imitate the policy on completions the policy sampled (the
+round's samples, plus the kept set).
 
 - Loss: forward KL(p_policy || q_draft) on completion tokens, with the policy's full next-token
   distributions computed on the fly (distillation; affordable here because the samples are short
@@ -70,6 +71,10 @@ def build_draft_model(policy, num_layers: int, head_token_ids: list[int], seed: 
     with torch.no_grad():
         draft.get_input_embeddings().weight.copy_(policy.get_input_embeddings().weight)
         draft.model.norm.weight.copy_(policy.model.norm.weight)
+        # a shallow sub-network of the policy to start from: its first layers and its last one
+        source_layers = list(range(num_layers - 1)) + [policy.config.num_hidden_layers - 1]
+        for mine, theirs in zip(draft.model.layers, source_layers):
+            mine.load_state_dict(policy.model.layers[theirs].state_dict())
         restrict_head(draft, head_token_ids, policy.get_output_embeddings().weight)
     return draft
 

@@ -26,7 +26,7 @@ from datasets import Dataset, load_from_disk
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
-from rsft.models import load_policy, resolve_device
+from rsft.models import load_policy, resolve_device, trainer_device_args
 from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
 from rsft.select import prompt_messages
 from rsft.tracking import Tracker
@@ -46,7 +46,6 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     from trl import SFTConfig
 
     s = cfg.sft
-    on_gpu = device.type == "cuda"
     return SFTConfig(
         output_dir=output_dir,
         learning_rate=float(s.learning_rate),
@@ -60,17 +59,9 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
         max_length=int(s.max_length),
         completion_only_loss=True,
         packing=False,
-        # TRL defaults are bf16=True and gradient_checkpointing=True: slow on CPU, so the device decides
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        fp16=False,
-        activation_checkpointing=on_gpu and bool(s.gradient_checkpointing),  # transformers 5 name; the TRL
-        # default gradient_checkpointing=True is its deprecated alias and yields to this one
-        use_cpu=not on_gpu,
-        report_to="none",
-        save_strategy="no",
         logging_steps=int(s.logging_steps),
         seed=int(cfg.seed) + int(cfg.round),
-        dataloader_num_workers=0,
+        **trainer_device_args(device, bool(s.gradient_checkpointing)),
         disable_tqdm=True,
     )
 
