@@ -50,7 +50,7 @@ def round_metrics(paths: RunPaths, round_idx: int) -> dict:
         "sft/loss_last": sft.get("loss_last"),
     }
     for key in ("reward_mean", "reward_normalised_mean", "gold_mean", "win_rate_vs_initial",
-                "gold_win_rate_vs_initial", "distinct_1", "distinct_2", "mean_tokens", "eos_fraction"):
+                "gold_win_rate_vs_initial", "distinct_1", "distinct_2", "mean_tokens", "mean_words", "eos_fraction"):
         out[f"eval/{key}"] = evaluation.get(key)
     return {k: v for k, v in out.items() if v is not None}
 
