@@ -24,12 +24,12 @@ def test_minilm_on_hh_rlhf_beats_chance(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[
             "stage=reward", "reward=minilm", "logger=none", f"paths.runs_root={tmp_path}", "device=cpu",
-            f"reward.data.path={HH_FILE.resolve()}", "reward.data.format=hh_rlhf", "reward.data.limit=400",
-            "reward.data.eval_fraction=0.5", "reward.epochs=1", "reward.max_length=96", "reward.batch_size=16",
-            "reward.learning_rate=1e-4", "reward.progress=false"])
+            f"reward.data.path={HH_FILE.resolve()}", "reward.data.format=hh_rlhf", "reward.data.limit=1200",
+            "reward.data.eval_fraction=0.3334", "reward.epochs=1", "reward.max_length=128", "reward.batch_size=16",
+            "reward.learning_rate=5e-5", "reward.progress=false"])
     metrics = read_meta(run_stage(cfg))["metrics"]
     correct = round(metrics["heldout_accuracy"] * metrics["heldout_pairs"])
-    assert metrics["heldout_pairs"] == 200 and metrics["truncation"]["train"]["pairs_dropped"] == 0
+    assert metrics["heldout_pairs"] == 400 and metrics["truncation"]["train"]["pairs_dropped"] == 0
     # One-sided binomial test against a coin (false-alarm rate 5%).
     assert binomtest(correct, metrics["heldout_pairs"], 0.5, alternative="greater").pvalue < 0.05, metrics
     print(metrics)

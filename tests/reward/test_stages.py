@@ -21,7 +21,7 @@ def config(tmp_path, stage, *extra):
 
 
 def test_prefs_then_reward(tmp_path):
-    prefs_dir = run_stage(config(tmp_path, "prefs"))
+    prefs_dir = run_stage(config(tmp_path, "prefs", "prefs.soft=false"))
     assert is_complete(prefs_dir)
     splits = load_from_disk(str(prefs_dir))
     assert set(splits) == {"train", "test"}
