@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rsft.data import chat_text
-from rsft.models import load_causal_lm, load_saved_causal_lm, resolve_device
+from rsft.models import eos_token_ids, load_causal_lm, load_saved_causal_lm, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
 from rsft.sampling.drafts import ModelDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
@@ -171,12 +171,12 @@ def distillation_loss(draft, teacher, ids, attention, target_mask, head_ids: tor
 
 
 @torch.no_grad()
-def measure_acceptance(policy, draft_model, head_ids, prompt_ids, cfg: DictConfig, gamma: int) -> dict:
+def measure_acceptance(policy, draft_model, head_ids, prompt_ids, eos_ids, cfg: DictConfig, gamma: int) -> dict:
     """Speculative sampling of held-out prompts: the verifier's acceptance statistics."""
     settings = SamplingSettings(max_new_tokens=int(cfg.sample.max_new_tokens), temperature=float(cfg.sample.temperature),
                                 top_k=int(cfg.sample.top_k), top_p=float(cfg.sample.top_p),
                                 batch_rows=int(cfg.sample.batch_rows), gamma=gamma, adaptive=False)
-    sampler = Sampler(policy, settings, [policy.generation_config.eos_token_id],
+    sampler = Sampler(policy, settings, eos_ids,
                       draft=ModelDraft(draft_model, head_token_ids=head_ids))
     sampler.generate(prompt_ids, int(cfg.draft_model.eval_samples), seed=12345, progress=False)
     return sampler.stats.summary()
@@ -202,7 +202,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     head_ids = sorted(set(head) | {tokenizer.eos_token_id})
     head_tensor = torch.tensor(head_ids, device=device)
     draft = build_draft_model(teacher, int(dcfg.num_layers), head_ids, int(cfg.seed)).to(device)
-    untrained = build_draft_model(teacher, int(dcfg.num_layers), head_ids, int(cfg.seed)).to(device).eval()
+    untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
     teacher.eval()
 
     def heldout_loss(model) -> float:
@@ -237,8 +237,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     draft.eval()
     prompts = sorted({tuple(p) for p, _ in heldout})[: int(dcfg.eval_prompts)]
     gamma = int(dcfg.eval_gamma)
-    accept_trained = measure_acceptance(teacher, draft, head_ids, [list(p) for p in prompts], cfg, gamma)
-    accept_untrained = measure_acceptance(teacher, untrained, head_ids, [list(p) for p in prompts], cfg, gamma)
+    eos_ids = eos_token_ids(teacher, tokenizer)
+    accept_trained = measure_acceptance(teacher, draft, head_ids, [list(p) for p in prompts], eos_ids, cfg, gamma)
+    accept_untrained = measure_acceptance(teacher, untrained, head_ids, [list(p) for p in prompts], eos_ids, cfg, gamma)
     metrics = {
         "teacher": teacher_name, "train_sequences": len(train), "heldout_sequences": len(heldout),
         "num_layers": int(dcfg.num_layers), "head_tokens": len(head_ids),

@@ -226,6 +226,13 @@ def load_saved_causal_lm(path: str | Path, device: torch.device) -> tuple[Any, A
     return model.to(device).eval(), tokenizer
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS and the generation config's (an id or a list)."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    configured = configured if isinstance(configured, (list, tuple)) else [configured]
+    return sorted({t for t in [tokenizer.eos_token_id, *configured] if t is not None})
+
+
 def check_same_vocabulary(policy_tokenizer, draft_tokenizer, policy_model, draft_model, draft_name: str) -> None:
     """A draft must share the policy's tokenizer: same vocabulary, same ids, same logits width."""
     problems = []

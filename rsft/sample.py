@@ -19,7 +19,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from rsft.data import chat_text, load_prompts
-from rsft.models import load_policy, resolve_device
+from rsft.models import eos_token_ids, load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, should_skip
 from rsft.sampling.drafts import build_draft
 from rsft.sampling.sampler import Sampler, SamplingSettings
@@ -49,8 +49,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     """Sample and assemble the samples dataset; returns (dataset, sampler summary)."""
     texts = [chat_text(tokenizer, p, system_prompt) for p in prompts["prompt"]]
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    eos = {tokenizer.eos_token_id} | set(_as_list(getattr(model.generation_config, "eos_token_id", None)))
-    sampler = Sampler(model, settings, [e for e in eos if e is not None], draft=draft)
+    sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft)
     started = time.perf_counter()
     completions = sampler.generate(prompt_ids, num_samples, seed, progress=progress)
     seconds = time.perf_counter() - started
@@ -85,12 +84,6 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
     })
     return Dataset.from_list(rows), summary
-
-
-def _as_list(value):
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):

@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir
 
 from rsft.data import chat_text, load_prompts
 from rsft.draft import load_draft
-from rsft.models import load_causal_lm, load_saved_causal_lm
+from rsft.models import eos_token_ids, load_causal_lm, load_saved_causal_lm
 from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
 
@@ -77,10 +77,10 @@ def hf_generate(model, tokenizer, prompt_ids, k, rows, max_new_tokens, temperatu
     return {"tokens": tokens}
 
 
-def rsft_sample(model, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive):
+def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive):
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, batch_rows=rows,
                                 gamma=gamma if draft is not None else 0, adaptive=adaptive)
-    sampler = Sampler(model, settings, [model.generation_config.eos_token_id], draft=draft)
+    sampler = Sampler(model, settings, eos_ids, draft=draft)
     completions = sampler.generate(prompt_ids, k, seed, progress=False)
     summary = sampler.summary()
     steps = max(summary.get("num_verify_calls") or 0, 1)
@@ -152,7 +152,7 @@ def main():
                                   args.temperature, args.seed)
             else:
                 draft = {"plain": None, "ngram": NgramDraft(), "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
-                out = rsft_sample(model, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
+                out = rsft_sample(model, eos_token_ids(model, tokenizer), prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
                                   args.seed, draft, gamma or 0, adaptive)
             seconds = time.perf_counter() - started
         name = method + ("" if gamma is None else f" g={gamma}") + (" adaptive" if adaptive else "")

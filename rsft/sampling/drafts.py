@@ -24,8 +24,6 @@ from rsft.sampling.processing import greedy_probs, probs_from_logits, sample_fro
 
 
 class ModelDraft:
-    deterministic = False
-
     def __init__(self, model, head_token_ids: list[int] | None = None, vocab_size: int | None = None):
         """head_token_ids: the draft's output layer covers only these tokens (q is 0 elsewhere)."""
         self.kv = KVBatch(model)
@@ -85,8 +83,6 @@ class ModelDraft:
 
 
 class NgramDraft:
-    deterministic = True
-
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min <= max")
@@ -115,11 +111,6 @@ class NgramDraft:
 
     def keep_rows(self, index: torch.Tensor) -> None:
         pass  # finished rows stay in the index: their completions are good material for siblings
-
-    def forget_group(self, group: int) -> None:
-        self.index.pop(group, None)
-        for key in [k for k in self.sequences if k[0] == group]:
-            del self.sequences[key]
 
     def _lookup(self, row, gamma: int) -> list[int]:
         context = self.sequences[(row.group, row.member)]
