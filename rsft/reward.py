@@ -84,7 +84,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     rcfg = cfg.reward
     train, test, source = load_pairs(cfg)
     device = resolve_device(cfg.device)
-    model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir)
+    model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir, seed=int(rcfg.seed))
     train_tokens, truncation = tokenize_preferences(train, tokenizer, int(rcfg.max_length))
     _, test_truncation = tokenize_preferences(test, tokenizer, int(rcfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", rcfg.max_length, truncation, test_truncation)

@@ -53,7 +53,7 @@ def load_split(path: Path, n_train: int, n_test: int, seed: int):
 
 
 def run_ours(train, test, cfg, device, cache_dir):
-    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir)
+    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir, seed=int(cfg.seed))
     tokens, truncation = tokenize_preferences(train, tokenizer, int(cfg.max_length))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:

@@ -86,7 +86,7 @@ def test_pooling_ranks_earlier_rounds_too_and_ties_prefer_the_newer_round(make_c
     kept = {r["prompt_id"]: r for r in selected_of(run_stage(cfg))}
     assert kept["a"]["completion"] == "old best" and kept["a"]["selected_in_round"] == 1
     assert kept["b"]["completion"] == "new tie"
-    alone = make_cfg("stage=select", "round=1", "run_name=alone", "select.pairs=false")
+    alone = make_cfg("stage=select", "round=1", "run_name=alone", "select.pairs=false", "select.pool_rounds=0")
     write_scored(alone, [row("a", 0, "new", 4.0, round_idx=1)], round_idx=1)
     assert [r["completion"] for r in selected_of(run_stage(alone))] == ["new"]
 

@@ -15,10 +15,10 @@ from rsft.sft import conversational_examples
 COMPLETION = "Bees make honey."
 
 
-def write_selected(cfg, n=4):
+def write_selected(cfg, n=4, round_idx=0):
     rows = [{"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": COMPLETION, "reward": 1.0}
             for i in range(n)]
-    with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(0), {"stage": "select"}) as tmp:
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(round_idx), {"stage": "select"}) as tmp:
         Dataset.from_list(rows).save_to_disk(str(tmp))
 
 
@@ -82,3 +82,17 @@ def test_empty_selection_is_an_error_before_training(make_cfg):
         run_stage(cfg)
     with pytest.raises(FileNotFoundError, match="stage=select round=1"):
         run_stage(make_cfg("stage=sft", "round=1"))
+
+
+@pytest.mark.parametrize("init", ["initial", "previous"])
+def test_sft_init_picks_the_starting_policy(make_cfg, init):
+    cfg0 = make_cfg("stage=sft", "sft.learning_rate=3e-3", "device=cpu")
+    write_selected(cfg0)
+    first = run_stage(cfg0)
+    cfg1 = make_cfg("stage=sft", "round=1", f"sft.init={init}", "sft.learning_rate=3e-3", "device=cpu")
+    write_selected(cfg1, round_idx=1)
+    meta = read_meta(run_stage(cfg1))
+    expected = str(first) if init == "previous" else str(cfg1.policy.name_or_path)
+    assert meta["trained_from"] == expected
+    with pytest.raises(ValueError, match="sft.init='latest'"):
+        run_stage(make_cfg("stage=sft", "round=1", "sft.init=latest", "overwrite=true"))

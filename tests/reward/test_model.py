@@ -63,3 +63,19 @@ def test_bert_style_tokenizer_without_eos():
     assert head == [tokenizer.cls_token_id] and middle == tail == [tokenizer.sep_token_id]
     ids, _, _ = encode_pair(tokenizer, "hello world", "good", 16)
     assert ids == [2, 5, 6, 3, 7, 3]
+
+
+def test_a_pretrained_backbone_gets_the_same_fresh_head_for_the_same_seed(tmp_path):
+    from reward.model import load_reward_backbone
+
+    tokenizer = build_byte_tokenizer()
+    # a bare encoder on disk: the classification head is new at every load
+    build_tiny_reward_model(OmegaConf.create({**TINY, "arch": "bert"}), tokenizer).bert.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    cfg = OmegaConf.create({"kind": "hf", "name_or_path": str(tmp_path / "bert")})
+    heads = []
+    for seed, noise in ((0, 1), (0, 2), (1, 1)):
+        torch.manual_seed(noise)  # whatever ran before in the process must not matter
+        model, _ = load_reward_backbone(cfg, tmp_path, seed=seed)
+        heads.append(model.classifier.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
