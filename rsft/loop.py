@@ -82,7 +82,7 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
         log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round 0 uses draft=ngram")
         with open_dict(stage_cfg):
             stage_cfg.draft = {"kind": "ngram", "gamma": cfg.draft.gamma, "adaptive": cfg.draft.adaptive,
-                               "max_ngram": 4, "min_ngram": 1}
+                               "max_ngram": 4, "min_ngram": 2}
     return stage_cfg
 
 

@@ -106,10 +106,11 @@ def main():
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=0.7, help="default: conf/sample/default.yaml's")
     parser.add_argument("--batch-rows", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", default=["hf", "plain", "ngram", "ngram-adaptive"])
+    parser.add_argument("--min-ngram", type=int, default=2, help="the n-gram draft's shortest match (draft.min_ngram)")
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
     parser.add_argument("--threads", type=int, default=0)
@@ -151,7 +152,7 @@ def main():
                 out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
                                   args.temperature, args.seed)
             else:
-                draft = {"plain": None, "ngram": NgramDraft(), "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
+                draft = {"plain": None, "ngram": NgramDraft(min_ngram=args.min_ngram), "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
                 out = rsft_sample(model, eos_token_ids(model, tokenizer), prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
                                   args.seed, draft, gamma or 0, adaptive)
             seconds = time.perf_counter() - started

@@ -8,7 +8,10 @@
 - `NgramDraft`: model-free and deterministic (q is one-hot): it looks up the longest suffix
   (max_ngram down to min_ngram tokens) of a row's context in the prompt and in the completions
   already sampled for the same prompt (its K siblings, running or finished), and proposes the
-  tokens that followed. A row with no match proposes nothing that step (num_drafts = 0). The
+  tokens that followed. A row with no match proposes nothing that step (num_drafts = 0) and, as
+  the policy's forward is packed (rsft.sampling.kv_batch), costs nothing extra. Measured on the
+  demo task (SmolLM2-135M, T=0.7): a one-token match is accepted ~14% of the time, not worth its
+  verification; two, three and four-token matches 31%, 42% and 56%: hence min_ngram=2. The
   proposals of row i depend only on tokens that are already fixed, so the verifier's guarantee
   holds per row, and sibling rows stay independent samples.
 """
@@ -83,7 +86,7 @@ class ModelDraft:
 
 
 class NgramDraft:
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min <= max")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -113,13 +116,19 @@ class NgramDraft:
         pass  # finished rows stay in the index: their completions are good material for siblings
 
     def _lookup(self, row, gamma: int) -> list[int]:
+        """The continuation after the longest matching suffix; among its (up to 4) occurrences, one
+        whose next token most of them agree on, the most recent on ties."""
         context = self.sequences[(row.group, row.member)]
         table = self.index[row.group]
         for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
-            for member, start in reversed(table.get(tuple(context[-n:]), ())):
-                continuation = self.sequences[(row.group, member)][start:start + gamma]
-                if continuation:
-                    return continuation
+            continuations = [self.sequences[(row.group, member)][start:start + gamma]
+                             for member, start in table.get(tuple(context[-n:]), ())]
+            continuations = [c for c in continuations if c]
+            if continuations:
+                votes: dict[int, int] = {}
+                for c in continuations:
+                    votes[c[0]] = votes.get(c[0], 0) + 1
+                return max(reversed(continuations), key=lambda c: votes[c[0]])
         return []
 
     def propose(self, last: torch.Tensor, gamma: int, uniforms: torch.Tensor, sampling, rows):

@@ -1,172 +1,276 @@
-"""A batch of sequences decoding together through one causal LM, with a per-row KV cache.
+"""A batch of sequences decoding together through one causal LM: packed tokens, a per-row KV cache.
 
 Why by hand: HF `generate` keeps one cache whose rows all advance by the same number of tokens and
 never change membership; assisted generation refuses batch > 1. Speculative sampling needs rows
 that each accept their own number of tokens, rows that leave when finished and rows that join
-while others are mid-way. This class does that over a transformers `DynamicCache`:
+while others are mid-way. And a padded [rows, n] forward makes every row pay for the widest one:
+with one row carrying 4 drafts and fifteen carrying none, all sixteen run 5 positions through every
+linear layer, which is ~90% of a forward on a CPU. So the new tokens of all rows are *packed* into
+one sequence [1, T] of only the real tokens; the linear layers, norms and RoPE are per token and
+never see the rows. Only attention needs the rows, and it gets them from `packed_attention`, an
+attention function registered with transformers' AttentionInterface, over a preallocated cache.
 
-- Every cache slot has a validity bit (`mask [rows, slots]`). A row's real tokens are its valid
-  slots; left padding (rows of different lengths) and rejected draft slots are invalid slots, which
-  the attention mask hides. A row's next position id is its count of valid slots, so RoPE
-  positions stay contiguous over the holes.
-- `forward(ids [rows, n], valid [rows, n])` appends n slots to every row; `commit(keep [rows])`
-  then keeps, per row, the first keep[r] valid slots appended since the last commit and
-  invalidates the rest (the rejected drafts). Caches follow each row, not the batch minimum.
-- `admit(prefixes, copies)` prefills each distinct prefix once (batch of one, no padding) and
-  repeats its cache for `copies` rows: K completions of a prompt share the prompt's prefill.
-  `keep_rows(index)` drops finished rows; `compact()` squeezes out invalid slots once they are
-  the majority, so memory follows the real tokens.
+Layout (per layer, keys and values): a buffer [buffer_rows, kv_heads, capacity, head_dim]. Buffer
+row b holds one sequence's tokens at positions 0 .. length[b] - 1, contiguous, no holes:
+
+- `forward(ids [rows, n], valid [rows, n])` writes row r's valid tokens at length + 0, 1, ... (their
+  positions, so RoPE positions are the cache positions) and returns their logits;
+  `commit(keep [rows])` then keeps, per row, the first keep[r] tokens written since the last commit.
+  Rejected drafts are not removed: the row's length just stops before them, and the next forward
+  overwrites them. Caches follow each row, not the batch minimum.
+- The caller's rows map to buffer rows through `slot`: `keep_rows(index)` only remaps (no copy of
+  the cache); a finished row's buffer row is free for the next admitted one.
+- `admit(prefixes, copies)` adds rows. A prefix that a row in the buffer already holds (a sibling
+  admitted earlier: K completions of a prompt often join in several steps) is copied from that row;
+  the others are prefilled together in one packed forward and copied to their other rows.
+
+It works for models whose attention layers call `past_key_values.update(...)` and then the
+AttentionInterface function named by `config._attn_implementation`, with explicit position_ids:
+the Llama family in transformers 5 (Llama, SmolLM, Mistral, Qwen2/3, ...). Sliding-window layers
+are not supported (every key before a query's position is visible).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
-from transformers import DynamicCache
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+ATTENTION_NAME = "rsft_packed"
+
+
+class _Plan:
+    """Where each packed token sits: buffer row, column among its row's new tokens, position."""
+
+    def __init__(self, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor, num_buffer_rows: int,
+                 key_length: int):
+        self.buffer_row, self.column, self.position = buffer_row, column, position  # [T] each
+        self.width = int(column.max()) + 1 if column.numel() else 1
+        rows = torch.unique(buffer_row)  # [R] buffer rows with tokens in this forward
+        # attend over every buffer row (a view, no copy) unless few rows take part (a prefill)
+        self.rows = None if 2 * rows.numel() >= num_buffer_rows else rows
+        local = buffer_row if self.rows is None else torch.searchsorted(rows, buffer_row)  # [T]
+        self.local_row = local
+        num = num_buffer_rows if self.rows is None else rows.numel()
+        query_position = torch.zeros(num, self.width, dtype=torch.long, device=position.device)  # [R, W]
+        query_position[local, column] = position
+        # query (r, i) at position p sees keys 0..p; padding queries see key 0 (finite, discarded)
+        slots = torch.arange(key_length, device=position.device)  # [S]
+        self.mask = (slots[None, None, :] <= query_position[:, :, None])[:, None]  # [R, 1, W, S]
+
+
+_current: list[_Plan] = []  # the plan of the forward in progress (set by KVBatch.forward)
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query [1, heads, T, dim] (the packed tokens); key/value [buffer_rows, kv_heads, S, dim] (the
+    cache, this forward's tokens already written) -> ([1, T, heads, dim], None)."""
+    plan = _current[-1]
+    heads, dim = query.shape[1], query.shape[3]
+    if plan.rows is not None:
+        key, value = key.index_select(0, plan.rows), value.index_select(0, plan.rows)
+    padded = query.new_zeros(plan.mask.shape[0], plan.width, heads, dim)  # [R, W, heads, dim]
+    padded[plan.local_row, plan.column] = query[0].transpose(0, 1)
+    out = F.scaled_dot_product_attention(padded.transpose(1, 2), key, value, attn_mask=plan.mask, scale=scaling,
+                                         enable_gqa=key.shape[1] != heads)  # [R, heads, W, dim]
+    return out.transpose(1, 2)[plan.local_row, plan.column][None], None  # [1, T, heads, dim]
+
+
+AttentionInterface.register(ATTENTION_NAME, packed_attention)
+
+
+class _BufferCache:
+    """What the model's attention layers see as `past_key_values`: writes the packed tokens' keys
+    and values into the buffers and hands back the whole buffer up to the longest row."""
+
+    def __init__(self, batch: "KVBatch"):
+        self.batch = batch
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        b = self.batch
+        plan = _current[-1]
+        keys, values = b.keys[layer_idx], b.values[layer_idx]
+        keys[plan.buffer_row, :, plan.position] = key_states[0].transpose(0, 1).to(keys.dtype)  # [T, kv_heads, dim]
+        values[plan.buffer_row, :, plan.position] = value_states[0].transpose(0, 1).to(values.dtype)
+        return keys[:, :, :b.key_length], values[:, :, :b.key_length]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.batch.key_length
+
+
+@contextmanager
+def _packed_attention_on(model):
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 class KVBatch:
     def __init__(self, model):
         self.model = model
-        self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
-        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [rows, slots]
-        self.num_real = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] valid slots
-        self._committed_real = self.num_real.clone()  # [rows] valid slots at the last commit
-        self._pending_from = 0  # first slot appended since the last commit
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        config = model.config
+        self.num_layers = config.num_hidden_layers
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._allocate(0, 0)
+        self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # [buffer_rows] tokens held
+        self.committed = self.length.clone()  # [buffer_rows] tokens held at the last commit
+        self.prefix = []  # per buffer row: the prefix it was admitted with (tuple), None when never used
+        self.slot = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] caller's row -> buffer row
+        self.key_length = 0  # keys handed to attention this forward
+        self._cache = _BufferCache(self)
 
+    # ---- buffers ----
     @property
     def num_rows(self) -> int:
-        return self.mask.shape[0]
+        return self.slot.numel()
 
     @property
-    def num_slots(self) -> int:
-        return self.mask.shape[1]
+    def buffer_rows(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
 
-    def _layers(self):
-        return [layer for layer in self.cache.layers if layer.is_initialized]
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def _allocate(self, rows: int, capacity: int) -> None:
+        """Grow the buffers to at least rows x capacity, keeping what they hold."""
+        old_rows, old_capacity = self.buffer_rows, self.capacity
+        if self.keys and rows <= old_rows and capacity <= old_capacity:
+            return
+        rows, capacity = max(rows, old_rows), max(capacity, old_capacity)
+        shape = (rows, self.kv_heads, capacity, self.head_dim)
+        grown_k, grown_v = [], []
+        for layer in range(self.num_layers):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if self.keys:
+                k[:old_rows, :, :old_capacity] = self.keys[layer]
+                v[:old_rows, :, :old_capacity] = self.values[layer]
+            grown_k.append(k)
+            grown_v.append(v)
+        self.keys, self.values = grown_k, grown_v
+        if hasattr(self, "length"):
+            extra = rows - old_rows
+            zeros = torch.zeros(extra, dtype=torch.long, device=self.device)
+            self.length = torch.cat([self.length, zeros])
+            self.committed = torch.cat([self.committed, zeros])
+            self.prefix.extend([None] * extra)
+
+    def _free_rows(self) -> list[int]:
+        used = set(self.slot.tolist())
+        return [b for b in range(self.buffer_rows) if b not in used]
+
+    # ---- the model ----
+    def _run(self, input_ids: torch.Tensor, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor,
+             logits_index: torch.Tensor | None) -> torch.Tensor:
+        """One packed forward: input_ids [T] for buffer rows [T] at positions [T]; logits [T or kept, vocab]."""
+        needed = int(position.max()) + 1
+        if needed > self.capacity:
+            self._allocate(self.buffer_rows, max(needed, 2 * self.capacity, 64))
+        self.key_length = max(needed, int(self.length.max()) if self.length.numel() else 0)
+        _current.append(_Plan(buffer_row, column, position, self.buffer_rows, self.key_length))
+        try:
+            with _packed_attention_on(self.model):
+                out = self.model(input_ids=input_ids[None], position_ids=position[None], past_key_values=self._cache,
+                                 use_cache=True, logits_to_keep=0 if logits_index is None else logits_index)
+        finally:
+            _current.pop()
+        return out.logits[0]
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0):
-        """Append input_ids [rows, n] to every row; return logits [rows, n, vocab] (or the last few)."""
+        """Append input_ids [rows, n] (only where valid [rows, n]) to each row; return logits
+        [rows, n, vocab] (zeros where not valid), or with logits_to_keep=1 [rows, 1, vocab] at each
+        row's last valid token."""
         rows, n = input_ids.shape
         if valid is None:
             valid = torch.ones(rows, n, dtype=torch.bool, device=self.device)  # [rows, n]
-        positions = self.num_real[:, None] + valid.long().cumsum(1) - 1  # [rows, n]
-        positions = positions.clamp(min=0)  # an invalid first slot of an empty row: any position works
-        attention = torch.cat([self.mask, valid], dim=1)  # [rows, slots + n]
-        cache_position = torch.arange(self.num_slots, self.num_slots + n, device=self.device)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention.long(),
-            position_ids=positions,
-            past_key_values=self.cache,
-            cache_position=cache_position,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        self.mask = attention
-        self.num_real = self.num_real + valid.long().sum(1)
-        return out.logits
+        row, col = valid.nonzero(as_tuple=True)  # [T] each, row-major: a row's tokens in order
+        rank = valid.long().cumsum(1) - 1  # [rows, n] index among the row's valid tokens
+        buffer_row = self.slot[row]  # [T]
+        position = self.length[buffer_row] + rank[row, col]  # [T]
+        counts = valid.long().sum(1)  # [rows]
+        keep_index = None
+        if logits_to_keep == 1:
+            keep_index = counts.cumsum(0) - 1  # [rows] each row's last packed token
+        elif logits_to_keep:
+            raise ValueError(f"logits_to_keep={logits_to_keep}: KVBatch.forward supports 0 (all) or 1 (last)")
+        logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index)
+        self.length[self.slot] += counts
+        if logits_to_keep == 1:
+            return logits[:, None]  # [rows, 1, vocab]
+        out = logits.new_zeros(rows, n, logits.shape[-1])  # [rows, n, vocab]
+        out[row, col] = logits
+        return out
 
     def commit(self, keep: torch.Tensor) -> None:
-        """Keep the first keep[r] valid slots appended since the last commit; invalidate the rest."""
-        pending = self.mask[:, self._pending_from:]  # [rows, appended]
-        rank = pending.long().cumsum(1)  # [rows, appended] 1-based rank among valid slots
-        self.mask[:, self._pending_from:] = pending & (rank <= keep[:, None])
-        self.num_real = self._committed_real + torch.minimum(keep, pending.long().sum(1))
-        self._committed_real = self.num_real.clone()
-        self._pending_from = self.num_slots
+        """Keep the first keep[r] tokens written to row r since the last commit; drop the rest."""
+        start = self.committed[self.slot]  # [rows]
+        self.length[self.slot] = start + torch.minimum(keep.to(self.device), self.length[self.slot] - start)
+        self.committed = self.length.clone()
 
     @torch.no_grad()
     def admit(self, prefixes: list[list[int]], copies: list[int]) -> None:
-        """Add rows: prefix i is prefilled once and its cache repeated for copies[i] new rows."""
+        """Add rows after the existing ones: prefix i is held by copies[i] new rows."""
+        live = set(self.slot.tolist())
+        held = {}  # prefix -> a buffer row holding it, live rows first
+        for b in sorted(range(self.buffer_rows), key=lambda b: b not in live):
+            if self.prefix[b] is not None and self.length[b] >= len(self.prefix[b]):
+                held.setdefault(self.prefix[b], b)
+        sources = {tuple(p): held[tuple(p)] for p in prefixes if tuple(p) in held}
+        reserved = set(sources.values())
+        free = [b for b in self._free_rows() if b not in reserved]
+        needed = sum(copies)
+        if needed > len(free):
+            start = self.buffer_rows
+            self._allocate(start + needed - len(free), self.capacity)
+            free += list(range(start, self.buffer_rows))
+        new_rows, groups = [], []
         for prefix, count in zip(prefixes, copies):
-            fresh = DynamicCache(config=self.model.config)
-            if prefix:
-                ids = torch.tensor([prefix], dtype=torch.long, device=self.device)  # [1, len]
-                self.model(input_ids=ids, past_key_values=fresh, use_cache=True, logits_to_keep=1)
-                new_layers = [(layer.keys.expand(count, -1, -1, -1), layer.values.expand(count, -1, -1, -1))
-                              for layer in fresh.layers if layer.is_initialized]
-            else:  # a one-token prompt: nothing to prefill, zero slots per layer
-                new_layers = [(self._empty_slots(count), self._empty_slots(count))
-                              for _ in range(self.model.config.num_hidden_layers)]
-            length = len(prefix)
-            new_mask = torch.ones(count, length, dtype=torch.bool, device=self.device)  # [count, len]
-            self._append_rows(new_layers, new_mask)
-
-    def _empty_slots(self, rows: int) -> torch.Tensor:
-        config = self.model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        dtype = next(self.model.parameters()).dtype
-        return torch.zeros(rows, heads, 0, head_dim, dtype=dtype, device=self.device)  # [rows, heads, 0, dim]
-
-    def _append_rows(self, new_layers, new_mask: torch.Tensor) -> None:
-        width = max(self.num_slots, new_mask.shape[1])
-        old_layers = self._layers()
-        if self.num_rows == 0 or not old_layers:
-            merged = [(self._pad_left(k, width), self._pad_left(v, width)) for k, v in new_layers]
-            mask = self._pad_left_mask(new_mask, width)
-        else:
-            merged = []
-            for (k_old, v_old), (k_new, v_new) in zip(((l.keys, l.values) for l in old_layers), new_layers):
-                merged.append((torch.cat([self._pad_left(k_old, width), self._pad_left(k_new, width)]),
-                               torch.cat([self._pad_left(v_old, width), self._pad_left(v_new, width)])))
-            mask = torch.cat([self._pad_left_mask(self.mask, width), self._pad_left_mask(new_mask, width)])
-        self._set_layers(merged)
-        self.mask = mask
-        added = new_mask.long().sum(1)
-        self.num_real = torch.cat([self.num_real, added])
-        self._committed_real = self.num_real.clone()
-        self._pending_from = self.num_slots
-
-    @staticmethod
-    def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-        # t: [rows, heads, slots, head_dim]; zero slots (finite, so masked attention stays NaN-free)
-        missing = width - t.shape[2]
-        if missing == 0:
-            return t.contiguous()
-        pad = torch.zeros(t.shape[0], t.shape[1], missing, t.shape[3], dtype=t.dtype, device=t.device)
-        return torch.cat([pad, t], dim=2)
-
-    @staticmethod
-    def _pad_left_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-        missing = width - mask.shape[1]
-        pad = torch.zeros(mask.shape[0], missing, dtype=torch.bool, device=mask.device)
-        return torch.cat([pad, mask], dim=1)
-
-    def _set_layers(self, tensors) -> None:
-        if not self._layers():  # an empty cache: let the cache build its layers, then fill them
-            self.cache = DynamicCache(ddp_cache_data=tensors, config=self.model.config)
-            return
-        for layer, (k, v) in zip(self._layers(), tensors):
-            layer.keys, layer.values = k, v
+            rows = free[:count]
+            free = free[count:]
+            new_rows += rows
+            groups.append((tuple(prefix), rows))
+        # prefill the prefixes nobody holds, all in one packed forward, into each one's first row
+        fresh = [(key, rows[0]) for key, rows in groups if key not in sources and key and rows]
+        seen = set()
+        fresh = [(k, b) for k, b in fresh if not (k in seen or seen.add(k))]
+        for key, b in fresh:
+            self.length[b] = 0
+        if fresh:
+            ids = torch.tensor([t for key, _ in fresh for t in key], dtype=torch.long, device=self.device)
+            buffer_row = torch.tensor([b for key, b in fresh for _ in key], dtype=torch.long, device=self.device)
+            column = torch.tensor([i for key, _ in fresh for i in range(len(key))], dtype=torch.long, device=self.device)
+            last = torch.tensor([len(key) for key, _ in fresh], device=self.device).cumsum(0) - 1
+            self._run(ids, buffer_row, column, column, logits_index=last)
+            for key, b in fresh:
+                sources.setdefault(key, b)
+        for key, rows in groups:
+            length = len(key)
+            targets = [b for b in rows if b != sources.get(key)]
+            if length and targets:
+                index = torch.tensor(targets, dtype=torch.long, device=self.device)
+                source = sources[key]
+                for layer in range(self.num_layers):  # clone: source and targets share the buffer
+                    self.keys[layer][index, :, :length] = self.keys[layer][source, :, :length].clone()
+                    self.values[layer][index, :, :length] = self.values[layer][source, :, :length].clone()
+            for b in rows:
+                self.length[b] = length
+                self.prefix[b] = key
+        self.committed = self.length.clone()
+        self.slot = torch.cat([self.slot, torch.tensor(new_rows, dtype=torch.long, device=self.device)])
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        """Keep only the rows in index [kept] (in that order); drop the others."""
-        self._set_layers([(l.keys.index_select(0, index), l.values.index_select(0, index)) for l in self._layers()])
-        self.mask = self.mask.index_select(0, index)
-        self.num_real = self.num_real.index_select(0, index)
-        self._committed_real = self._committed_real.index_select(0, index)
-        self.compact()
-
-    def compact(self, min_waste: float = 0.5) -> None:
-        """Squeeze out invalid slots when they are at least `min_waste` of the cache (after a commit)."""
-        if self.num_rows == 0:
-            self.cache = DynamicCache(config=self.model.config)
-            self.mask = self.mask[:, :0]
-            self._pending_from = 0
-            return
-        width = int(self.num_real.max())
-        if self.num_slots == 0 or 1 - width / self.num_slots < min_waste:
-            return
-        # Each row's valid slots, right-aligned in `width` slots (left padding), order preserved.
-        order = torch.argsort(self.mask.long(), dim=1, stable=True)[:, -width:]  # [rows, width]
-        new_mask = torch.gather(self.mask, 1, order)  # [rows, width]
-        tensors = []
-        for layer in self._layers():
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            tensors.append((torch.gather(layer.keys, 2, index), torch.gather(layer.values, 2, index)))
-        self._set_layers(tensors)
-        self.mask = new_mask
-        self._pending_from = self.num_slots
+        """Keep only the rows in index [kept] (in that order); the others' buffer rows become free."""
+        self.slot = self.slot[index.to(self.device)]

@@ -278,8 +278,6 @@ class Sampler:
                 if self.draft is not None:
                     self.draft.keep_rows(index)
                 rows = [rows[i] for i in keep]
-            else:
-                target.compact()
             last = torch.tensor(new_last, dtype=torch.long)
         bar.close()
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))

@@ -77,7 +77,7 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
     settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, batch_rows=96,
                                 gamma=gamma, adaptive=False)
     draft = {"none": None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
-             "ngram": lambda: NgramDraft(max_ngram=2)}[draft_kind]
+             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1)}[draft_kind]
     sampler = Sampler(target, settings, eos_token_ids=[], draft=draft() if draft else None)
     completions = sampler.generate(PROMPTS, num_samples=n, seed=123, progress=False)
     for p, prompt in enumerate(PROMPTS):

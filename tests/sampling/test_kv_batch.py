@@ -1,0 +1,80 @@
+"""KVBatch's packed forward gives every row the logits a plain full forward of that row gives.
+
+Rows join with shared and distinct prefixes (some copied from a sibling already in the batch),
+append ragged numbers of tokens per step, keep only some of them (rejected drafts), and leave.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rsft.sampling.kv_batch import ATTENTION_NAME, KVBatch
+
+
+def tiny(vocab: int = 13) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(config).eval()
+
+
+@torch.no_grad()
+def reference(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0]  # [len, vocab]
+
+
+@torch.no_grad()
+def test_packed_logits_match_full_forwards_through_joins_rejections_and_leaves():
+    model, rng = tiny(), random.Random(0)
+    batch = KVBatch(model)
+    histories: list[list[int]] = []  # per caller row: the tokens its cache holds (committed)
+    prompts = [[1, 2, 3, 4], [5, 6], [1, 2, 3, 4], [7], [8, 9, 10, 11, 12, 1, 2]]
+    checked = 0
+    for step in range(30):
+        if step % 6 == 0 and prompts:  # join: a prompt's prefix (all but its last token) for 1-3 rows
+            prompt = prompts.pop(0)
+            copies = rng.randint(1, 3)
+            batch.admit([prompt[:-1]], [copies])
+            histories += [prompt[:-1] for _ in range(copies)]
+            pending_last = [prompt[-1]] * copies
+            lasts = (lasts if step else []) + pending_last
+        rows = len(histories)
+        n = rng.randint(1, 4)
+        ids = torch.tensor([[lasts[r]] + [rng.randrange(13) for _ in range(n - 1)] for r in range(rows)])
+        width = torch.tensor([rng.randint(1, n) for _ in range(rows)])  # real tokens per row, 1..n
+        valid = torch.arange(n)[None, :] < width[:, None]
+        logits = batch.forward(ids, valid)
+        for r in range(rows):
+            fed = ids[r, :int(width[r])].tolist()
+            expected = reference(model, histories[r] + fed)[-len(fed):]
+            torch.testing.assert_close(logits[r, :len(fed)], expected, atol=1e-4, rtol=1e-4)
+            assert torch.all(logits[r, len(fed):] == 0)
+            checked += 1
+        keep = torch.tensor([rng.randint(1, int(w)) for w in width])  # accepted drafts + the first token
+        batch.commit(keep)
+        for r in range(rows):
+            histories[r] = histories[r] + ids[r, :int(keep[r])].tolist()
+        lasts = [rng.randrange(13) for _ in range(rows)]
+        if step % 4 == 3 and rows > 1:  # a row leaves, the others keep their order
+            gone = rng.randrange(rows)
+            index = torch.tensor([r for r in range(rows) if r != gone])
+            batch.keep_rows(index)
+            histories = [h for r, h in enumerate(histories) if r != gone]
+            lasts = [t for r, t in enumerate(lasts) if r != gone]
+    assert checked > 50
+    assert model.config._attn_implementation != ATTENTION_NAME  # restored after every forward
+
+
+@torch.no_grad()
+def test_last_token_logits_for_right_aligned_rows():
+    model = tiny()
+    batch = KVBatch(model)
+    batch.admit([[1, 2], [3]], [1, 2])
+    ids = torch.tensor([[0, 4, 5], [6, 7, 8], [0, 0, 9]])
+    valid = ids > 0
+    last = batch.forward(ids, valid, logits_to_keep=1)[:, -1]
+    for r, history in enumerate([[1, 2, 4, 5], [3, 6, 7, 8], [3, 9]]):
+        torch.testing.assert_close(last[r], reference(model, history)[-1], atol=1e-4, rtol=1e-4)
