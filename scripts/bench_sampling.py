@@ -11,6 +11,9 @@ max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offl
   gammas and `model-adaptive`.
 Real tokens are counted up to and including EOS. Peak memory is the largest resident set size seen
 while the method ran (sampled every 10 ms), minus the resident size before it started.
+The methods run round-robin, --repeats times (a shared CPU drifts 10% or more between identical
+runs); the table shows the median tokens/s and the ratios of medians. "policy forwards" is the
+number of policy forward passes (deterministic for a given seed), the machine-independent part.
 Prints one JSON object per measurement and, at the end, a Markdown table for the README.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -98,6 +102,7 @@ def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature
         "gamma_chosen_mean": summary.get("gamma_chosen_mean"),
         "target_seconds": summary.get("target_seconds"),
         "draft_seconds": summary.get("draft_seconds"),
+        "num_drafted": summary.get("num_drafted"),
     }
 
 
@@ -110,7 +115,9 @@ def main():
     parser.add_argument("--batch-rows", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", default=["hf", "plain", "ngram", "ngram-adaptive"])
-    parser.add_argument("--min-ngram", type=int, default=2, help="the n-gram draft's shortest match (draft.min_ngram)")
+    parser.add_argument("--max-ngram", type=int, default=4, help="the n-gram draft's longest match (draft.max_ngram)")
+    parser.add_argument("--min-ngram", type=int, default=3, help="the n-gram draft's shortest match (draft.min_ngram)")
+    parser.add_argument("--repeats", type=int, default=3, help="round-robin repetitions; the table shows medians")
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
     parser.add_argument("--threads", type=int, default=0)
@@ -141,45 +148,58 @@ def main():
                 plans.append((rows, method.split("-")[0], max(args.gammas), True))
             else:
                 raise SystemExit(f"--methods: unknown method {method!r}")
+    # Round-robin over the plans, --repeats times: a shared CPU drifts by 10% or more between
+    # identical runs, so every method sees the same drift and the table reports medians.
     results = []
-    baselines, plain_step = {}, {}
-    for rows, method, gamma, adaptive in plans:
-        if method == "model" and draft_model is None:
-            raise SystemExit("--methods model needs --draft PATH")
-        with PeakRSS() as mem:
-            started = time.perf_counter()
-            if method == "hf":
-                out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
-                                  args.temperature, args.seed)
-            else:
-                draft = {"plain": None, "ngram": NgramDraft(min_ngram=args.min_ngram), "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
-                out = rsft_sample(model, eos_token_ids(model, tokenizer), prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
-                                  args.seed, draft, gamma or 0, adaptive)
-            seconds = time.perf_counter() - started
-        name = method + ("" if gamma is None else f" g={gamma}") + (" adaptive" if adaptive else "")
-        record = {"method": name, "batch_rows": rows, "seconds": round(seconds, 2),
-                  "tokens_per_second": round(out["tokens"] / seconds, 1), "peak_mb": round(mem.peak_mb, 1), **out}
-        if method == "hf":
-            baselines[rows] = record["tokens_per_second"]
-        if method == "plain":
-            plain_step[rows] = out["policy_seconds_per_step"]
-        if out.get("draft_seconds_per_token") is not None and rows in plain_step:
-            # one draft token's cost relative to one plain policy step at the same batch size
-            record["draft_cost_vs_policy_step"] = round(out["draft_seconds_per_token"] / plain_step[rows], 3)
-        record["vs_hf"] = round(record["tokens_per_second"] / baselines[rows], 2) if rows in baselines else None
-        results.append(record)
-        print(json.dumps(record), flush=True)
+    for repeat in range(args.repeats):
+        for rows, method, gamma, adaptive in plans:
+            if method == "model" and draft_model is None:
+                raise SystemExit("--methods model needs --draft PATH")
+            with PeakRSS() as mem:
+                started = time.perf_counter()
+                if method == "hf":
+                    out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
+                                      args.temperature, args.seed)
+                else:
+                    draft = {"plain": None, "ngram": NgramDraft(args.max_ngram, args.min_ngram),
+                             "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
+                    out = rsft_sample(model, eos_token_ids(model, tokenizer), prompt_ids, args.k, rows,
+                                      args.max_new_tokens, args.temperature, args.seed, draft, gamma or 0, adaptive)
+                seconds = time.perf_counter() - started
+            name = method + ("" if gamma is None else f" g={gamma}") + (" adaptive" if adaptive else "")
+            record = {"method": name, "batch_rows": rows, "repeat": repeat, "seconds": round(seconds, 2),
+                      "tokens_per_second": round(out["tokens"] / seconds, 1), "peak_mb": round(mem.peak_mb, 1), **out}
+            results.append(record)
+            print(json.dumps(record), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
-    print("\n| rows | method | tokens/s | vs HF generate | acceptance | tokens/forward (theory) | draft token / policy step | peak MB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        acc = "-" if r.get("acceptance_rate") is None else f"{r['acceptance_rate']:.2f}"
-        tpf = "-" if r.get("tokens_per_target_forward") is None or r["method"] in ("hf", "plain") else (
-            f"{r['tokens_per_target_forward']:.2f} ({r['theoretical_tokens_per_forward'] or 0:.2f})")
-        cost = r.get("draft_cost_vs_policy_step", "-")
-        print(f"| {r['batch_rows']} | {r['method']} | {r['tokens_per_second']} | {r['vs_hf'] or '-'} | {acc} | {tpf} | {cost} | {r['peak_mb']} |")
+    print_table(results)
 
+
+def print_table(results: list[dict]) -> None:
+    """One Markdown row per (rows, method): median tokens/s over the repeats, ratios of medians."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["batch_rows"], r["method"]), []).append(r)
+    median = {key: statistics.median(r["tokens_per_second"] for r in runs) for key, runs in groups.items()}
+    print("\n| rows | method | tokens/s, median (min-max) | vs HF generate | vs plain | acceptance per position "
+          "| tokens per policy forward (theory) | policy forwards | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (rows, method), runs in groups.items():
+        speeds = [r["tokens_per_second"] for r in runs]
+        first = runs[0]
+        hf, plain = median.get((rows, "hf")), median.get((rows, "plain"))
+        vs_hf = f"{median[rows, method] / hf:.2f}" if hf else "-"
+        vs_plain = f"{median[rows, method] / plain:.2f}" if plain else "-"
+        per_position = first.get("acceptance_per_position") or []
+        acc = " / ".join(f"{a:.2f}" if a is not None else "-" for a in per_position) or "-"
+        tpf = "-" if method in ("hf", "plain") or first.get("tokens_per_target_forward") is None else (
+            f"{first['tokens_per_target_forward']:.2f} ({first['theoretical_tokens_per_forward'] or 0:.2f})"
+            + (f", mean gamma {first['gamma_chosen_mean']:.2f}" if "adaptive" in method else ""))
+        steps = "-" if method == "hf" else first["steps"]
+        peak = max(r["peak_mb"] for r in runs)
+        print(f"| {rows} | {method} | {median[rows, method]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {vs_hf} "
+              f"| {vs_plain} | {acc} | {tpf} | {steps} | {peak} |")
 
 if __name__ == "__main__":
     main()
