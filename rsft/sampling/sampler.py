@@ -16,12 +16,14 @@ sample index); all the uniforms a row consumes (draft samples, acceptance tests,
 come from it, drawn in a fixed order. A completion's randomness does not depend on which rows share
 its batch.
 
-Adaptive gamma (`GammaController`): tokens per policy forward follow (1 - a^(g+1)) / (1 - a) for
-acceptance rate a (Leviathan et al. 2022), but on a CPU a forward over g+1 positions costs more
-than over one. The controller measures the acceptance rate and the wall time of policy forwards
-per number of positions and of draft proposals, and picks the g in 0..gamma_max with the highest
-expected tokens per second; g = 0 means "do not speculate". It re-probes neighbouring values now
-and then so its estimates stay current.
+Adaptive gamma (`GammaController`): a row that drafts g tokens gains a + a^2 + ... + a^g tokens
+per policy forward for acceptance rate a (Leviathan et al. 2022), but on a CPU every verified
+token costs compute. The controller measures the acceptance rate, the fraction of the g draft
+slots the draft actually fills (the n-gram draft proposes only where it finds a match; the packed
+forward charges only for real tokens), and the wall time of policy forwards per width and of draft
+proposals, and picks the g in 0..gamma_max with the highest expected tokens per second; g = 0
+means "do not speculate". It re-probes neighbouring values now and then so its estimates stay
+current.
 """
 
 from __future__ import annotations
@@ -101,24 +103,33 @@ class GammaController:
         self.gamma_max, self.adaptive, self.probe_every = gamma_max, adaptive, probe_every
         self.accept_rate = 0.5  # prior, replaced by the running estimate after the first drafts
         self.drafted = self.accepted = 0.0
+        self.coverage = 1.0  # fraction of the rows x gamma draft slots filled (prior: all)
+        self.slots = self.filled = 0.0
         self.target_seconds: dict[int, float] = {}  # positions per row -> EMA seconds per forward
         self.draft_seconds = 0.0  # EMA seconds per proposed token (all rows)
         self.steps = 0
         self.history: list[int] = []
 
-    def _target_cost(self, positions: int) -> float:
+    def _target_cost(self, positions: int, prior_slope: float = 0.3) -> float:
+        """Seconds per policy forward over `positions` per row: measured, or extrapolated from the
+        measured widths with a slope per extra position (prior 0.3: a 2-core CPU at 8-32 rows)."""
         if positions in self.target_seconds:
             return self.target_seconds[positions]
-        one = self.target_seconds.get(1, 1.0)
         measured = [(n, t) for n, t in self.target_seconds.items() if n > 1]
-        # per extra position, relative to one position; prior 0.3 (a 2-core CPU at 8-32 rows)
-        slope = sum((t / one - 1) / (n - 1) for n, t in measured) / len(measured) if measured else 0.3
+        if 1 in self.target_seconds:
+            one = self.target_seconds[1]
+            slope = sum((t / one - 1) / (n - 1) for n, t in measured) / len(measured) if measured else prior_slope
+        elif measured:  # only speculative steps so far: back out the plain cost with the prior slope
+            one = sum(t / (1 + prior_slope * (n - 1)) for n, t in measured) / len(measured)
+            slope = prior_slope
+        else:
+            one, slope = 1.0, prior_slope
         return one * (1 + max(slope, 0.0) * (positions - 1))
 
     def expected_rate(self, gamma: int) -> float:
         """Expected emitted tokens per second per row-step for this gamma."""
         a = min(self.accept_rate, 0.999)
-        tokens = (1 - a ** (gamma + 1)) / (1 - a)
+        tokens = 1 + self.coverage * (a - a ** (gamma + 1)) / (1 - a)
         return tokens / (self._target_cost(gamma + 1) + gamma * self.draft_seconds)
 
     def choose(self) -> int:
@@ -133,16 +144,25 @@ class GammaController:
         self.history.append(gamma)
         return gamma
 
-    def observe(self, gamma: int, drafted: int, accepted: int, target_s: float, draft_s: float) -> None:
+    def observe(self, gamma: int, drafted: int, accepted: int, target_s: float, draft_s: float,
+                rows: int = 1, asked: int | None = None) -> None:
+        """gamma: positions verified beyond the first (the widest row's drafts); asked: the gamma the
+        draft was asked for (default gamma), so steps where no row found a draft count as empty."""
         decay = 0.9
+        asked = gamma if asked is None else asked
+        if asked:
+            self.slots = decay * self.slots + rows * asked
+            self.filled = decay * self.filled + drafted
+            self.coverage = self.filled / self.slots
         if drafted:
             self.drafted = decay * self.drafted + drafted
             self.accepted = decay * self.accepted + accepted
             self.accept_rate = self.accepted / self.drafted
         old = self.target_seconds.get(gamma + 1)
         self.target_seconds[gamma + 1] = target_s if old is None else decay * old + (1 - decay) * target_s
-        if gamma:
-            self.draft_seconds = decay * self.draft_seconds + (1 - decay) * draft_s / gamma if self.draft_seconds else draft_s / gamma
+        if asked:
+            per_token = draft_s / asked
+            self.draft_seconds = decay * self.draft_seconds + (1 - decay) * per_token if self.draft_seconds else per_token
 
 
 class Sampler:
@@ -246,7 +266,7 @@ class Sampler:
             self.timings["target_seconds"] += target_s
             self.stats.update(result, num_drafts)
             self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()),
-                                    target_s, draft_s)
+                                    target_s, draft_s, rows=len(rows), asked=gamma)
 
             tokens = result.tokens.cpu()
             emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]

@@ -8,6 +8,7 @@ have to be to fail one of them).
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -154,8 +155,13 @@ def test_a_rows_randomness_does_not_depend_on_its_batch():
 def test_adaptive_gamma_stops_speculating_when_the_draft_is_useless():
     target = tiny_lm(50, seed=0)
     settings = SamplingSettings(max_new_tokens=40, batch_rows=4, gamma=4, adaptive=True)
-    sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(tiny_lm(50, seed=9, layers=1)))
-    sampler.controller.draft_seconds = 1.0  # make drafting look expensive from the start
+
+    class SlowDraft(ModelDraft):  # an unrelated random model that also takes 20 ms per proposal
+        def propose(self, *args, **kwargs):
+            time.sleep(0.02)
+            return super().propose(*args, **kwargs)
+
+    sampler = Sampler(target, settings, eos_token_ids=[], draft=SlowDraft(tiny_lm(50, seed=9, layers=1)))
     sampler.generate([[1, 2, 3]], num_samples=4, seed=0, progress=False)
     history = sampler.controller.history
     assert history.count(0) > len(history) / 2
@@ -183,3 +189,22 @@ def test_nan_logits_name_the_row():
     sampler = Sampler(target, SamplingSettings(max_new_tokens=3), eos_token_ids=[])
     with pytest.raises(ValueError, match="prompt 0"):
         sampler.generate([[1, 2]], num_samples=1, seed=0, progress=False)
+
+
+def test_gamma_controller_counts_only_the_draft_slots_that_were_filled():
+    from rsft.sampling.sampler import GammaController
+
+    sparse = GammaController(gamma_max=2, adaptive=True)
+    sparse.observe(0, 0, 0, target_s=1.0, draft_s=0.0, rows=16)
+    # 3 of 16 x 2 slots filled, 2 accepted; the packed forward cost 5% more than a plain one
+    sparse.observe(2, drafted=3, accepted=2, target_s=1.05, draft_s=0.0, rows=16)
+    assert abs(sparse.coverage - 3 / 32) < 1e-9
+    assert sparse.expected_rate(2) > sparse.expected_rate(0)  # 1 + (3/32)(2/3 + 4/9) tokens for 1.05x
+    # asked for drafts, none found: an empty step lowers the coverage, the draft's time still counts
+    sparse.observe(0, 0, 0, target_s=1.0, draft_s=0.2, rows=16, asked=2)
+    assert sparse.coverage < 3 / 32 and sparse.draft_seconds > 0
+
+    dense = GammaController(gamma_max=2, adaptive=True)
+    dense.observe(0, 0, 0, target_s=1.0, draft_s=0.0, rows=16)
+    dense.observe(2, drafted=32, accepted=3, target_s=1.5, draft_s=0.0, rows=16)  # full, rarely accepted
+    assert max(range(3), key=dense.expected_rate) == 0
