@@ -116,7 +116,7 @@ def main():
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", default=["hf", "plain", "ngram", "ngram-adaptive"])
     parser.add_argument("--max-ngram", type=int, default=4, help="the n-gram draft's longest match (draft.max_ngram)")
-    parser.add_argument("--min-ngram", type=int, default=3, help="the n-gram draft's shortest match (draft.min_ngram)")
+    parser.add_argument("--min-ngram", type=int, default=2, help="the n-gram draft's shortest match (draft.min_ngram)")
     parser.add_argument("--repeats", type=int, default=3, help="round-robin repetitions; the table shows medians")
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
