@@ -15,6 +15,11 @@ The methods run round-robin, --repeats times (a shared CPU drifts 10% or more be
 runs); the table shows the median tokens/s and the ratios of medians. "policy forwards" is the
 number of policy forward passes (deterministic for a given seed), the machine-independent part.
 Prints one JSON object per measurement and, at the end, a Markdown table for the README.
+
+    python scripts/bench_sampling.py --forward-cost --batch-rows 8 16 64
+
+only times one packed policy forward with 0, 1/4, 1/2 and all rows verifying one extra token:
+the cost of a draft token, in ms and relative to one row's share of a plain step.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from rsft.data import chat_text, load_prompts
 from rsft.draft import load_draft
 from rsft.models import eos_token_ids, load_causal_lm, load_saved_causal_lm
 from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.sampler import Sampler, SamplingSettings
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -106,6 +112,33 @@ def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature
     }
 
 
+def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: int = 12) -> list[dict]:
+    """Median seconds of one packed policy forward with `rows` rows at `context` cached tokens,
+    when `extra` of them carry one more (draft) token: what verifying a draft token costs."""
+    out = []
+    for extra in extras:
+        batch = KVBatch(model)
+        batch.admit([list(range(100, 100 + context))], [rows])
+        times = []
+        for _ in range(reps):
+            ids = torch.randint(100, 1000, (rows, 2))  # [rows, 2]
+            valid = torch.zeros(rows, 2, dtype=torch.bool)  # [rows, 2]
+            valid[:, 0] = True
+            valid[:extra, 1] = True
+            started = time.perf_counter()
+            batch.forward(ids, valid)
+            times.append(time.perf_counter() - started)
+            batch.commit(torch.ones(rows, dtype=torch.long))
+        out.append({"rows": rows, "extra_tokens": extra, "seconds": statistics.median(times[2:])})
+    base = out[0]["seconds"]
+    for record in out:
+        extra = record["extra_tokens"]
+        record["ms_per_extra_token"] = round(1000 * (record["seconds"] - base) / extra, 2) if extra else None
+        record["extra_token_vs_row_share"] = round((record["seconds"] - base) / extra / (base / rows), 2) if extra else None
+        print(json.dumps({"forward_cost": record}), flush=True)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
@@ -123,6 +156,9 @@ def main():
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the JSON results here")
+    parser.add_argument("--forward-cost", action="store_true",
+                        help="only time one packed policy forward per --batch-rows with 0, 1/4, 1/2 and all rows "
+                             "verifying one extra token, and exit")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -133,6 +169,10 @@ def main():
         model, tokenizer = load_saved_causal_lm(args.policy, device)
     else:
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
+    if args.forward_cost:
+        for rows in args.batch_rows:
+            forward_cost(model, rows, [0, rows // 4, rows // 2, rows])
+        return
     prompts = load_prompts(cfg.data, "train")
     prompt_ids = [tokenizer(chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts["prompt"]]
     draft_model, draft_head = load_draft(args.draft, device)[::2] if args.draft else (None, None)
