@@ -5,7 +5,7 @@ never change membership; assisted generation refuses batch > 1. Speculative samp
 that each accept their own number of tokens, rows that leave when finished and rows that join
 while others are mid-way. And a padded [rows, n] forward makes every row pay for the widest one:
 with one row carrying 4 drafts and fifteen carrying none, all sixteen run 5 positions through every
-linear layer, which is ~90% of a forward on a CPU. So the new tokens of all rows are *packed* into
+linear layer, ~70% of a forward on a CPU (profiled). So the new tokens of all rows are *packed* into
 one sequence [1, T] of only the real tokens; the linear layers, norms and RoPE are per token and
 never see the rows. Only attention needs the rows, and it gets them from `packed_attention`, an
 attention function registered with transformers' AttentionInterface, over a preallocated cache.
