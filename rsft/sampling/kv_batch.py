@@ -201,18 +201,21 @@ class KVBatch:
         buffer_row = self.slot[row]  # [T]
         position = self.length[buffer_row] + rank[row, col]  # [T]
         counts = valid.long().sum(1)  # [rows]
-        keep_index = None
-        if logits_to_keep == 1:
-            keep_index = counts.cumsum(0) - 1  # [rows] each row's last packed token
-        elif logits_to_keep:
+        if logits_to_keep not in (0, 1):
             raise ValueError(f"logits_to_keep={logits_to_keep}: KVBatch.forward supports 0 (all) or 1 (last)")
+        vocab = self.model.get_output_embeddings().out_features
+        out = torch.zeros(rows, 1 if logits_to_keep else n, vocab, device=self.device)  # zeros where nothing ran
+        if row.numel() == 0:  # no real token anywhere: nothing to run
+            return out
+        has_tokens = counts > 0  # [rows]
+        keep_index = (counts.cumsum(0) - 1)[has_tokens] if logits_to_keep else None  # each row's last packed token
         logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index)
         self.length[self.slot] += counts
-        if logits_to_keep == 1:
-            return logits[:, None]  # [rows, 1, vocab]
-        out = logits.new_zeros(rows, n, logits.shape[-1])  # [rows, n, vocab]
-        out[row, col] = logits
-        return out
+        if logits_to_keep:
+            out[has_tokens, 0] = logits.to(out.dtype)  # [rows with tokens, vocab]
+        else:
+            out[row, col] = logits.to(out.dtype)
+        return out  # [rows, n or 1, vocab]
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep the first keep[r] tokens written to row r since the last commit; drop the rest."""

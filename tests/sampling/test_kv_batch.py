@@ -78,3 +78,20 @@ def test_last_token_logits_for_right_aligned_rows():
     last = batch.forward(ids, valid, logits_to_keep=1)[:, -1]
     for r, history in enumerate([[1, 2, 4, 5], [3, 6, 7, 8], [3, 9]]):
         torch.testing.assert_close(last[r], reference(model, history)[-1], atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_rows_without_tokens_get_zero_logits_and_keep_their_cache():
+    model = tiny()
+    batch = KVBatch(model)
+    batch.admit([[1, 2], [3]], [1, 1])
+    nothing = batch.forward(torch.tensor([[4], [5]]), torch.zeros(2, 1, dtype=torch.bool))
+    assert nothing.shape == (2, 1, 13) and torch.all(nothing == 0)
+    last = batch.forward(torch.tensor([[0, 0], [6, 7]]), torch.tensor([[False, False], [True, True]]),
+                         logits_to_keep=1)[:, -1]
+    assert torch.all(last[0] == 0)
+    torch.testing.assert_close(last[1], reference(model, [3, 6, 7])[-1], atol=1e-4, rtol=1e-4)
+    batch.commit(torch.tensor([0, 2]))
+    after = batch.forward(torch.tensor([[8], [9]]))[:, -1]
+    torch.testing.assert_close(after[0], reference(model, [1, 2, 8])[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(after[1], reference(model, [3, 6, 7, 9])[-1], atol=1e-4, rtol=1e-4)
