@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 # The stages of one round, in order. With draft=distilled, stage=draft follows "sft": it distils
 # round r's new policy into round_XX/draft, which round r + 1's sampler loads.
 ROUND_STAGES = ("sample", "score", "select", "sft")
+NGRAM_DRAFT_CONF = Path(__file__).resolve().parents[1] / "conf" / "draft" / "ngram.yaml"
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
@@ -81,8 +82,8 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
     if cfg.draft.kind == "distilled" and round_idx == 0 and not is_complete(paths.draft):
         log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round 0 uses draft=ngram")
         with open_dict(stage_cfg):
-            stage_cfg.draft = {"kind": "ngram", "gamma": cfg.draft.gamma, "adaptive": cfg.draft.adaptive,
-                               "max_ngram": 4, "min_ngram": 2}
+            ngram = OmegaConf.load(NGRAM_DRAFT_CONF)  # the draft=ngram defaults, gamma as configured
+            stage_cfg.draft = OmegaConf.merge(ngram, {"gamma": cfg.draft.gamma, "adaptive": cfg.draft.adaptive})
     return stage_cfg
 
 

@@ -198,7 +198,7 @@ def write_summary(cfg, paths: RunPaths, rounds: int, plots: dict[str, Path], exa
         f"# rsft run `{cfg.run_name}`",
         "",
         f"{rounds} round(s) of sample -> score -> select ({cfg.select.strategy}, k={cfg.select.k}, "
-        f"pool_rounds={cfg.select.pool_rounds}) -> sft ({cfg.sft.mode} from the {cfg.sft.get('init', 'initial')} "
+        f"pool_rounds={cfg.select.pool_rounds}) -> sft ({cfg.sft.mode} from the {cfg.sft.init} "
         f"policy, lr={cfg.sft.learning_rate}, {cfg.sft.epochs} epochs); policy `{cfg.policy.name_or_path}`, "
         f"K={cfg.sample.num_samples}, {cfg.data.kind} prompts. Round r samples from the policy round r-1 trained "
         "(round 0: the initial policy); the `round r` row evaluates the policy round r trained, on held-out prompts.",

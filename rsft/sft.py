@@ -113,7 +113,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
     train = conversational_examples(selected, cfg.data.get("system_prompt"))
     device = resolve_device(cfg.device)
-    init = cfg.sft.get("init", "initial")
+    init = cfg.sft.init
     if init not in ("initial", "previous"):
         raise ValueError(f"sft.init={init!r}: expected initial (the configured policy) or previous "
                          "(the policy this round sampled from)")

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 
@@ -125,9 +125,7 @@ class NgramDraft:
                              for member, start in table.get(tuple(context[-n:]), ())]
             continuations = [c for c in continuations if c]
             if continuations:
-                votes: dict[int, int] = {}
-                for c in continuations:
-                    votes[c[0]] = votes.get(c[0], 0) + 1
+                votes = Counter(c[0] for c in continuations)
                 return max(reversed(continuations), key=lambda c: votes[c[0]])
         return []
 

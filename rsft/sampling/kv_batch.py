@@ -47,7 +47,7 @@ class _Plan:
     def __init__(self, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor, num_buffer_rows: int,
                  key_length: int):
         self.buffer_row, self.column, self.position = buffer_row, column, position  # [T] each
-        self.width = int(column.max()) + 1 if column.numel() else 1
+        self.width = int(column.max()) + 1  # [T] is never empty: KVBatch runs nothing without tokens
         rows = torch.unique(buffer_row)  # [R] buffer rows with tokens in this forward
         # attend over every buffer row (a view, no copy) unless few rows take part (a prefill)
         self.rows = None if 2 * rows.numel() >= num_buffer_rows else rows
@@ -120,12 +120,11 @@ class KVBatch:
         self.num_layers = config.num_hidden_layers
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.keys: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor] = []  # per layer [buffer_rows, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self._allocate(0, 0)
         self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # [buffer_rows] tokens held
         self.committed = self.length.clone()  # [buffer_rows] tokens held at the last commit
-        self.prefix = []  # per buffer row: the prefix it was admitted with (tuple), None when never used
+        self.prefix: list[tuple | None] = []  # per buffer row: the prefix it was admitted with
         self.slot = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] caller's row -> buffer row
         self.key_length = 0  # keys handed to attention this forward
         self._cache = _BufferCache(self)
@@ -160,12 +159,10 @@ class KVBatch:
             grown_k.append(k)
             grown_v.append(v)
         self.keys, self.values = grown_k, grown_v
-        if hasattr(self, "length"):
-            extra = rows - old_rows
-            zeros = torch.zeros(extra, dtype=torch.long, device=self.device)
-            self.length = torch.cat([self.length, zeros])
-            self.committed = torch.cat([self.committed, zeros])
-            self.prefix.extend([None] * extra)
+        zeros = torch.zeros(rows - old_rows, dtype=torch.long, device=self.device)
+        self.length = torch.cat([self.length, zeros])
+        self.committed = torch.cat([self.committed, zeros])
+        self.prefix.extend([None] * (rows - old_rows))
 
     def _free_rows(self) -> list[int]:
         used = set(self.slot.tolist())
@@ -178,7 +175,7 @@ class KVBatch:
         needed = int(position.max()) + 1
         if needed > self.capacity:
             self._allocate(self.buffer_rows, max(needed, 2 * self.capacity, 64))
-        self.key_length = max(needed, int(self.length.max()) if self.length.numel() else 0)
+        self.key_length = max(needed, int(self.length.max()))
         _current.append(_Plan(buffer_row, column, position, self.buffer_rows, self.key_length))
         try:
             with _packed_attention_on(self.model):
@@ -249,8 +246,6 @@ class KVBatch:
         fresh = [(key, rows[0]) for key, rows in groups if key not in sources and key and rows]
         seen = set()
         fresh = [(k, b) for k, b in fresh if not (k in seen or seen.add(k))]
-        for key, b in fresh:
-            self.length[b] = 0
         if fresh:
             ids = torch.tensor([t for key, _ in fresh for t in key], dtype=torch.long, device=self.device)
             buffer_row = torch.tensor([b for key, b in fresh for _ in key], dtype=torch.long, device=self.device)
