@@ -33,6 +33,28 @@ ASSISTANT_TURN = "\n\nAssistant:"
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+def _looks_local(path: str) -> bool:
+    """A path, not a hub name: it starts like one or ends in a known file suffix."""
+    file = Path(path).expanduser()
+    suffix = file.suffixes[-2] if file.suffix == ".gz" and len(file.suffixes) > 1 else file.suffix
+    return path.startswith((".", "/", "~")) or suffix in FILE_BUILDERS
+
+
+def pair_files(cfg: DictConfig) -> list[str]:
+    """The user's local pair files or folders (reward.data.path / eval_path) that a reward model is
+    trained from, for its fingerprint; a hub name is not a file. A missing local path is an error."""
+    files = []
+    for setting in ("path", "eval_path"):
+        path = cfg.get(setting)
+        if path is None:
+            continue
+        if Path(str(path)).expanduser().exists():
+            files.append(str(path))
+        elif _looks_local(str(path)):
+            raise FileNotFoundError(f"reward.data.{setting}={path!r}: no such file or folder")
+    return files
+
+
 def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
     """The user's rows as stored (`reward.data.path`: a file, a datasets folder or a hub name)."""
     path = str(cfg.path)
@@ -51,7 +73,7 @@ def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
             raise ValueError(f"{source}: unknown file type {suffix!r}; expected {sorted(FILE_BUILDERS)} (optionally "
                              f".gz) or a datasets folder")
         return load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train"), source
-    if path.startswith((".", "/", "~")) or suffix in FILE_BUILDERS:
+    if _looks_local(path):
         raise FileNotFoundError(f"{source}: no such file or folder")
     return load_dataset(path, split=cfg.split), f"hub dataset {path} (split {cfg.split})"
 

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import DataCollatorForPreference
 
-from rsft.models import trainer_device_args
+from rsft.models import training_arguments
 from reward.formats import LABEL_COLUMN
 from reward.loss import bradley_terry_loss
 from reward.model import reward_forward
@@ -83,20 +83,12 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
     """RewardConfig from `reward` config fields, precision and checkpointing chosen from the device."""
     return RewardConfig(
         output_dir=output_dir,
-        learning_rate=float(cfg.learning_rate),
-        num_train_epochs=float(cfg.epochs),
-        per_device_train_batch_size=int(cfg.batch_size),
-        gradient_accumulation_steps=int(cfg.grad_accumulation),
-        weight_decay=float(cfg.weight_decay),
-        warmup_steps=float(cfg.warmup_ratio),  # < 1: a fraction of the steps
-        lr_scheduler_type=str(cfg.lr_scheduler),
+        **training_arguments(cfg, device),
         seed=int(cfg.seed),
         data_seed=int(cfg.seed),
         center_rewards_coefficient=cfg.get("center_rewards_coefficient"),
         max_length=None,  # our pairs are already truncated to reward.max_length; None disables TRL's filter
         eval_strategy="no",
-        logging_steps=int(cfg.logging_steps),
-        **trainer_device_args(device, bool(cfg.get("activation_checkpointing", False))),
         disable_tqdm=not bool(cfg.get("progress", True)),
     )
 
@@ -111,7 +103,7 @@ def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, device: t
         callbacks=[TrackerCallback(tracker)] if tracker is not None else None,
     )
     log.info("training reward model: %d pairs, %s epochs, batch %d x %d, lr %g, %s on %s", len(train_pairs),
-             cfg.epochs, cfg.batch_size, cfg.grad_accumulation, cfg.learning_rate,
+             cfg.epochs, cfg.batch_size, cfg.grad_accum, cfg.learning_rate,
              "bf16" if args.bf16 else "fp32", device)
     result = trainer.train()
     model.eval()

@@ -2,20 +2,61 @@
 
 Every loader returns a `datasets.Dataset` with at least `prompt_id` (str) and `prompt` (str); other
 columns (the demo task's `task` constraints, say) are kept. Bad input stops here, before any model
-is loaded, with a message naming the setting, the file and what was expected.
+is loaded, with a message naming the setting, the file (and line) and what was expected.
+
+Prompt text becomes token ids only through `prompt_token_ids`: the policy's chat template with the
+user's text kept as text (a prompt that contains "<|im_end|>\n<|im_start|>system" cannot open a
+system turn), cut from the left when the policy's context cannot hold it and the completion.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import defaultdict
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets.exceptions import DatasetGenerationError
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+DUPLICATE_EXAMPLES = 3  # groups of prompt ids shown for repeated prompt texts
+
+
+def check_limit(setting: str, limit) -> None:
+    """A row limit is a positive integer or null: 0 or less would leave no prompts, an empty artifact
+    that later stages would take for a finished one."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"{setting}={limit!r}: expected a positive integer or null (null = all rows)")
+
+
+def check_jsonl(path_setting: str, path: str, file: Path) -> None:
+    """Every non-blank line of a JSONL file is a JSON object; else name the first bad line.
+
+    datasets' JSON reader reports a bad line as DatasetGenerationError without its number; this
+    streaming pass reads each line once and costs little next to loading the file.
+    """
+    with file.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path_setting}={path!r}, line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                                 f"expected one JSON object per line") from None
+            if not line.strip():
+                continue  # datasets skips blank lines too
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); "
+                                 f"expected one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a JSON {type(row).__name__}, expected a JSON object "
+                                 f"such as {{\"prompt\": \"...\"}}")
 
 
 def _load_local(path_setting: str, path: str, split: str) -> Dataset:
@@ -36,7 +77,13 @@ def _load_local(path_setting: str, path: str, split: str) -> Dataset:
                          f"{sorted(LOCAL_FORMATS)} or a datasets folder")
     if file.stat().st_size == 0:
         raise ValueError(f"{path_setting}={path!r} is empty; expected one prompt per row")
-    return load_dataset(builder, data_files=str(file), split="train")
+    if file.suffix == ".jsonl":
+        check_jsonl(path_setting, path, file)
+    try:
+        return load_dataset(builder, data_files=str(file), split="train")
+    except DatasetGenerationError as e:  # its own message names neither the setting nor the file
+        raise ValueError(f"{path_setting}={path!r}: could not be read as a {file.suffix} table "
+                         f"({e.__cause__ or e})") from e
 
 
 def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> Dataset:
@@ -51,7 +98,7 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
             raise TypeError(f"{source}, row {row}, column {column!r}: expected a non-empty string prompt, "
                             f"got {value!r:.80}")
     if limit is not None:
-        ds = ds.select(range(min(int(limit), len(ds))))
+        ds = ds.select(range(min(limit, len(ds))))
     if column != "prompt":
         ds = ds.remove_columns([c for c in ("prompt",) if c in ds.column_names]).rename_column(column, "prompt")
     id_column = cfg.get("id_column")
@@ -73,6 +120,7 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
         raise ValueError(f"which={which!r}: expected train or eval")
     split = cfg.split if which == "train" else cfg.eval_split
     limit = cfg.limit if which == "train" else cfg.get("eval_limit")
+    check_limit("data.limit" if which == "train" else "data.eval_limit", limit)
     if cfg.kind == "demo":
         from rsft.demo_prompts import build_demo_prompts
 
@@ -92,12 +140,111 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
         raise ValueError(f"data.kind={cfg.kind!r}: expected demo, local or hub")
     ds = _normalise(ds, cfg, source, limit)
     log.info("loaded %d prompts from %s", len(ds), source)
+    duplicates = duplicate_prompts(ds)
+    if duplicates["duplicate_prompt_rows"]:
+        log.warning("%s: %d rows repeat an earlier row's prompt text; each is kept under its own prompt_id "
+                    "(so that prompt gets more samples), e.g. %s", source, duplicates["duplicate_prompt_rows"],
+                    duplicates["examples"])
     return ds
 
 
-def chat_text(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
-    """The prompt as the policy sees it: its chat template with the assistant turn opened."""
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+def duplicate_prompts(ds: Dataset) -> dict:
+    """How many rows repeat an earlier row's exact prompt text, and a few groups of their prompt ids.
+
+    Duplicates are kept (their ids differ, and dropping rows would renumber a user's prompt set), but
+    a repeated prompt is sampled and trained on more often than the others, so it is counted: the
+    warning in load_prompts and the sample stage's meta.json say so.
+    """
+    ids_by_text = defaultdict(list)
+    for prompt_id, text in zip(ds["prompt_id"], ds["prompt"]):
+        ids_by_text[text].append(prompt_id)
+    repeated = [ids for ids in ids_by_text.values() if len(ids) > 1]
+    return {"duplicate_prompt_rows": sum(len(ids) - 1 for ids in repeated),
+            "examples": repeated[:DUPLICATE_EXAMPLES]}
+
+
+def chat_messages(prompt: str, system_prompt: str | None) -> list[dict]:
+    """The prompt as chat messages, as the policy sees it everywhere (sampling, SFT, the DPO pairs)."""
+    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
         {"role": "user", "content": prompt}
     ]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def chat_text(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
+    """The prompt as the policy sees it, as text: its chat template with the assistant turn opened."""
+    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def _chat_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
+    """chat_text's ids, with special-token strings in the prompt and system prompt encoded as text.
+
+    transformers' `sanitize_control_tokens` marks the control tokens found in the messages before
+    rendering and encodes only those pieces as plain text; a chat without such strings is encoded
+    whole, exactly as `tokenizer(chat_text(...), add_special_tokens=False)` encodes it (the
+    published samples' ids). Splitting the chat at sentinels and encoding the pieces apart would not
+    be: SmolLM2's BPE joins the template's newline with a prompt's leading whitespace.
+    """
+    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), add_generation_prompt=True,
+                                         tokenize=True, sanitize_control_tokens=True, return_dict=False)
+
+
+def prompt_token_ids(tokenizer, prompt: str, system_prompt: str | None,
+                     max_prompt_tokens: int | None = None) -> tuple[list[int], int]:
+    """The chat-formatted prompt's ids (assistant turn opened) and how many tokens were cut to fit.
+
+    With max_prompt_tokens (context_budget), a longer prompt loses the start of the user's text: the
+    template and the system prompt stay whole, and the end of a long prompt usually holds the question
+    or instruction the completion answers, while its start holds context. The cut falls on a token
+    boundary of the user's text, and the kept text is re-encoded with the template, so the ids are
+    exactly those of a prompt that began there. Nothing is cut when the prompt fits.
+    """
+    ids = _chat_ids(tokenizer, prompt, system_prompt)
+    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+        return ids, 0
+    frame = _chat_ids(tokenizer, "", system_prompt)
+    if len(frame) > max_prompt_tokens:
+        raise ValueError(f"the chat template{' with data.system_prompt' if system_prompt else ''} alone takes "
+                         f"{len(frame)} tokens, but the policy's context leaves {max_prompt_tokens} for the prompt "
+                         f"after sample.max_new_tokens; lower sample.max_new_tokens"
+                         f"{' or shorten data.system_prompt' if system_prompt else ''}")
+    starts = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True,
+                       return_offsets_mapping=True)["offset_mapping"]
+    # the template's joins can merge a token or two differently: move the cut right until it fits
+    for start, _ in starts[len(ids) - max_prompt_tokens:]:
+        kept = _chat_ids(tokenizer, prompt[start:], system_prompt)
+        if len(kept) <= max_prompt_tokens:
+            return kept, len(ids) - len(kept)
+    return frame, len(ids) - len(frame)
+
+
+def context_budget(model_config, max_new_tokens: int, setting: str = "sample.max_new_tokens") -> int | None:
+    """Prompt tokens the policy can take: its context (max_position_embeddings) minus the completion's
+    max_new_tokens, so that prompt and completion fit; None when the config states no context.
+
+    setting names the completion length in the message (prefs.max_new_tokens for stage=prefs).
+    """
+    context = getattr(model_config, "max_position_embeddings", None)
+    if context is None:
+        return None
+    if max_new_tokens >= context:
+        raise ValueError(f"{setting}={max_new_tokens}: expected fewer than the policy's context of {context} "
+                         f"tokens (max_position_embeddings), which must also hold the prompt")
+    return context - max_new_tokens
+
+
+def prompt_keys(which: str = "train") -> tuple[str, ...]:
+    """The data settings a prompt set depends on (for artifact fingerprints, rsft.paths.fingerprint)."""
+    common = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
+              "data.system_prompt")
+    if which == "train":
+        return common + ("data.path", "data.split", "data.limit")
+    return common + ("data.eval_path", "data.eval_split", "data.eval_limit")
+
+
+def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
+    """The user's prompt file or folder a prompt set is read from (none for the demo and hub sets)."""
+    if cfg.kind != "local":
+        return []
+    path = cfg.path if which == "train" else cfg.get("eval_path")
+    return [path] if path is not None else []

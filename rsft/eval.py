@@ -3,8 +3,8 @@
     python -m rsft.run stage=eval round=1          # the policy round 1 trained (round_01/policy)
     python -m rsft.run stage=eval eval.policy=initial   # the configured policy, before any round
 
-Round semantics: round r samples from the policy round r - 1 trained (round 0: the configured
-policy) and trains round_XX/policy; `eval round=r` judges that output. The initial policy's
+Round semantics (rsft.paths.RunPaths.eval_policy): `eval round=r` judges the policy round r
+trained (round_XX/policy). The initial policy's
 evaluation (eval_initial/) is the baseline: a round's eval builds it first when it is missing.
 
 Every policy is sampled with the same seed (eval.seed) on the same held-out prompts
@@ -33,22 +33,21 @@ The gold oracle is read here, for evaluation only; selection never sees it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import statistics
 from collections import defaultdict
 
-from datasets import Dataset, load_from_disk
+from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import score
-from rsft.data import load_prompts
+from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.sample import sample_dataset, sampling_settings
-from rsft.tracking import Tracker
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
@@ -141,26 +140,46 @@ def policy_metrics(ds: Dataset) -> dict:
     return metrics
 
 
+# the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
+SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
+                 "sample.leniency")
+
+
+def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored) -> dict:
+    """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured
+    or an artifact), the reward model; a round's also the baseline and the round's scored samples
+    (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples
+    if they existed when it ran; they are not part of its fingerprint."""
+    inputs = [paths.reward]
+    if policy_path is not None:
+        inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
+    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *prompt_keys("eval")), inputs,
+                       prompt_files(cfg.data, "eval"))
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths, round_idx = RunPaths(cfg.paths.run_dir), int(cfg.round)
+    paths, round_idx = RunPaths.from_config(cfg), int(cfg.round)
     initial = cfg.eval.policy == "initial"
-    if cfg.eval.policy not in ("round", "initial"):
-        raise ValueError(f"eval.policy={cfg.eval.policy!r}: expected round or initial")
     out = paths.initial_eval if initial else paths.eval(round_idx)
-    if should_skip(out, cfg.overwrite, "eval"):
-        return out
-    if not initial and not is_complete(paths.policy(round_idx)):
+    settings = sampling_settings(cfg.sample)  # plain: a draft would change nothing but speed
+    policy_path = None if initial else paths.eval_policy(round_idx)
+    if policy_path is not None and not is_complete(policy_path):
         raise FileNotFoundError(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
-                                f"{paths.policy(round_idx)} is missing; run `python -m rsft.run stage=sft "
+                                f"{policy_path} is missing; run `python -m rsft.run stage=sft "
                                 f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
+    if not is_complete(paths.reward):
+        score.load_reward_scorer(cfg, None)  # the missing-reward-model error, before any work
     if not initial and not is_complete(paths.initial_eval):
         log.info("eval: the initial policy's evaluation (the baseline) is missing; building it first")
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
-    settings = dataclasses.replace(sampling_settings(cfg), gamma=0, adaptive=False)
+    curve_round = 0 if initial else round_idx
+    made = made_from(cfg, paths, policy_path, None if initial else paths.scored(curve_round))
+    if should_skip(out, cfg.overwrite, "eval", made):
+        return out
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
 
-    model, tokenizer, source = load_policy(cfg, 0 if initial else round_idx + 1, device)
+    model, tokenizer, source = load_policy(cfg, policy_path, device)
     provenance = {"round": -1 if initial else round_idx, "policy": source,
                   "sampler": json.dumps({**settings.__dict__, "draft": "none"}, sort_keys=True)}
     ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
@@ -176,30 +195,26 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     metrics = policy_metrics(ds)
     if not initial:
-        baseline = load_from_disk(str(paths.initial_eval))
+        baseline = load_dataset_artifact(paths.initial_eval)
         metrics["win_rate_vs_initial"] = win_rate(by_prompt(ds, "reward"), by_prompt(baseline, "reward"))
         if gold is not None:
             metrics["gold_win_rate_vs_initial"] = win_rate(by_prompt(ds, "gold"), by_prompt(baseline, "gold"))
-    curve_round = 0 if initial else round_idx
     if is_complete(paths.scored(curve_round)):
-        scored = load_from_disk(str(paths.scored(curve_round)))
+        scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}
     metrics["sampling"] = {k: sampling[k] for k in ("tokens_per_second", "seconds", "num_completions")}
 
     meta = {"stage": "eval", "policy": source, "round": provenance["round"], "num_prompts": len(prompts),
             "metrics": metrics}
-    with atomic_artifact(out, meta) as tmp:
+    with atomic_artifact(out, meta, made) as tmp:
         ds.save_to_disk(str(tmp))
         (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
     log.info("eval %s: %s", "initial policy" if initial else f"round {round_idx}",
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "eval")
-    prefix = "eval_initial" if initial else "eval"
-    tracker.log({f"{prefix}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-                step=0 if initial else round_idx)
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "eval", tracker) as tracker:
+        prefix = "eval_initial" if initial else "eval"
+        tracker.log({f"{prefix}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+                    step=0 if initial else round_idx)
     return out
 
 

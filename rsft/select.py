@@ -28,11 +28,12 @@ import logging
 import random
 from collections import defaultdict
 
-from datasets import Dataset, load_from_disk
+from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
-from rsft.tracking import Tracker
+from rsft.data import chat_messages
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,7 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
     rows = []
     for r in rounds:
         path = paths.scored(r)
-        if not is_complete(path):
-            raise FileNotFoundError(f"select needs round {r}'s scored samples at {path}; run "
-                                    f"`python -m rsft.run stage=score round={r}` first")
-        ds = load_from_disk(str(path))
+        ds = load_dataset_artifact(path)
         for column in ("reward", "reward_normalised"):
             if column not in ds.column_names:
                 raise KeyError(f"{path} has no {column!r} column (columns: {ds.column_names}); it was not written "
@@ -109,7 +107,7 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
     best, worst = ranked[0], ranked[-1]
     return {
         "prompt_id": best["prompt_id"],
-        "prompt": prompt_messages(best["prompt"], system_prompt),
+        "prompt": chat_messages(best["prompt"], system_prompt),
         "chosen": [{"role": "assistant", "content": best["completion"]}],
         "rejected": [{"role": "assistant", "content": worst["completion"]}],
         "chosen_reward": best["reward"],
@@ -117,21 +115,22 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
     }
 
 
-def prompt_messages(prompt: str, system_prompt: str | None) -> list[dict]:
-    """The prompt as chat messages, the way stage=sample showed it to the policy (rsft.data.chat_text)."""
-    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-        {"role": "user", "content": prompt}]
-
-
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    s, paths, round_idx = cfg.select, RunPaths(cfg.paths.run_dir), int(cfg.round)
+    s, paths, round_idx = cfg.select, RunPaths.from_config(cfg), int(cfg.round)
     out_selected, out_pairs = paths.selected(round_idx), paths.pairs(round_idx)
     want_pairs = bool(s.pairs)
-    if should_skip(out_selected, cfg.overwrite, "select") and (
-            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)")):
-        return out_selected
     check_settings(s)
     rounds = candidate_rounds(round_idx, int(s.pool_rounds))
+    for r in rounds:
+        if not is_complete(paths.scored(r)):
+            raise FileNotFoundError(f"select needs round {r}'s scored samples at {paths.scored(r)}; run "
+                                    f"`python -m rsft.run stage=score round={r}` first")
+    # fingerprint: the select settings, the seed and round (random selection and the pairs' prompt
+    # messages depend on them), and the scored sets pooled
+    made = fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"), [paths.scored(r) for r in rounds])
+    if should_skip(out_selected, cfg.overwrite, "select", made) and (
+            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", made)):
+        return out_selected
     rows = load_scored(paths, rounds)
 
     by_prompt: dict[str, list[dict]] = defaultdict(list)
@@ -175,19 +174,16 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     }
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
             "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
-    with atomic_artifact(out_selected, meta) as tmp:
+    with atomic_artifact(out_selected, meta, made) as tmp:
         Dataset.from_list(selected).save_to_disk(str(tmp))
     if want_pairs:
-        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}) as tmp:
+        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, made) as tmp:
             pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
                 {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
             pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
     log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
              len(rows), len(by_prompt), len(pairs))
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "select")
-    tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},
-                step=round_idx)
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "select", tracker) as tracker:
+        tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},
+                    step=round_idx)
     return out_selected

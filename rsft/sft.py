@@ -2,10 +2,10 @@
 
     python -m rsft.run stage=sft [round=0] [sft.mode=lora sft.learning_rate=2e-4]
 
-Reads round_XX/selected/ and the policy to start from, sft.init: `initial` (the default: the
-configured policy, every round) or `previous` (the policy round XX sampled from: conf/policy in
-round 0, the one round r - 1 saved after that); writes round_XX/policy/, a plain `save_pretrained`
-folder with the tokenizer, which round XX + 1 samples from (rsft.models.load_policy).
+Reads round_XX/selected/ and the policy to start from (RunPaths.sft_init_policy), sft.init:
+`initial` (the default: the configured policy, every round) or `previous` (the policy round XX
+sampled from); writes round_XX/policy/, a plain `save_pretrained`
+folder with the tokenizer, which round XX + 1 samples from (rsft.paths.RunPaths.sampling_policy).
 
 Why `initial` by default: fine-tuning the previous round's policy again compounds the drift of
 every round. On the demo task a second round of that (24 kept completions, 2 epochs at 1e-4)
@@ -31,14 +31,14 @@ import logging
 import tempfile
 
 import torch
-from datasets import Dataset, load_from_disk
+from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
-from rsft.models import load_policy, resolve_device, trainer_device_args
-from rsft.paths import RunPaths, atomic_artifact, is_complete, should_skip
-from rsft.select import prompt_messages
-from rsft.tracking import Tracker
+from rsft.data import chat_messages
+from rsft.models import load_policy, resolve_device, training_arguments
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dataset:
     """TRL's conversational prompt-completion format (loss on the completion only)."""
     return Dataset.from_dict({
-        "prompt": [prompt_messages(p, system_prompt) for p in selected["prompt"]],
+        "prompt": [chat_messages(p, system_prompt) for p in selected["prompt"]],
         "completion": [[{"role": "assistant", "content": c}] for c in selected["completion"]],
     })
 
@@ -54,23 +54,13 @@ def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dat
 def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     from trl import SFTConfig
 
-    s = cfg.sft
     return SFTConfig(
         output_dir=output_dir,
-        learning_rate=float(s.learning_rate),
-        num_train_epochs=float(s.epochs),
-        per_device_train_batch_size=int(s.batch_size),
-        gradient_accumulation_steps=int(s.grad_accum),
-        lr_scheduler_type=str(s.lr_scheduler),
-        warmup_steps=s.warmup_steps,
-        weight_decay=float(s.weight_decay),
-        max_grad_norm=float(s.max_grad_norm),
-        max_length=int(s.max_length),
+        **training_arguments(cfg.sft, device),
+        max_length=int(cfg.sft.max_length),
         completion_only_loss=True,
         packing=False,
-        logging_steps=int(s.logging_steps),
         seed=int(cfg.seed) + int(cfg.round),
-        **trainer_device_args(device, bool(s.gradient_checkpointing)),
         disable_tqdm=True,
     )
 
@@ -99,26 +89,25 @@ class LossHistory(TrainerCallback):
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     from trl import SFTTrainer
 
-    paths, round_idx = RunPaths(cfg.paths.run_dir), int(cfg.round)
+    paths, round_idx = RunPaths.from_config(cfg), int(cfg.round)
     out, source = paths.policy(round_idx), paths.selected(round_idx)
-    if should_skip(out, cfg.overwrite, "sft"):
-        return out
-    if cfg.sft.mode not in ("full", "lora"):
-        raise ValueError(f"sft.mode={cfg.sft.mode!r}: expected full or lora")
+    init_path = paths.sft_init_policy(round_idx, cfg.sft.init)
     if not is_complete(source):
         raise FileNotFoundError(f"sft needs round {round_idx}'s selected completions at {source}; run "
                                 f"`python -m rsft.run stage=select round={round_idx}` first")
-    selected = load_from_disk(str(source))
+    # fingerprint: every sft setting, the seed and round (the trainer's seed), the prompt format, the
+    # policy it starts from (configured, or an artifact) and the selected completions
+    made = fingerprint(cfg, ("seed", "round", "sft", "data.system_prompt", "policy"),
+                       [p for p in (source, init_path) if p is not None])
+    if should_skip(out, cfg.overwrite, "sft", made):
+        return out
+    selected = load_dataset_artifact(source)
     if len(selected) == 0:
         raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
     train = conversational_examples(selected, cfg.data.get("system_prompt"))
     device = resolve_device(cfg.device)
-    init = cfg.sft.init
-    if init not in ("initial", "previous"):
-        raise ValueError(f"sft.init={init!r}: expected initial (the configured policy) or previous "
-                         "(the policy this round sampled from)")
-    model, tokenizer, policy_source = load_policy(cfg, 0 if init == "initial" else round_idx, device)
-    log.info("sft: round %d fine-tunes %s (sft.init=%s)", round_idx, policy_source, init)
+    model, tokenizer, policy_source = load_policy(cfg, init_path, device)
+    log.info("sft: round %d fine-tunes %s (sft.init=%s)", round_idx, policy_source, cfg.sft.init)
     history = LossHistory()
     with tempfile.TemporaryDirectory(prefix="rsft-sft-") as scratch:
         trainer = SFTTrainer(
@@ -144,14 +133,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
-    with atomic_artifact(out, meta) as tmp:
+    with atomic_artifact(out, meta, made) as tmp:
         trained.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
-    own_tracker = tracker is None
-    tracker = tracker or Tracker(cfg, "sft")
-    tracker.log({f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
-    if own_tracker:
-        tracker.finish()
+    with stage_tracker(cfg, "sft", tracker) as tracker:
+        tracker.log({f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
     return out

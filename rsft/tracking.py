@@ -2,7 +2,8 @@
 
 `logger=wandb` (offline by default: files under runs/<run_name>/wandb/, uploaded later with
 `wandb sync`) or `logger=none` (the Tracker then only writes to the Python log). `stage=loop` opens
-one Tracker for all its rounds; a stage run alone opens its own.
+one Tracker for all its rounds; a stage run alone opens its own. Every stage gets it the same way,
+`with stage_tracker(cfg, "<stage>", tracker) as tracker:`, which closes what it opened.
 
 `step` is an x-axis value of the metric group, not wandb's global step: stages log at step=round,
 the reward trainer at step=its training step, and wandb drops any log whose step is below the
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,7 +94,24 @@ class Tracker:
         if self.run is not None:
             self.run.summary.update(values)
 
-    def finish(self) -> None:
+    def finish(self, exit_code: int = 0) -> None:
         if self.run is not None:
-            self.run.finish()
+            self.run.finish(exit_code=exit_code)
             self.run = None
+
+
+@contextmanager
+def stage_tracker(cfg: DictConfig, job_type: str, tracker: Tracker | None = None) -> Iterator[Tracker]:
+    """The one way a stage gets its Tracker: the caller's (stage=loop passes one to every stage it
+    runs), or its own, opened here and finished when the block ends, also when it raises (the wandb
+    run is then marked failed instead of being left open)."""
+    if tracker is not None:
+        yield tracker
+        return
+    own = Tracker(cfg, job_type)
+    try:
+        yield own
+    except BaseException:
+        own.finish(exit_code=1)
+        raise
+    own.finish()

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from datasets import Dataset
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from reward.encoding import tokenize_preferences
@@ -40,7 +40,9 @@ from reward.scoring import RewardScorer, pairwise_accuracy, score_pairs
 from reward.trainer import train_reward_model, training_args
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = OmegaConf.merge(OmegaConf.load(ROOT / "conf/reward/_training.yaml"), OmegaConf.load(ROOT / "conf/reward/minilm.yaml"))
+with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    CONFIG = compose("config", overrides=["stage=reward", "reward=minilm"])  # the defaults come from conf/
+CONF = CONFIG.reward
 
 
 def load_split(path: Path, n_train: int, n_test: int, seed: int):
@@ -117,13 +119,13 @@ def main():
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--test", type=int, default=312)
     parser.add_argument("--max-length", type=int, default=int(CONF.max_length))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=int(CONF.seed), help="default: reward.seed")
     parser.add_argument("--only", choices=["ours", "trl"], default=None)
     parser.add_argument("--out", type=Path, default=None)
     options = parser.parse_args()
     cfg = OmegaConf.merge(CONF, {"epochs": 1, "max_length": options.max_length, "seed": options.seed})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cache_dir = os.environ.get("RSFT_CACHE_DIR", str(Path.home() / ".cache/rsft"))
+    cache_dir = CONFIG.paths.cache_dir
     train, test = load_split(options.data, options.train, options.test, options.seed)
     result = {"data": str(options.data), "train_pairs": len(train), "test_pairs": len(test), "seed": options.seed,
               "backbone": str(cfg.backbone.name_or_path), "epochs": 1, "max_length": options.max_length,

@@ -34,9 +34,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from rsft.data import chat_text, load_prompts
-from rsft.draft import load_draft
-from rsft.models import eos_token_ids, load_causal_lm, load_saved_causal_lm
+from rsft.data import load_prompts, prompt_token_ids
+from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, load_saved_causal_lm
 from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.sampler import Sampler, SamplingSettings
@@ -88,8 +87,8 @@ def hf_generate(model, tokenizer, prompt_ids, k, rows, max_new_tokens, temperatu
 
 
 def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive):
-    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, batch_rows=rows,
-                                gamma=gamma if draft is not None else 0, adaptive=adaptive)
+    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
+                                batch_rows=rows, gamma=gamma if draft is not None else 0, adaptive=adaptive)
     sampler = Sampler(model, settings, eos_ids, draft=draft)
     completions = sampler.generate(prompt_ids, k, seed, progress=False)
     summary = sampler.summary()
@@ -140,21 +139,24 @@ def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: i
 
 
 def main():
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["stage=sample", "draft=ngram"])  # the defaults below come from conf/
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--temperature", type=float, default=0.7, help="default: conf/sample/default.yaml's")
+    parser.add_argument("--k", type=int, default=cfg.sample.num_samples, help="default: sample.num_samples")
+    parser.add_argument("--max-new-tokens", type=int, default=cfg.sample.max_new_tokens,
+                        help="default: sample.max_new_tokens")
+    parser.add_argument("--temperature", type=float, default=cfg.sample.temperature, help="default: sample.temperature")
     parser.add_argument("--batch-rows", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--methods", nargs="+", default=["hf", "plain", "ngram", "ngram-adaptive"])
-    parser.add_argument("--max-ngram", type=int, default=4, help="the n-gram draft's longest match (draft.max_ngram)")
-    parser.add_argument("--min-ngram", type=int, default=2, help="the n-gram draft's shortest match (draft.min_ngram)")
+    parser.add_argument("--max-ngram", type=int, default=cfg.draft.max_ngram, help="default: draft=ngram's max_ngram")
+    parser.add_argument("--min-ngram", type=int, default=cfg.draft.min_ngram, help="default: draft=ngram's min_ngram")
     parser.add_argument("--repeats", type=int, default=3, help="round-robin repetitions; the table shows medians")
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=cfg.seed)
     parser.add_argument("--out", default=None, help="also write the JSON results here")
     parser.add_argument("--forward-cost", action="store_true",
                         help="only time one packed policy forward per --batch-rows with 0, 1/4, 1/2 and all rows "
@@ -162,8 +164,7 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["stage=sample", f"data.limit={args.prompts}"])
+    cfg.data.limit = args.prompts
     device = torch.device("cpu")
     if args.policy:
         model, tokenizer = load_saved_causal_lm(args.policy, device)
@@ -174,8 +175,8 @@ def main():
             forward_cost(model, rows, [0, rows // 4, rows // 2, rows])
         return
     prompts = load_prompts(cfg.data, "train")
-    prompt_ids = [tokenizer(chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts["prompt"]]
-    draft_model, draft_head = load_draft(args.draft, device)[::2] if args.draft else (None, None)
+    prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]
+    draft_model, draft_head = load_distilled_draft(args.draft, device)[::2] if args.draft else (None, None)
 
     plans = []
     for rows in args.batch_rows:

@@ -8,7 +8,8 @@ import pytest
 from datasets import Dataset
 from omegaconf import OmegaConf
 
-from rsft.data import chat_text, load_prompts
+from rsft.data import chat_text, load_prompts, prompt_token_ids
+from rsft.demo_prompts import build_demo_prompts
 from rsft.models import build_byte_tokenizer
 
 
@@ -65,3 +66,30 @@ def test_bad_prompt_files_are_named(tmp_path, rows, extra, error, match):
 def test_chat_template_opens_the_assistant_turn():
     text = chat_text(build_byte_tokenizer(), "hello", system_prompt="be brief")
     assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+
+
+# Prompts whose ids must not change (published samples reproduce): the demo prompts, and text whose
+# leading or trailing whitespace the template's newline could merge with.
+EDGE_PROMPTS = ["  leading spaces", "\n\nleading newlines", "trailing\n\n", "héllo wörld 日本語 🙂", "tab\there"]
+
+
+def same_ids_as_plain_tokenization(tokenizer) -> None:
+    prompts = [r["prompt"] for split in ("train", "test") for r in build_demo_prompts(split)] + EDGE_PROMPTS
+    for system_prompt in (None, "be brief", " you are\n helpful "):
+        for prompt in prompts:
+            old = tokenizer(chat_text(tokenizer, prompt, system_prompt), add_special_tokens=False)["input_ids"]
+            assert prompt_token_ids(tokenizer, prompt, system_prompt) == (old, 0), (prompt, system_prompt)
+
+
+def test_prompt_ids_are_unchanged_for_ordinary_prompts():
+    same_ids_as_plain_tokenization(build_byte_tokenizer())
+
+
+@pytest.mark.slow
+def test_prompt_ids_are_unchanged_with_the_default_policy_tokenizer(make_cfg):
+    from transformers import AutoTokenizer
+
+    from rsft.models import model_source
+
+    cfg = make_cfg("stage=sample", tiny=False)
+    same_ids_as_plain_tokenization(AutoTokenizer.from_pretrained(model_source(cfg.policy, cfg.paths.cache_dir)))

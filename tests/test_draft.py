@@ -6,11 +6,10 @@ import json
 
 import torch
 
-from rsft.draft import HEAD_FILE, load_draft
-from rsft.models import load_causal_lm
+from rsft.models import DRAFT_HEAD_FILE, load_causal_lm, load_distilled_draft
 from rsft.paths import RunPaths, read_meta
 from rsft.run import run_stage
-from rsft.sampling.drafts import build_draft
+from rsft.sample import build_draft
 
 SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6", "sample.max_new_tokens=24", "draft_model.num_layers=1",
          "draft_model.epochs=6", "draft_model.batch_size=8", "draft_model.eval_prompts=3", "draft_model.eval_samples=4",
@@ -28,9 +27,9 @@ def test_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg, tmp_pa
     # it shares the policy's tokenizer and loads as a draft for sampling
     cfg = make_cfg("stage=sample", "draft=distilled", *SMALL)
     policy, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, torch.device("cpu"))
-    model, draft_tokenizer, head = load_draft(out, torch.device("cpu"))
+    model, draft_tokenizer, head = load_distilled_draft(out, torch.device("cpu"))
     assert draft_tokenizer.get_vocab() == tokenizer.get_vocab()
-    assert json.loads((out / HEAD_FILE).read_text())["head_token_ids"] == head
-    assert build_draft(cfg, policy, tokenizer, torch.device("cpu"), 0) is not None
+    assert json.loads((out / DRAFT_HEAD_FILE).read_text())["head_token_ids"] == head
+    assert build_draft(cfg, policy, tokenizer, torch.device("cpu")) is not None
     samples = run_stage(make_cfg("stage=sample", "draft=distilled", "run_name=demo", "round=0", "overwrite=true", *SMALL))
     assert read_meta(samples)["sampling"]["num_drafted"] > 0

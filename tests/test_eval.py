@@ -40,7 +40,7 @@ def test_kl_bound_distinct_and_win_rate():
 
 def save_tiny_as_round_policy(cfg, round_idx=0):
     """Round 0's 'trained' policy: the tiny policy with one weight nudged (no SFT needed here)."""
-    model, tokenizer, _ = load_policy(cfg, 0, torch.device("cpu"))
+    model, tokenizer, _ = load_policy(cfg, None, torch.device("cpu"))
     with torch.no_grad():
         model.lm_head.weight.mul_(3.0)
     with atomic_artifact(RunPaths(cfg.paths.run_dir).policy(round_idx), {"stage": "sft"}) as tmp:

@@ -37,12 +37,12 @@ def test_incomplete_folder_is_not_trusted_and_is_rebuilt(tmp_path):
     final = tmp_path / "samples"
     final.mkdir()
     (final / "junk").write_text("from a killed run")
-    assert not should_skip(final, overwrite=False, what="test")
+    assert not should_skip(final, overwrite=False, what="test", wanted={})
     with atomic_artifact(final, {}) as tmp:
         (tmp / "good").write_text("ok")
     assert sorted(p.name for p in final.iterdir()) == ["good", "meta.json"]
-    assert should_skip(final, overwrite=False, what="test")
-    assert not should_skip(final, overwrite=True, what="test")
+    assert should_skip(final, overwrite=False, what="test", wanted={})
+    assert not should_skip(final, overwrite=True, what="test", wanted={})
 
 
 def test_kill_minus_nine_mid_write_leaves_no_trusted_artifact(tmp_path):
@@ -71,3 +71,30 @@ def test_layout_is_stable():
     assert str(paths.samples(0)) == "runs/x/round_00/samples"
     assert str(paths.policy(2)) == "runs/x/round_02/policy"
     assert str(paths.reward) == "runs/x/reward"
+
+
+def test_round_table(tmp_path):
+    """Which artifact each round reads, in one place (rsft.paths.RunPaths)."""
+    paths = RunPaths(tmp_path / "runs" / "x", tmp_path / "runs")
+    configured = None
+    assert paths.sampling_policy(0) is configured
+    assert paths.sampling_policy(1) == paths.policy(0)
+    assert paths.sampling_policy(3) == paths.policy(2)
+    assert paths.sft_init_policy(0, "initial") is configured and paths.sft_init_policy(2, "initial") is configured
+    assert paths.sft_init_policy(0, "previous") is configured
+    assert paths.sft_init_policy(2, "previous") == paths.policy(1)
+    with pytest.raises(ValueError, match="sft.init"):
+        paths.sft_init_policy(0, "latest")
+    assert paths.eval_policy(0) == paths.policy(0) and paths.eval_policy(2) == paths.policy(2)
+    # before round r's policy exists, stage=draft distils the configured policy into draft/
+    assert paths.draft_teacher(0) is configured and paths.draft_output(0) == paths.draft
+    assert paths.draft_teacher(-1) is configured and paths.draft_output(-1) == paths.draft
+    assert paths.sampling_draft(0) == paths.draft and paths.sampling_draft(1) == paths.draft
+    with atomic_artifact(paths.policy(0), {}):
+        pass
+    assert paths.draft_teacher(0) == paths.policy(0) and paths.draft_output(0) == paths.round_draft(0)
+    with atomic_artifact(paths.round_draft(0), {}):
+        pass
+    assert paths.sampling_draft(1) == paths.round_draft(0)  # the draft distilled after round 0 serves round 1
+    assert paths.sampling_draft(0) == paths.draft and paths.sampling_draft(2) == paths.draft
+    assert paths.other_run("y").root == tmp_path / "runs" / "y"

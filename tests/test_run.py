@@ -57,3 +57,14 @@ def test_command_line_reports_a_bad_stage(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode != 0
     assert "valid stages" in done.stderr + done.stdout
+
+
+def test_help_lists_every_stage_and_no_private_config(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    stages = done.stdout.split("Stages:")[1].split("Config groups")[0]
+    assert [line.split()[0] for line in stages.strip().splitlines()] == list(STAGES)
+    groups = done.stdout.split("Config groups (group=option):")[1].split("Settings with their defaults")[0]
+    assert "reward: hf, minilm, policy, tiny" in groups
+    options = [o.strip() for line in groups.strip().splitlines() for o in line.split(":", 1)[1].split(",")]
+    assert options and not [o for o in options if o.startswith("_")]

@@ -42,7 +42,7 @@ def test_conversational_prompt_completion_format():
 def test_full_sft_changes_every_parameter_and_next_round_samples_from_it(make_cfg):
     cfg = make_cfg("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=3", "device=cpu")
     write_selected(cfg)
-    before, tokenizer, _ = load_policy(cfg, 0, torch.device("cpu"))
+    before, tokenizer, _ = load_policy(cfg, None, torch.device("cpu"))
     out = run_stage(cfg)
     after, saved_tokenizer = load_saved_causal_lm(out, torch.device("cpu"))
     assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
@@ -64,7 +64,7 @@ def test_full_sft_changes_every_parameter_and_next_round_samples_from_it(make_cf
 def test_lora_is_merged_into_a_plain_folder(make_cfg):
     cfg = make_cfg("stage=sft", "sft.mode=lora", "sft.learning_rate=1e-2", "device=cpu")
     write_selected(cfg)
-    before, _, _ = load_policy(cfg, 0, torch.device("cpu"))
+    before, _, _ = load_policy(cfg, None, torch.device("cpu"))
     out = run_stage(cfg)
     assert not (out / "adapter_config.json").exists()
     after, _ = load_saved_causal_lm(out, torch.device("cpu"))

@@ -145,38 +145,3 @@ class NgramDraft:
         for row, tokens in zip(rows, emitted):
             self._extend(row.group, row.member, tokens)
 
-
-def build_draft(cfg, policy_model, policy_tokenizer, device, round_idx: int):
-    """The draft `cfg.draft` describes, checked against the policy; None for draft=none."""
-    from rsft.models import check_same_vocabulary, load_causal_lm
-    from rsft.paths import RunPaths, is_complete
-
-    kind = cfg.draft.kind
-    if kind == "none":
-        return None
-    if int(cfg.draft.gamma) < 1:
-        raise ValueError(f"draft.gamma={cfg.draft.gamma}: expected >= 1 with draft={kind} (draft=none samples plainly)")
-    if kind == "ngram":
-        return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
-    if kind == "model":
-        from omegaconf import OmegaConf
-
-        # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
-        model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
-        model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
-        name = str(cfg.draft.name_or_path)
-    elif kind == "distilled":
-        # the draft trained by stage=draft for this round's policy (refreshed after each round's SFT)
-        paths = RunPaths(cfg.paths.run_dir)
-        path = paths.round_draft(round_idx - 1) if round_idx > 0 and is_complete(paths.round_draft(round_idx - 1)) else paths.draft
-        if not is_complete(path):
-            raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
-        from rsft.draft import load_draft
-
-        model, tokenizer, head = load_draft(path, device)
-        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
-        return ModelDraft(model, head_token_ids=head)
-    else:
-        raise ValueError(f"draft.kind={kind!r}: expected none, ngram, model or distilled")
-    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, name)
-    return ModelDraft(model)

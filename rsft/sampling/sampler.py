@@ -43,18 +43,22 @@ from rsft.sampling.processing import (
     greedy_probs,
     probs_from_logits,
 )
-from rsft.sampling.verifier import AcceptanceStats, check_strategy, verify
+from rsft.sampling.verifier import AcceptanceStats, check_gamma, check_strategy, verify
 
 
 @dataclass
 class SamplingSettings:
-    max_new_tokens: int = 48
-    temperature: float = 1.0
+    """Plain settings (rsft.sample.sampling_settings builds them from conf/sample and conf/draft).
+    What has no neutral value is required; the defaults are the "off" values (no top-k / top-p,
+    exact verification, no draft), never a second copy of the config's."""
+
+    max_new_tokens: int
+    temperature: float
+    batch_rows: int
     top_k: int = 0
     top_p: float = 1.0
     strategy: str = "exact"
     leniency: float = 1.0
-    batch_rows: int = 16
     gamma: int = 0
     adaptive: bool = False
 
@@ -65,8 +69,8 @@ class SamplingSettings:
             raise ValueError(f"sample.max_new_tokens={self.max_new_tokens}: expected >= 1")
         if self.batch_rows < 1:
             raise ValueError(f"sample.batch_rows={self.batch_rows}: expected >= 1")
-        if self.gamma < 0:
-            raise ValueError(f"draft.gamma={self.gamma}: expected >= 1 with a draft (0 = no speculation)")
+        if self.gamma != 0:
+            check_gamma(self.gamma)  # 0 = no speculation
 
 
 @dataclass
@@ -170,8 +174,8 @@ class Sampler:
 
     def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None):
         settings.check()
-        if draft is not None and settings.gamma < 1:
-            raise ValueError(f"draft.gamma={settings.gamma}: expected >= 1 with a draft")
+        if draft is not None:
+            check_gamma(settings.gamma)
         self.target, self.settings, self.draft = target, settings, draft
         self.eos = set(int(t) for t in eos_token_ids)
         self.stats = AcceptanceStats()
@@ -192,116 +196,125 @@ class Sampler:
         for i, ids in enumerate(prompts):
             if not ids:
                 raise ValueError(f"prompt {i} tokenizes to nothing; expected at least one token")
-        s = self.settings
         waiting = [(p, k) for p in range(len(prompts)) for k in range(num_samples)]
         waiting.reverse()  # pop() from the end takes them in prompt order
         done: list[Completion] = []
         target = KVBatch(self.target)
         rows: list[_Row] = []
-        last = torch.zeros(0, dtype=torch.long)  # [rows]
-        device = target.device
-        bar = tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress)
-        while rows or waiting:
-            # admit waiting completions into free slots, a prompt's rows sharing one prefill
-            free = s.batch_rows - len(rows)
-            if free > 0 and waiting:
-                started = time.perf_counter()
-                admitted = [waiting.pop() for _ in range(min(free, len(waiting)))]
-                groups: dict[int, list[int]] = {}
-                for p, k in admitted:
-                    groups.setdefault(p, []).append(k)
-                new_rows = []
-                for p, members in groups.items():
-                    for k in members:
-                        cseed = completion_seed(seed, p, k)
-                        gen = torch.Generator(device="cpu").manual_seed(cseed)
-                        new_rows.append(_Row(p, k, prompts[p], gen, Completion(p, k, cseed)))
-                prefixes = [prompts[p][:-1] for p in groups]
-                copies = [len(m) for m in groups.values()]
-                target.admit(prefixes, copies)
-                if self.draft is not None:
-                    self.draft.admit(prefixes, copies, new_rows)
-                rows.extend(new_rows)
-                last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
-                self.timings["prefill_seconds"] += time.perf_counter() - started
-            last_dev = last.to(device)
-
-            remaining = torch.tensor([s.max_new_tokens - len(r.completion.token_ids) for r in rows])  # [rows]
-            gamma = min(self.controller.choose(), int(remaining.max()) - 1)
-            uniforms = draw_uniforms([r.generator for r in rows], 2 * gamma + 1).to(device)  # [rows, 2g+1]
-            draft_tokens = draft_probs = None
-            num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
-            draft_s = 0.0
-            if gamma > 0:
-                started = time.perf_counter()
-                draft_tokens, draft_probs, num_drafts = self.draft.propose(
-                    last_dev, gamma, uniforms[:, :gamma], s, rows)
-                num_drafts = torch.minimum(num_drafts, (remaining.to(device) - 1).clamp(min=0))
-                draft_s = time.perf_counter() - started
-                self.timings["draft_seconds"] += draft_s
-                width = int(num_drafts.max())  # no row drafted more: verify only that many positions
-                draft_tokens = draft_tokens[:, :width]
-                draft_probs = None if draft_probs is None else draft_probs[:, :width]
-            else:
-                width = 0
-            started = time.perf_counter()
-            inputs = last_dev[:, None] if width == 0 else torch.cat([last_dev[:, None], draft_tokens], 1)  # [rows, 1+w]
-            valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None]  # [rows, 1+w]
-            logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
-            check_finite(logits, row_ids=[f"prompt {r.group} sample {r.member}" for r in rows], where="policy logits")
-            target_probs = self._processed(logits.float())  # [rows, 1+w, vocab]
-            empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)
-            result = verify(
-                draft_tokens if width else empty,
-                draft_probs,
-                target_probs,
-                uniforms[:, gamma:gamma + width],
-                uniforms[:, 2 * gamma],
-                num_drafts=num_drafts,
-                strategy=s.strategy,
-                leniency=s.leniency,
-            )
-            target.commit(1 + result.num_accepted)
-            target_s = time.perf_counter() - started
-            self.timings["target_seconds"] += target_s
-            self.stats.update(result, num_drafts)
-            self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()),
-                                    target_s, draft_s, rows=len(rows), asked=gamma)
-
-            tokens = result.tokens.cpu()
-            emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]
-            if self.draft is not None:
-                self.draft.after_step(draft_tokens if width else None, result.num_accepted, emitted, rows, last_dev)
-            keep, new_last = [], []
-            for i, row in enumerate(rows):
-                c = row.completion
-                c.num_target_forwards += 1
-                c.num_drafted += int(num_drafts[i])
-                c.num_accepted += int(result.num_accepted[i])
-                for token in emitted[i]:
-                    if token in self.eos:
-                        c.finish_reason = "eos"
-                        break
-                    c.token_ids.append(token)
-                    if len(c.token_ids) >= s.max_new_tokens:
-                        c.finish_reason = "length"
-                        break
-                if c.finish_reason:
-                    done.append(c)
-                    bar.update(1)
-                else:
-                    keep.append(i)
-                    new_last.append(emitted[i][-1])
-            if len(keep) < len(rows):
-                index = torch.tensor(keep, dtype=torch.long, device=device)
-                target.keep_rows(index)
-                if self.draft is not None:
-                    self.draft.keep_rows(index)
-                rows = [rows[i] for i in keep]
-            last = torch.tensor(new_last, dtype=torch.long)
-        bar.close()
+        last = torch.zeros(0, dtype=torch.long)  # [rows] the token each row feeds next
+        with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
+            while rows or waiting:
+                free = self.settings.batch_rows - len(rows)
+                if free > 0 and waiting:
+                    admitted = [waiting.pop() for _ in range(min(free, len(waiting)))]
+                    new_rows = self._admit(target, admitted, prompts, seed)
+                    rows.extend(new_rows)
+                    last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
+                emitted = self._step(target, rows, last.to(target.device))
+                rows, last, finished = self._collect(target, rows, emitted)
+                done.extend(finished)
+                bar.update(len(finished))
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
+
+    def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], seed: int) -> list[_Row]:
+        """New rows for (prompt, sample) pairs, each with its own generator; a prompt's rows share one prefill."""
+        started = time.perf_counter()
+        groups: dict[int, list[int]] = {}
+        for p, k in admitted:
+            groups.setdefault(p, []).append(k)
+        new_rows = []
+        for p, members in groups.items():
+            for k in members:
+                cseed = completion_seed(seed, p, k)
+                gen = torch.Generator(device="cpu").manual_seed(cseed)
+                new_rows.append(_Row(p, k, prompts[p], gen, Completion(p, k, cseed)))
+        prefixes = [prompts[p][:-1] for p in groups]
+        copies = [len(m) for m in groups.values()]
+        target.admit(prefixes, copies)
+        if self.draft is not None:
+            self.draft.admit(prefixes, copies, new_rows)
+        self.timings["prefill_seconds"] += time.perf_counter() - started
+        return new_rows
+
+    def _step(self, target: KVBatch, rows: list[_Row], last: torch.Tensor) -> list[list[int]]:
+        """One draft-and-verify step (a plain step when gamma is 0): the tokens each row emits."""
+        s, device = self.settings, target.device
+        remaining = torch.tensor([s.max_new_tokens - len(r.completion.token_ids) for r in rows])  # [rows]
+        gamma = min(self.controller.choose(), int(remaining.max()) - 1)
+        uniforms = draw_uniforms([r.generator for r in rows], 2 * gamma + 1).to(device)  # [rows, 2g+1]
+        draft_tokens = draft_probs = None
+        num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
+        draft_s = 0.0
+        width = 0
+        if gamma > 0:
+            started = time.perf_counter()
+            draft_tokens, draft_probs, num_drafts = self.draft.propose(last, gamma, uniforms[:, :gamma], s, rows)
+            num_drafts = torch.minimum(num_drafts, (remaining.to(device) - 1).clamp(min=0))
+            draft_s = time.perf_counter() - started
+            self.timings["draft_seconds"] += draft_s
+            width = int(num_drafts.max())  # no row drafted more: verify only that many positions
+            draft_tokens = draft_tokens[:, :width]  # [rows, width]
+            draft_probs = None if draft_probs is None else draft_probs[:, :width]  # [rows, width, vocab]
+        started = time.perf_counter()
+        inputs = last[:, None] if width == 0 else torch.cat([last[:, None], draft_tokens], 1)  # [rows, 1+w]
+        valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None]  # [rows, 1+w]
+        logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
+        check_finite(logits, row_ids=[f"prompt {r.group} sample {r.member}" for r in rows], where="policy logits")
+        target_probs = self._processed(logits.float())  # [rows, 1+w, vocab]
+        empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # [rows, 0]
+        result = verify(
+            draft_tokens if width else empty,
+            draft_probs,
+            target_probs,
+            uniforms[:, gamma:gamma + width],
+            uniforms[:, 2 * gamma],
+            num_drafts=num_drafts,
+            strategy=s.strategy,
+            leniency=s.leniency,
+        )
+        target.commit(1 + result.num_accepted)
+        target_s = time.perf_counter() - started
+        self.timings["target_seconds"] += target_s
+        self.stats.update(result, num_drafts)
+        self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()),
+                                target_s, draft_s, rows=len(rows), asked=gamma)
+        tokens = result.tokens.cpu()
+        emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]
+        if self.draft is not None:
+            self.draft.after_step(draft_tokens if width else None, result.num_accepted, emitted, rows, last)
+        for i, row in enumerate(rows):
+            row.completion.num_target_forwards += 1
+            row.completion.num_drafted += int(num_drafts[i])
+            row.completion.num_accepted += int(result.num_accepted[i])
+        return emitted
+
+    def _collect(self, target: KVBatch, rows: list[_Row], emitted: list[list[int]]):
+        """Append each row's emitted tokens up to EOS or the length limit; finished rows leave the
+        batch. Returns (rows still running, their next input token [rows], finished completions)."""
+        keep, new_last, finished = [], [], []
+        for i, row in enumerate(rows):
+            c = row.completion
+            for token in emitted[i]:
+                if token in self.eos:
+                    c.finish_reason = "eos"
+                    break
+                c.token_ids.append(token)
+                if len(c.token_ids) >= self.settings.max_new_tokens:
+                    c.finish_reason = "length"
+                    break
+            if c.finish_reason:
+                finished.append(c)
+            else:
+                keep.append(i)
+                new_last.append(emitted[i][-1])
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, dtype=torch.long, device=target.device)
+            target.keep_rows(index)
+            if self.draft is not None:
+                self.draft.keep_rows(index)
+            rows = [rows[i] for i in keep]
+        return rows, torch.tensor(new_last, dtype=torch.long), finished
 
     def summary(self) -> dict:
         out = self.stats.summary()

@@ -50,9 +50,10 @@ STRATEGIES = ("exact", "greedy", "lenient", "skip_adjustment")
 
 
 def check_gamma(gamma: int) -> None:
-    """For the config layer: a speculative draft must propose at least one token per step."""
+    """A speculative draft must propose at least one token per step (the sampler's and the config's rule)."""
     if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be >= 1 (got {gamma!r}); to sample without speculation use draft=none")
+        raise ValueError(f"draft.gamma: gamma must be >= 1 (got {gamma!r}); to sample without speculation "
+                         f"use draft=none")
 
 
 def check_strategy(strategy: str, leniency: float) -> None:

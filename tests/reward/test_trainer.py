@@ -15,8 +15,9 @@ from rsft.models import build_byte_tokenizer
 
 TINY = OmegaConf.create(dict(kind="tiny", name_or_path="tiny", arch="llama", seed=0, hidden_size=32,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
-TRAIN = OmegaConf.create(dict(learning_rate=3e-3, epochs=3, batch_size=8, grad_accumulation=1, weight_decay=0.0,
-                              warmup_ratio=0.0, lr_scheduler="constant", seed=0, logging_steps=100, progress=False))
+TRAIN = OmegaConf.create(dict(learning_rate=3e-3, epochs=3, batch_size=8, grad_accum=1, weight_decay=0.0,
+                              warmup_steps=0, lr_scheduler="constant", max_grad_norm=1.0, seed=0, logging_steps=100,
+                              progress=False, activation_checkpointing=False))
 WORDS = ["sun", "moon", "tree", "river", "stone", "cloud", "bird", "field", "road", "lamp", "door", "snow"]
 
 

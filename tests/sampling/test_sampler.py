@@ -119,7 +119,7 @@ def test_greedy_equals_greedy_decoding_with_continuous_batching(draft_kind):
     target = tiny_lm(vocab, seed=3)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1, 2], [3], [2, 2, 2, 2, 2], [7, 1, 4, 1, 5, 9, 2, 6, 5, 3]]
     # batch_rows=3 < 5 prompts x 2 samples: rows leave and join mid-way; eos=10 ends some early
-    settings = SamplingSettings(max_new_tokens=20, strategy="greedy", batch_rows=3,
+    settings = SamplingSettings(max_new_tokens=20, temperature=1.0, strategy="greedy", batch_rows=3,
                                 gamma=0 if draft_kind == "none" else 3)
     draft = {"none": None, "model": ModelDraft(tiny_lm(vocab, seed=4, layers=1)), "ngram": NgramDraft()}[draft_kind]
     completions = Sampler(target, settings, eos_token_ids=[10], draft=draft).generate(
@@ -132,7 +132,7 @@ def test_greedy_equals_greedy_decoding_with_continuous_batching(draft_kind):
 
 def test_same_seed_same_output_and_different_seed_differs():
     target = tiny_lm(9, seed=0)
-    settings = SamplingSettings(max_new_tokens=12, batch_rows=4, gamma=2)
+    settings = SamplingSettings(max_new_tokens=12, temperature=1.0, batch_rows=4, gamma=2)
 
     def run(seed):
         sampler = Sampler(target, settings, eos_token_ids=[0], draft=ModelDraft(tiny_lm(9, seed=5, layers=1)))
@@ -146,7 +146,7 @@ def test_a_rows_randomness_does_not_depend_on_its_batch():
     target = tiny_lm(9, seed=0)
     outputs = []
     for batch_rows in (1, 6):
-        settings = SamplingSettings(max_new_tokens=10, batch_rows=batch_rows)
+        settings = SamplingSettings(max_new_tokens=10, temperature=1.0, batch_rows=batch_rows)
         sampler = Sampler(target, settings, eos_token_ids=[0])
         outputs.append([c.token_ids for c in sampler.generate(PROMPTS, num_samples=3, seed=1, progress=False)])
     assert outputs[0] == outputs[1]
@@ -154,7 +154,7 @@ def test_a_rows_randomness_does_not_depend_on_its_batch():
 
 def test_adaptive_gamma_stops_speculating_when_the_draft_is_useless():
     target = tiny_lm(50, seed=0)
-    settings = SamplingSettings(max_new_tokens=40, batch_rows=4, gamma=4, adaptive=True)
+    settings = SamplingSettings(max_new_tokens=40, temperature=1.0, batch_rows=4, gamma=4, adaptive=True)
 
     class SlowDraft(ModelDraft):  # an unrelated random model that also takes 20 ms per proposal
         def propose(self, *args, **kwargs):
@@ -179,14 +179,14 @@ def test_adaptive_gamma_stops_speculating_when_the_draft_is_useless():
 def test_bad_settings_are_named(settings, message):
     target = tiny_lm(5, seed=0)
     with pytest.raises(ValueError, match=message):
-        Sampler(target, SamplingSettings(**{"gamma": 2, **settings}), eos_token_ids=[], draft=NgramDraft())
+        Sampler(target, SamplingSettings(**{"max_new_tokens": 48, "temperature": 1.0, "batch_rows": 16, "gamma": 2, **settings}), eos_token_ids=[], draft=NgramDraft())
 
 
 def test_nan_logits_name_the_row():
     target = tiny_lm(5, seed=0)
     with torch.no_grad():
         target.lm_head.weight[2, 0] = float("nan")
-    sampler = Sampler(target, SamplingSettings(max_new_tokens=3), eos_token_ids=[])
+    sampler = Sampler(target, SamplingSettings(max_new_tokens=3, temperature=1.0, batch_rows=16), eos_token_ids=[])
     with pytest.raises(ValueError, match="prompt 0"):
         sampler.generate([[1, 2]], num_samples=1, seed=0, progress=False)
 

@@ -1,0 +1,209 @@
+"""The whole config, checked before a command does any work: one line per mistake.
+
+    check_config(cfg)   # the first thing every command does; raises ConfigError
+
+A setting that is wrong stops the command before any artifact is skipped, read or written and
+before any model is loaded: a loop must not run prefs, reward, eval, sample and score before it
+meets `select.pairs=true` with one completion per prompt. Each message names the setting, the value
+and what was expected, e.g. `sample.temperature='hot': expected a number > 0`.
+
+Which settings: the top-level ones every command reads (stage, run_name, round, seed, threads,
+device), and the config groups the stage reads, as STAGE_READS lists them; stage=loop reads every
+group its stages read. A group a stage does not read is not checked (stage=reward does not fail on
+sample.top_p=7), so a stage can be run with any leftovers of another experiment on the command line.
+
+One home per rule: where a module already checks a setting (the sampling settings in
+rsft.sample.sampling_settings, draft.gamma in rsft.sampling.verifier, select's settings, the data
+limits in rsft.data, the device names in rsft.models) that check is called here and its ValueError
+becomes a ConfigError. This module adds what those checks cannot say: a value of the wrong type
+named as such, instead of Python's "could not convert string to float".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import PurePosixPath
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rsft.data import check_limit
+from rsft.models import resolve_device
+from rsft.sample import sampling_settings
+from rsft.sampling.verifier import check_gamma
+from rsft.select import check_settings as check_select_settings
+
+
+class ConfigError(ValueError):
+    """A setting the command cannot run with. Its message is one line; the entry point prints it and exits 2."""
+
+
+# stage -> the config groups it reads that have rules here (stage=loop: those of every stage it runs).
+# prefs.* takes its sampling settings from sample.* by interpolation: sample is checked first, so that
+# a message names the key the user set.
+STAGE_READS = {
+    "prefs": ("sample", "prefs", "data"),
+    "reward": (),
+    "sample": ("sample", "draft", "data"),
+    "draft": ("sample", "data"),
+    "score": (),
+    "select": ("select", "data"),
+    "sft": ("sft", "data"),
+    "eval": ("eval", "sample", "data"),
+    "loop": ("loop", "sample", "prefs", "draft", "data", "select", "sft", "eval"),
+}
+DRAFT_KINDS = ("none", "ngram", "model", "distilled")  # what rsft.sample.build_draft builds
+SAMPLING_TYPES = (("max_new_tokens", int, "an integer >= 1"), ("temperature", float, "a number > 0"),
+                  ("top_k", int, "an integer >= 0 (0 = off)"), ("top_p", float, "a number in (0, 1]"),
+                  ("leniency", float, "a number in (0, 1]"), ("batch_rows", int, "an integer >= 1"))
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first setting the command cannot run with. The stage itself is
+    rsft.run.run_stage's to check (it owns the stage table); this reads a valid cfg.stage."""
+    stage = cfg.stage
+    _check_run_dir(cfg)
+    _at_least(cfg, "round", -1 if stage == "draft" else 0,
+              "(stage=draft: -1 = before any SFT)" if stage == "draft" else "")
+    _typed(cfg, "seed", int, "an integer")
+    _at_least(cfg, "threads", 0, "(0 = torch's default)")
+    _check_device(cfg)
+    for group in STAGE_READS[stage]:
+        GROUP_CHECKS[group](cfg)
+
+
+def check_run_name(name, setting: str = "run_name") -> None:
+    """A run name is a folder under paths.runs_root: `..` or an absolute path would write elsewhere, and an
+    empty name would write into the runs root itself. Subfolders (sweeps/k8) are fine. The entry point
+    also applies it to the command line before Hydra starts (Hydra creates its log folder under
+    paths.run_dir first)."""
+    text = "" if name is None else str(name)
+    parts = PurePosixPath(text).parts
+    if not text.strip() or not parts or text.startswith("/") or ".." in parts:
+        raise ConfigError(f"{setting}={name!r}: expected a non-empty relative folder name (e.g. demo or sweeps/k8) "
+                          f"without '..' components, not starting with '/'")
+
+
+def _check_run_dir(cfg: DictConfig) -> None:
+    check_run_name(cfg.get("run_name"))
+    root, run_dir = os.path.abspath(cfg.paths.runs_root), os.path.abspath(cfg.paths.run_dir)
+    if run_dir == root or os.path.commonpath([root, run_dir]) != root:
+        raise ConfigError(f"paths.run_dir={cfg.paths.run_dir!r}: expected a folder inside "
+                          f"paths.runs_root={cfg.paths.runs_root!r}")
+
+
+def _check_device(cfg: DictConfig) -> None:
+    try:
+        device = resolve_device(str(cfg.device))
+    except (ValueError, RuntimeError):  # torch.device("cuda:x") raises RuntimeError
+        raise ConfigError(f"device={cfg.device!r}: expected auto, cpu, cuda or cuda:N") from None
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={cfg.device} but this torch build/machine has no CUDA device; "
+                          f"use device=cpu or auto")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"device={cfg.device} but this machine has {count} CUDA device(s): "
+                          f"cuda:0 to cuda:{count - 1}")
+
+
+def _check_data(cfg: DictConfig) -> None:
+    for key in ("limit", "eval_limit"):
+        _reuse(check_limit, f"data.{key}", cfg.data.get(key))
+
+
+def _check_sampling(cfg: DictConfig, group: str) -> None:
+    """sample.* (or prefs.*, which samples the same way): the types here, then the one path from the
+    config to SamplingSettings (rsft.sample.sampling_settings), which checks the ranges."""
+    for key, kind, expected in SAMPLING_TYPES:
+        _typed(cfg, f"{group}.{key}", kind, expected)
+    _reuse(sampling_settings, cfg[group], group=group)
+
+
+def _check_sample(cfg: DictConfig) -> None:
+    _check_sampling(cfg, "sample")
+    _at_least(cfg, "sample.num_samples", 1)
+
+
+def _check_draft(cfg: DictConfig) -> None:
+    if _one_of(cfg, "draft.kind", DRAFT_KINDS) != "none":
+        _reuse(check_gamma, cfg.draft.gamma)
+
+
+def _check_select(cfg: DictConfig) -> None:
+    _typed(cfg, "select.k", int, "an integer >= 1")
+    _typed(cfg, "select.pool_rounds", int, "an integer (-1 = all earlier rounds)")
+    if cfg.select.threshold is not None:
+        _typed(cfg, "select.threshold", float, "a number (a reward_normalised value) or null")
+    _reuse(check_select_settings, cfg.select)
+    # checked against this run's sampling settings; pairs pooled across rounds are not counted
+    if cfg.select.pairs and _at_least(cfg, "sample.num_samples", 1) < 2:
+        raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): "
+                          f"a pair is the best and the worst completion of a prompt; or set select.pairs=false")
+
+
+def _check_sft(cfg: DictConfig) -> None:
+    _one_of(cfg, "sft.mode", ("full", "lora"))
+    _one_of(cfg, "sft.init", ("initial", "previous"))
+
+
+def _check_eval(cfg: DictConfig) -> None:
+    _one_of(cfg, "eval.policy", ("round", "initial"))
+    _at_least(cfg, "eval.num_samples", 1)
+
+
+def _check_prefs(cfg: DictConfig) -> None:
+    _check_sampling(cfg, "prefs")
+    _at_least(cfg, "prefs.num_samples", 2, "(pairs need two completions of a prompt)")
+    _reuse(check_limit, "prefs.num_prompts", cfg.prefs.num_prompts)
+
+
+def _check_loop(cfg: DictConfig) -> None:
+    _at_least(cfg, "loop.rounds", 1)
+    if cfg.loop.reward_from:  # as rsft.loop reads it: empty = not set
+        check_run_name(cfg.loop.reward_from, "loop.reward_from")
+
+
+GROUP_CHECKS = {"data": _check_data, "sample": _check_sample, "draft": _check_draft, "select": _check_select,
+                "sft": _check_sft, "eval": _check_eval, "prefs": _check_prefs, "loop": _check_loop}
+
+
+def _typed(cfg: DictConfig, key: str, kind: type, expected: str):
+    """The setting as int or float; any other value (a string, a bool, null) is named with what was expected."""
+    value = OmegaConf.select(cfg, key)
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        raise ConfigError(f"{key}={value!r}: expected {expected}")
+    return kind(value)
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int, note: str = "") -> int:
+    expected = f"an integer >= {minimum}" + (f" {note}" if note else "")
+    value = _typed(cfg, key, int, expected)
+    if value < minimum:
+        raise ConfigError(f"{key}={value!r}: expected {expected}")
+    return value
+
+
+def _one_of(cfg: DictConfig, key: str, options: tuple[str, ...]) -> str:
+    value = OmegaConf.select(cfg, key)
+    if value not in options:
+        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(options)}")
+    return value
+
+
+def _reuse(check, *args, group: str | None = None) -> None:
+    """Run another module's check and turn its ValueError into a ConfigError.
+
+    With group: the sampling checks (rsft.sampling reads no config; it serves sample.* and prefs.*)
+    start their message with the field's name, a few already as `sample.<field>`; the group is put in
+    front, so the message names the setting as the user wrote it.
+    """
+    try:
+        check(*args)
+    except ValueError as e:
+        message = str(e)
+        if group is not None:
+            message = f"{group}.{message.removeprefix('sample.')}"
+        raise ConfigError(message) from None
