@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft.data import check_limit
 from rsft.models import resolve_device
-from rsft.sample import sampling_settings
+from rsft.sample import DRAFT_KINDS, sampling_settings
 from rsft.sampling.verifier import check_gamma
 from rsft.select import check_settings as check_select_settings
 
@@ -52,7 +52,6 @@ STAGE_READS = {
     "eval": ("eval", "sample", "data"),
     "loop": ("loop", "sample", "prefs", "draft", "data", "select", "sft", "eval"),
 }
-DRAFT_KINDS = ("none", "ngram", "model", "distilled")  # what rsft.sample.build_draft builds
 SAMPLING_TYPES = (("max_new_tokens", int, "an integer >= 1"), ("temperature", float, "a number > 0"),
                   ("top_k", int, "an integer >= 0 (0 = off)"), ("top_p", float, "a number in (0, 1]"),
                   ("leniency", float, "a number in (0, 1]"), ("batch_rows", int, "an integer >= 1"))

@@ -17,8 +17,9 @@ r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
     eval    (loop.eval) round_XX/policy on held-out prompts -> round_XX/eval
 
 Every stage is called with a copy of the config at round r and skips when its artifact is
-complete, so rerunning the same command after a crash resumes at the first missing artifact and
-ends with the same artifacts (sampling is seeded per round and completion). One Tracker (one
+complete and made from the same settings and inputs (rsft.paths fingerprints; other settings stop
+the loop with the keys that differ), so rerunning the same command after a crash resumes at the
+first missing artifact and ends with the same artifacts (sampling is seeded per round and completion). One Tracker (one
 wandb run) covers the whole loop; after each round the round's metrics are read back from the
 artifacts and logged at step r, and at the end the plots and summary.md (rsft.report) are written.
 """

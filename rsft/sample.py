@@ -36,6 +36,8 @@ from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
+DRAFT_KINDS = ("none", "ngram", "model", "distilled")  # what build_draft builds
+
 
 def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> SamplingSettings:
     """The one path from a sampling config section (`sample`, or `prefs`, which interpolates it) and
@@ -71,7 +73,7 @@ def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
         model, tokenizer, head = load_distilled_draft(path, device)
         check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
         return ModelDraft(model, head_token_ids=head)
-    raise ValueError(f"draft.kind={kind!r}: expected none, ngram, model or distilled")
+    raise ValueError(f"draft.kind={kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
 
 
 def round_seed(seed: int, round_idx: int) -> int:

@@ -1,0 +1,218 @@
+"""Artifacts are reused only when they match what is asked now, never when damaged; one command per run dir.
+
+Each case is a finding of issue 11 (a hostile but realistic user on the tiny models)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from datasets import load_from_disk
+from fake_reward import install_fake_reward
+
+from rsft.checks import ConfigError
+from rsft.paths import DamagedArtifact, RunDirectoryBusy, RunPaths, StaleArtifact, read_meta, run_lock
+from rsft.run import run_stage
+from tests.conftest import REPO
+
+
+def paths_of(cfg) -> RunPaths:
+    return RunPaths.from_config(cfg)
+
+
+# ---- 1. changed settings never reuse old results ----
+
+def test_changed_sample_settings_stop_before_work_and_name_the_keys(make_cfg):
+    run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=2"))
+    samples = paths_of(make_cfg("stage=sample", "run_name=s")).samples(0)
+    stamp = (samples / "meta.json").stat().st_mtime
+    with pytest.raises(StaleArtifact, match=r"(?s)sample\.num_samples: 2 -> 3.*overwrite=true.*run_name"):
+        run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=3"))
+    with pytest.raises(StaleArtifact, match=r"sample\.temperature: 0\.7 -> 0\.9"):
+        run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=2", "sample.temperature=0.9"))
+    with pytest.raises(StaleArtifact, match=r"policy\.initializer_range"):
+        run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=2", "policy.initializer_range=0.5"))
+    assert (samples / "meta.json").stat().st_mtime == stamp  # nothing was touched
+    # keys that cannot change a result are not part of it: the same samples are reused
+    assert run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=2", "threads=1",
+                              "sample.batch_rows=5")) == samples
+    rebuilt = run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=3", "overwrite=true"))
+    assert len(load_from_disk(str(rebuilt))) == 9
+
+
+def test_a_changed_prompt_file_makes_the_samples_stale(make_cfg, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a cat", "a dog")))
+    local = ["data=local", f"data.path={prompts}", "run_name=local"]
+    run_stage(make_cfg("stage=sample", *local))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a cat", "a bird")))
+    with pytest.raises(StaleArtifact, match=r"file .*prompts\.jsonl: rebuilt or replaced"):
+        run_stage(make_cfg("stage=sample", *local))
+    prompts.unlink()
+    with pytest.raises(FileNotFoundError, match="prompts.jsonl"):
+        run_stage(make_cfg("stage=sample", *local))
+
+
+def test_reward_model_from_another_or_a_missing_pairs_file_is_not_reused(make_cfg, tmp_path):
+    def pairs_file(name, words):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"prompt": f"say {w}", "chosen": f"{w} {w}", "rejected": "no"}) + "\n"
+                                for w in words))
+        return path
+
+    first, second = pairs_file("a.jsonl", ["sun", "moon", "tree", "river"]), pairs_file("b.jsonl", ["x", "y", "z", "w"])
+    reward = ["stage=reward", "reward=tiny", "run_name=r", "reward.epochs=1"]
+    out = run_stage(make_cfg(*reward, f"reward.data.path={first}"))
+    assert run_stage(make_cfg(*reward, f"reward.data.path={first}", "reward.progress=true")) == out  # reused
+    with pytest.raises(StaleArtifact, match=r"reward\.data\.path"):
+        run_stage(make_cfg(*reward, f"reward.data.path={second}"))
+    with pytest.raises(FileNotFoundError, match=r"reward\.data\.path=.*missing\.jsonl"):
+        run_stage(make_cfg(*reward, f"reward.data.path={tmp_path}/missing.jsonl"))
+
+
+def test_samples_rebuilt_with_overwrite_make_the_scores_stale(make_cfg, monkeypatch):
+    run_stage(make_cfg("stage=sample", "sample.num_samples=2"))
+    cfg = make_cfg("stage=score")
+    install_fake_reward(monkeypatch, cfg)
+    run_stage(cfg)
+    run_stage(make_cfg("stage=sample", "sample.num_samples=4", "overwrite=true"))
+    with pytest.raises(StaleArtifact, match=r"input artifact round_00/samples: rebuilt or replaced"):
+        run_stage(make_cfg("stage=score"))
+    assert len(load_from_disk(str(run_stage(make_cfg("stage=score", "overwrite=true"))))) == 12
+
+
+def test_invalid_settings_are_refused_after_a_complete_run(make_cfg):
+    run_stage(make_cfg("stage=sample"))
+    with pytest.raises(ConfigError, match="temperature"):
+        run_stage(make_cfg("stage=sample", "sample.temperature=-1", "sample.top_p=7"))
+
+
+LOOP = ["stage=loop", "loop.rounds=1", "reward=tiny", "prefs.num_prompts=4", "prefs.num_samples=2",
+        "data.eval_limit=2", "eval.num_samples=2", "sample.num_samples=2", "sft.learning_rate=1e-3",
+        "select.drop_truncated=false", "device=cpu", "run_name=loop"]
+
+
+def test_a_finished_loop_rerun_with_other_settings_stops_and_keeps_its_summary(make_cfg):
+    root = run_stage(make_cfg(*LOOP))
+    summary = (root / "summary.md").read_text()
+    assert "K=2" in summary and "lr=0.001" in summary
+    with pytest.raises(StaleArtifact, match=r"sample\.num_samples: 2 -> 4"):
+        run_stage(make_cfg(*LOOP, "sample.num_samples=4", "sft.learning_rate=0.05"))
+    assert (root / "summary.md").read_text() == summary
+    # the summary says what the artifacts were made with, whatever the current config says
+    from rsft.report import write_summary
+
+    write_summary(RunPaths(root), 1, {}, [])
+    assert "K=2" in (root / "summary.md").read_text() and "lr=0.001" in (root / "summary.md").read_text()
+
+
+# ---- 2. damaged artifacts are never trusted ----
+
+def test_a_truncated_arrow_file_is_damage_named_with_the_folder(make_cfg, monkeypatch):
+    samples = run_stage(make_cfg("stage=sample"))
+    arrow = next(samples.glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    with pytest.raises(DamagedArtifact, match=rf"{samples}.*damaged.*\.arrow.*stage=sample round=0 overwrite=true"):
+        run_stage(make_cfg("stage=sample"))
+    cfg = make_cfg("stage=score")
+    install_fake_reward(monkeypatch, cfg)
+    with pytest.raises(DamagedArtifact, match=str(samples)):
+        run_stage(cfg)
+    run_stage(make_cfg("stage=sample", "overwrite=true"))
+    assert len(load_from_disk(str(run_stage(cfg)))) == 9
+
+
+def test_an_invalid_meta_json_names_its_path(make_cfg):
+    samples = run_stage(make_cfg("stage=sample"))
+    (samples / "meta.json").write_text("{not json")
+    with pytest.raises(DamagedArtifact, match=rf"{samples}/meta.json cannot be read"):
+        run_stage(make_cfg("stage=sample"))
+
+
+def test_truncated_policy_weights_name_the_policy_folder(make_cfg):
+    from rsft.models import load_saved_causal_lm
+    from rsft.paths import atomic_artifact
+    from rsft.models import load_causal_lm
+    import torch
+
+    cfg = make_cfg("stage=sample", "round=1")
+    policy = paths_of(cfg).policy(0)
+    model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, torch.device("cpu"))
+    with atomic_artifact(policy, {"stage": "sft", "round": 0}) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    weights = policy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(DamagedArtifact, match=rf"{policy} is damaged: model.safetensors has 1000 bytes.*stage=sft round=0"):
+        load_saved_causal_lm(policy, torch.device("cpu"))
+    with pytest.raises(DamagedArtifact, match=str(policy)):
+        run_stage(cfg)
+
+
+# ---- 3. one command per run directory ----
+
+def test_a_run_directory_held_by_a_live_command_is_refused(make_cfg):
+    cfg = make_cfg("stage=sample")
+    with run_lock(cfg.paths.run_dir, "stage=loop"):
+        with pytest.raises(RunDirectoryBusy, match=rf"pid {os.getpid()} on host .* \(stage=loop\).*another run_name"):
+            run_stage(cfg)
+    run_stage(cfg)  # released
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(make_cfg, tmp_path):
+    cfg = make_cfg("stage=sample")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom rsft.paths import run_lock\n"
+        f"with run_lock({cfg.paths.run_dir!r}, 'stage=loop'):\n    print('held', flush=True)\n    time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunDirectoryBusy, match=f"pid {holder.pid}"):
+        run_stage(cfg)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert "pid" in (tmp_path / "runs" / "demo" / ".lock").read_text()  # the dead holder's record is still there
+    assert run_stage(cfg).exists()
+
+
+# ---- the command line: one line per mistake, Ctrl-C says how to resume ----
+
+def run_module_script(setup: str, *args: str) -> str:
+    """A `python -m rsft.run ARGS` command line with `setup` run first (to patch a library function)."""
+    return (f"import runpy, sys\n{setup}\n"
+            f"sys.argv = ['rsft.run', *{list(args)!r}]\n"
+            "runpy.run_module('rsft.run', run_name='__main__', alter_sys=True)\n")
+
+
+def test_ctrl_c_says_how_to_resume(tmp_path):
+    setup = "import rsft.checks\ndef interrupted(cfg):\n    raise KeyboardInterrupt\nrsft.checks.check_config = interrupted"
+    done = subprocess.run([sys.executable, "-c", run_module_script(setup, "stage=sample", f"paths.runs_root={tmp_path}")],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == "interrupted; rerun the same command to resume (complete artifacts are kept)"
+
+
+# ---- kill -9 mid-write: the resumed artifact equals an uninterrupted one ----
+
+def test_kill_minus_nine_while_writing_samples_then_resume_gives_the_same_rows(make_cfg, tmp_path):
+    common = ["policy=tiny", "logger=none", "data.limit=3", "sample.num_samples=3", "sample.max_new_tokens=8",
+              f"paths.runs_root={tmp_path}/runs"]
+    setup = ("import time\nfrom datasets import Dataset\nreal = Dataset.save_to_disk\n"
+             "def slow_save(self, path, **kw):\n    real(self, path, **kw)\n    print('writing', flush=True)\n"
+             "    time.sleep(60)\n"
+             "Dataset.save_to_disk = slow_save")
+    script = run_module_script(setup, "stage=sample", "run_name=killed", *common)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    for line in proc.stdout:  # Hydra's log lines come first
+        if line.strip() == "writing":
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = RunPaths(tmp_path / "runs" / "killed")
+    assert not killed.samples(0).exists()  # only a temporary folder was left
+    resumed = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=killed"))))
+    straight = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=straight"))))
+    assert resumed["completion_ids"] == straight["completion_ids"] and resumed["seed"] == straight["seed"]
