@@ -91,20 +91,32 @@ def default_pooling(model, cfg: DictConfig, cache_dir) -> str:
 
 
 def reward_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Scalar rewards [batch] for input_ids / attention_mask [batch, seq], padded on either side."""
+    """Scalar rewards [batch] for input_ids / attention_mask [batch, seq], padded on either side.
+
+    `model` may be wrapped for data-parallel training (DDP keeps the model in `.module`). Wrapped,
+    the backbone runs through the wrapper's forward (DDP syncs gradients only for what its forward
+    ran), which also runs the model's own head and so draws dropout randomness that the unwrapped
+    path does not; unwrapped, the backbone runs alone, as the published single-process results were
+    made. Either way the reward is pooled from the backbone's last hidden states and the head applied.
+    """
+    core = getattr(model, "module", model)  # the model itself, wrapped or not
     # Real tokens first, pads after, order kept (a stable sort): left padding becomes right padding.
     order = torch.argsort((attention_mask == 0).to(torch.int32), dim=1, stable=True)  # [batch, seq]
     input_ids = input_ids.gather(1, order)  # [batch, seq]
     attention_mask = attention_mask.gather(1, order)  # [batch, seq]
-    pooling = getattr(model.config, "reward_pooling", None) or ("last" if hasattr(model, "score") else "first")
+    pooling = getattr(core.config, "reward_pooling", None) or ("last" if hasattr(core, "score") else "first")
     if pooling == "first":
         return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)  # [batch]
     extra = {"use_cache": False} if pooling == "last" else {}
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              **extra).last_hidden_state  # [batch, seq, hidden]
+    if core is model:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  **extra).last_hidden_state  # [batch, seq, hidden]
+    else:
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                       **extra).hidden_states[-1]  # [batch, seq, hidden], the backbone's last_hidden_state
     if pooling == "mean":
         weights = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [batch, seq, 1]
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1)  # [batch, hidden]; every row has >= 1 token
-        return model.classifier(pooled).squeeze(-1)  # [batch]
+        return core.classifier(pooled).squeeze(-1)  # [batch]
     last = attention_mask.sum(dim=1) - 1  # [batch]; an all-pad row cannot occur (every input has a tail token)
-    return model.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1)  # [batch]
+    return core.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1)  # [batch]

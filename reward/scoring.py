@@ -37,15 +37,20 @@ class RewardScorer:
 
     @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str], batch_size: int = 32,
-              progress: bool = True) -> list[float]:
-        """Raw rewards, one per (prompt, completion), in input order."""
+              progress: bool = True, shard: tuple[int, int] = (0, 1)) -> list[float | None]:
+        """Raw rewards, one per (prompt, completion), in input order.
+
+        shard=(i, n): score only batches i, i + n, ... of the length-sorted order (None elsewhere), so
+        that n processes together score exactly the batches, and get exactly the numbers, of one."""
         prompts, completions = list(prompts), list(completions)  # datasets columns are not lists
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
         inputs = [encode_pair(self.tokenizer, p, c, self.max_length)[0] for p, c in zip(prompts, completions)]
         order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-        rewards = [0.0] * len(inputs)
-        for start in tqdm(range(0, len(order), batch_size), desc="scoring", unit="batch", disable=not progress):
+        rewards: list[float | None] = [None] * len(inputs)
+        index, count = shard
+        starts = list(range(0, len(order), batch_size))[index::count]
+        for start in tqdm(starts, desc="scoring", unit="batch", disable=not progress):
             rows = order[start:start + batch_size]
             input_ids, attention_mask = pad_right([inputs[i] for i in rows], self.tokenizer.pad_token_id)
             batch_rewards = reward_forward(self.model, input_ids.to(self.device), attention_mask.to(self.device))

@@ -83,7 +83,7 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
     """RewardConfig from `reward` config fields, precision and checkpointing chosen from the device."""
     return RewardConfig(
         output_dir=output_dir,
-        **training_arguments(cfg, device),
+        **training_arguments(cfg, "reward", device),
         seed=int(cfg.seed),
         data_seed=int(cfg.seed),
         center_rewards_coefficient=cfg.get("center_rewards_coefficient"),

@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rsft.data import check_limit
+from rsft.distributed import per_device_batch
 from rsft.models import resolve_device
 from rsft.sample import DRAFT_KINDS, sampling_settings
 from rsft.sampling.verifier import check_gamma
@@ -43,14 +44,14 @@ class ConfigError(ValueError):
 # a message names the key the user set.
 STAGE_READS = {
     "prefs": ("sample", "prefs", "data"),
-    "reward": (),
+    "reward": ("reward",),
     "sample": ("sample", "draft", "data"),
     "draft": ("sample", "data"),
     "score": (),
     "select": ("select", "data"),
     "sft": ("sft", "data"),
     "eval": ("eval", "sample", "data"),
-    "loop": ("loop", "sample", "prefs", "draft", "data", "select", "sft", "eval"),
+    "loop": ("loop", "sample", "prefs", "reward", "draft", "data", "select", "sft", "eval"),
 }
 SAMPLING_TYPES = (("max_new_tokens", int, "an integer >= 1"), ("temperature", float, "a number > 0"),
                   ("top_k", int, "an integer >= 0 (0 = off)"), ("top_p", float, "a number in (0, 1]"),
@@ -142,9 +143,19 @@ def _check_select(cfg: DictConfig) -> None:
                           f"a pair is the best and the worst completion of a prompt; or set select.pairs=false")
 
 
+def _check_training(cfg: DictConfig, group: str) -> None:
+    """The trainers' global batch must divide over the processes of a launch (rsft.distributed)."""
+    _reuse(per_device_batch, f"{group}.batch_size", _at_least(cfg, f"{group}.batch_size", 1))
+
+
 def _check_sft(cfg: DictConfig) -> None:
     _one_of(cfg, "sft.mode", ("full", "lora"))
     _one_of(cfg, "sft.init", ("initial", "previous"))
+    _check_training(cfg, "sft")
+
+
+def _check_reward(cfg: DictConfig) -> None:
+    _check_training(cfg, "reward")
 
 
 def _check_eval(cfg: DictConfig) -> None:
@@ -164,7 +175,7 @@ def _check_loop(cfg: DictConfig) -> None:
         check_run_name(cfg.loop.reward_from, "loop.reward_from")
 
 
-GROUP_CHECKS = {"data": _check_data, "sample": _check_sample, "draft": _check_draft, "select": _check_select,
+GROUP_CHECKS = {"reward": _check_reward, "data": _check_data, "sample": _check_sample, "draft": _check_draft, "select": _check_select,
                 "sft": _check_sft, "eval": _check_eval, "prefs": _check_prefs, "loop": _check_loop}
 
 

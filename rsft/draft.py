@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
+from rsft import distributed
 from rsft.data import context_budget, prompt_token_ids
 from rsft.models import DRAFT_HEAD_FILE, eos_token_ids, load_policy, resolve_device, restrict_head, seeded
 from rsft.eval import SAMPLING_KEYS
@@ -200,7 +201,6 @@ def measure_acceptance(policy, draft_model, head_ids, prompt_ids, eos_ids, cfg: 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths = RunPaths.from_config(cfg)
-    dcfg = cfg.draft_model
     device = resolve_device(cfg.device)
     out = paths.draft_output(int(cfg.round))
     sources = training_sources(cfg, paths)
@@ -211,6 +211,15 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                              "sample.batch_rows"), [*sources, *([teacher_path] if teacher_path else [])])
     if should_skip(out, cfg.overwrite, "draft", made):
         return out
+    if distributed.is_main():  # the hand-written distillation loop runs in one process; the others wait
+        distil(cfg, paths, sources, out, made, device, tracker)
+    distributed.barrier()
+    return out
+
+
+def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, device, tracker: Tracker | None):
+    """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
+    dcfg = cfg.draft_model
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
     rng = random.Random(int(cfg.seed))
     rng.shuffle(sequences)
@@ -248,4 +257,3 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     with stage_tracker(cfg, "draft", tracker) as tracker:
         tracker.log({f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
                     step=max(int(cfg.round), 0))
-    return out

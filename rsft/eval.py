@@ -42,7 +42,7 @@ from collections import defaultdict
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import score
+from rsft import distributed, score
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
@@ -186,7 +186,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                   int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance)
     del model
     scorer = score.load_reward_scorer(cfg, device)
-    raw = scorer.score(ds["prompt"], ds["completion"], progress=False)
+    raw = score.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
     ds = ds.add_column("reward", [float(r) for r in raw])
     ds = ds.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
     gold = gold_scores(ds)
@@ -206,9 +206,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     meta = {"stage": "eval", "policy": source, "round": provenance["round"], "num_prompts": len(prompts),
             "metrics": metrics}
-    with atomic_artifact(out, meta, made) as tmp:
-        ds.save_to_disk(str(tmp))
-        (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
+    if distributed.is_main():
+        with atomic_artifact(out, meta, made) as tmp:
+            ds.save_to_disk(str(tmp))
+            (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
+    distributed.barrier()
     log.info("eval %s: %s", "initial policy" if initial else f"round {round_idx}",
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
     with stage_tracker(cfg, "eval", tracker) as tracker:

@@ -31,7 +31,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rsft import report
+from rsft import distributed, report
 from rsft.paths import RunPaths, copy_artifact, is_complete
 from rsft.tracking import Tracker, stage_tracker
 
@@ -85,7 +85,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
     with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:
-            share_judge(paths.other_run(cfg.loop.reward_from), paths)
+            if distributed.is_main():
+                share_judge(paths.other_run(cfg.loop.reward_from), paths)
+            distributed.barrier()
         if not is_complete(paths.reward):
             for name in ("prefs", "reward"):
                 run_named_stage(name, at_round(cfg, 0, name), tracker)
@@ -101,15 +103,16 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             if cfg.loop.eval:
                 run_named_stage("eval", OmegaConf.merge(at_round(cfg, r, "eval"), {"eval": {"policy": "round"}}),
                                 tracker)
-            tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r).items()}, step=r)
-            examples = report.example_rows(paths, r, int(cfg.loop.examples))
-            tracker.log_table("examples", examples, step=r)
-        plots = report.write_plots(paths, rounds)
-        for name, png in plots.items():
-            tracker.log_image(f"plots/{name}", png, step=rounds - 1)
-        summary = report.write_summary(paths, rounds, plots,
-                                       report.example_rows(paths, rounds - 1, int(cfg.loop.examples)))
-        final = report.round_metrics(paths, rounds - 1)
-        tracker.summary({f"final/{k}": v for k, v in final.items()})
-        log.info("loop: %d rounds done; %s", rounds, summary)
+            if distributed.is_main():
+                tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r).items()}, step=r)
+                tracker.log_table("examples", report.example_rows(paths, r, int(cfg.loop.examples)), step=r)
+        if distributed.is_main():  # one process writes the report
+            plots = report.write_plots(paths, rounds)
+            for name, png in plots.items():
+                tracker.log_image(f"plots/{name}", png, step=rounds - 1)
+            summary = report.write_summary(paths, rounds, plots,
+                                           report.example_rows(paths, rounds - 1, int(cfg.loop.examples)))
+            tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, rounds - 1).items()})
+            log.info("loop: %d rounds done; %s", rounds, summary)
+        distributed.barrier()
     return paths.root

@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rsft import distributed
 from rsft.paths import atomic_artifact, is_complete, reading
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,14 @@ CHATML_TEMPLATE = (
 
 
 def resolve_device(name: str) -> torch.device:
+    """device=auto | cpu | cuda | cuda:N. auto and cuda mean this process's GPU: under a launcher
+    (rsft.distributed) process i of a machine uses cuda:<local rank i>, one device per process."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
         raise ValueError(f"device={name!r}: expected auto, cpu or cuda[:N]")
+    if name == "cuda":
+        return torch.device(f"cuda:{distributed.local_rank()}")
     return torch.device(name)
 
 
@@ -298,12 +303,13 @@ def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, A
     return model.to(device).eval(), tokenizer, head_ids
 
 
-def training_arguments(section: DictConfig, device: torch.device) -> dict[str, Any]:
+def training_arguments(section: DictConfig, group: str, device: torch.device) -> dict[str, Any]:
     """The TrainingArguments fields the reward and SFT configs share, one spelling each, plus the
     fields chosen from the device rather than from TRL's defaults.
 
-    Config keys (conf/reward_training.yaml, conf/sft/default.yaml): learning_rate, epochs,
-    batch_size (per device), grad_accum, weight_decay, warmup_steps (an int: steps; a float < 1: a
+    Config keys (conf/reward_training.yaml, conf/sft/default.yaml; `group` is reward or sft):
+    learning_rate, epochs, batch_size (the global batch per step, whatever the number of processes:
+    each of W processes takes batch_size / W), grad_accum, weight_decay, warmup_steps (an int: steps; a float < 1: a
     fraction of the training steps, transformers 5's reading), lr_scheduler, max_grad_norm,
     logging_steps, activation_checkpointing.
 
@@ -319,7 +325,7 @@ def training_arguments(section: DictConfig, device: torch.device) -> dict[str, A
     return {
         "learning_rate": float(section.learning_rate),
         "num_train_epochs": float(section.epochs),
-        "per_device_train_batch_size": int(section.batch_size),
+        "per_device_train_batch_size": distributed.per_device_batch(f"{group}.batch_size", int(section.batch_size)),
         "gradient_accumulation_steps": int(section.grad_accum),
         "weight_decay": float(section.weight_decay),
         "warmup_steps": warmup if 0 < warmup < 1 else int(warmup),
@@ -333,4 +339,5 @@ def training_arguments(section: DictConfig, device: torch.device) -> dict[str, A
         "report_to": "none",
         "save_strategy": "no",
         "dataloader_num_workers": 0,
+        "ddp_find_unused_parameters": False,  # every trainable parameter is used (a frozen pooler is not trainable)
     }

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from reward.annotators import label_pair
 from reward.gold import gold_score
+from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
@@ -106,8 +107,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     stats = {"gold_mean": sum(golds) / len(golds), "label_prob_mean": sum(r["label_prob"] for r in rows) / len(rows)}
     meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
             "counts": counts, "stats": stats, "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
-    with atomic_artifact(out, meta, made) as tmp:
-        splits.save_to_disk(str(tmp))
+    if distributed.is_main():
+        with atomic_artifact(out, meta, made) as tmp:
+            splits.save_to_disk(str(tmp))
+    distributed.barrier()
     log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "
              "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], out, identical,
              counts["label_against_gold"])

@@ -32,6 +32,7 @@ from reward.formats import check_pairs, load_raw, pair_files, to_preference_pair
 from reward.model import load_reward_backbone
 from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
+from rsft import distributed
 from rsft.models import resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
@@ -108,7 +109,7 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
         "train_accuracy": train_accuracy, "train_pairs": len(train),
         "gold_agreement": gold_agreement(test, r_chosen, r_rejected),
         "reward_mean": stats["mean"], "reward_std": stats["std"], "train_seconds": round(train_seconds, 2),
-        "train_loss": train_metrics.get("train_loss"),
+        "train_loss": train_metrics.get("train_loss"), "world_size": distributed.world_size(),
         "truncation": {"train": truncation, "heldout": test_truncation},
     }
     return model, tokenizer, stats, metrics
@@ -137,9 +138,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker)
         meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
                 "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
-        with atomic_artifact(out, meta, made) as tmp:
-            save_reward_model(model, tokenizer, tmp, stats)
-            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        if distributed.is_main():  # every process trained the same (DDP) model; one saves it
+            with atomic_artifact(out, meta, made) as tmp:
+                save_reward_model(model, tokenizer, tmp, stats)
+                (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        distributed.barrier()
         log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
                  metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
                  metrics["gold_agreement"], out)

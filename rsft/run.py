@@ -12,6 +12,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rsft import distributed
 from rsft.paths import ArtifactError, RunDirectoryBusy, run_lock
 
 # stage name -> module exposing run(cfg); imported on use so `stage=sample` does not load TRL.
@@ -55,11 +56,16 @@ def run_stage(cfg: DictConfig):
         raise SystemExit(f"stage={cfg.stage!r} is not a stage; valid stages: {valid}")
     from rsft.checks import check_config  # imports torch and transformers: not needed for --help
 
+    distributed.init(str(cfg.device))  # a world of one unless started by accelerate launch / torchrun
+    if not distributed.is_main():  # process 0 reports; the others only warn
+        logging.getLogger().setLevel(logging.WARNING)
+    distributed.same_config(cfg)
     check_config(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    log.info("stage=%s run_dir=%s round=%s", cfg.stage, cfg.paths.run_dir, cfg.round)
-    with run_lock(cfg.paths.run_dir, f"stage={cfg.stage}"):
+    log.info("stage=%s run_dir=%s round=%s (process %d of %d)", cfg.stage, cfg.paths.run_dir, cfg.round,
+             distributed.rank(), distributed.world_size())
+    with distributed.on_main(lambda: run_lock(cfg.paths.run_dir, f"stage={cfg.stage}")):
         return importlib.import_module(STAGES[cfg.stage]).run(cfg)
 
 

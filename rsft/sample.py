@@ -19,6 +19,7 @@ import time
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
+from rsft import distributed
 from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_files, prompt_keys, prompt_token_ids
 from rsft.models import (
     check_same_vocabulary,
@@ -31,7 +32,7 @@ from rsft.models import (
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
 from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
-from rsft.sampling.verifier import check_gamma
+from rsft.sampling.verifier import AcceptanceStats, check_gamma
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,25 @@ def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
     raise ValueError(f"draft.kind={kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
 
 
+def sum_stats(per_rank: list[AcceptanceStats]) -> AcceptanceStats:
+    total = AcceptanceStats()
+    for stats in per_rank:
+        total.merge(stats)
+    return total
+
+
 def round_seed(seed: int, round_idx: int) -> int:
     return int(seed) * 1_000_003 + int(round_idx)
 
 
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
                    seed: int, system_prompt: str | None, provenance: dict, progress: bool = True):
-    """Sample and assemble the samples dataset; returns (dataset, sampler summary)."""
+    """Sample and assemble the samples dataset; returns (dataset, sampler summary).
+
+    Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
+    completion seeds the whole set would give them, and every process gets all rows, in prompt and
+    sample order: the dataset is the same whatever the number of processes. The summary's
+    acceptance counts are over all processes; `per_rank` has each process's throughput."""
     budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
     encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
@@ -92,9 +105,19 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
                     "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
                     budget, sum(cut))
     sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft)
+    mine = distributed.shard(len(prompt_ids))
     started = time.perf_counter()
-    completions = sampler.generate(prompt_ids, num_samples, seed, progress=progress)
+    completions = sampler.generate([prompt_ids[i] for i in mine], num_samples, seed, progress=progress,
+                                   prompt_indices=mine)
     seconds = time.perf_counter() - started
+    own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
+    per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
+                                        "tokens": own_tokens, "seconds": round(seconds, 2),
+                                        "tokens_per_second": round(own_tokens / max(seconds, 1e-9), 2)})
+    if distributed.world_size() > 1:
+        completions = sorted(distributed.gather(completions), key=lambda c: (c.prompt_index, c.sample_idx))
+        sampler.stats = sum_stats(distributed.gather_each(sampler.stats))
+        seconds = max(r["seconds"] for r in per_rank)
     extra_columns = [c for c in prompts.column_names if c not in ("prompt_id", "prompt")]
     rows = []
     for c in completions:
@@ -126,6 +149,8 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
         "prompts_cut": sum(n > 0 for n in cut),
         "prompt_tokens_cut": sum(cut),
+        "world_size": distributed.world_size(),
+        "per_rank": per_rank,
     })
     return Dataset.from_list(rows), summary
 
@@ -170,8 +195,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "sample", "round": int(cfg.round), "policy": policy_source, "counts": {"rows": len(ds)},
             "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
             "config": OmegaConf.to_container(cfg, resolve=True)}
-    with atomic_artifact(out, meta, made) as tmp:
-        ds.save_to_disk(str(tmp))
+    if distributed.is_main():  # the other processes hold the same rows; one writes them
+        with atomic_artifact(out, meta, made) as tmp:
+            ds.save_to_disk(str(tmp))
+    distributed.barrier()
     log.info("wrote %d completions to %s (%.1f tokens/s, acceptance %s)", len(ds), out,
              summary["tokens_per_second"], summary.get("acceptance_rate"))
     with stage_tracker(cfg, "sample", tracker) as tracker:

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 from omegaconf import DictConfig
 
+from rsft import distributed
 from rsft.models import resolve_device
 from rsft.paths import (
     RunPaths,
@@ -47,6 +48,13 @@ def load_reward_scorer(cfg: DictConfig, device):
         return load_scorer(str(path), device)
 
 
+def score_rows(scorer, prompts, completions, batch_size: int = 32, progress: bool = True) -> list[float]:
+    """The scorer's raw rewards; under a launcher each process scores every W-th batch and all get all."""
+    shards = distributed.gather_each(scorer.score(prompts, completions, batch_size, progress,
+                                                  shard=(distributed.rank(), distributed.world_size())))
+    return [next(part[i] for part in shards if part[i] is not None) for i in range(len(shards[0]))]
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths = RunPaths.from_config(cfg)
     out, source = paths.scored(cfg.round), paths.samples(cfg.round)
@@ -60,7 +68,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         return out
     samples = load_dataset_artifact(source)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device))
-    raw = scorer.score(samples["prompt"], samples["completion"], progress=True)
+    raw = score_rows(scorer, samples["prompt"], samples["completion"])
     if len(raw) != len(samples):
         raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
     scored = samples.add_column("reward", [float(r) for r in raw])
@@ -78,8 +86,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(paths.reward),
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
-    with atomic_artifact(out, meta, made) as tmp:
-        scored.save_to_disk(str(tmp))
+    if distributed.is_main():
+        with atomic_artifact(out, meta, made) as tmp:
+            scored.save_to_disk(str(tmp))
+    distributed.barrier()
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
     with stage_tracker(cfg, "score", tracker) as tracker:
         tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))

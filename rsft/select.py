@@ -31,6 +31,7 @@ from collections import defaultdict
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
+from rsft import distributed
 from rsft.data import chat_messages
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
@@ -115,6 +116,17 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
     }
 
 
+def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[dict], meta: dict, made: dict) -> None:
+    """selected/ and (unless out_pairs is None) pairs/, each atomically."""
+    with atomic_artifact(out_selected, meta, made) as tmp:
+        Dataset.from_list(selected).save_to_disk(str(tmp))
+    if out_pairs is not None:
+        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, made) as tmp:
+            pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
+                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
+            pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     s, paths, round_idx = cfg.select, RunPaths.from_config(cfg), int(cfg.round)
     out_selected, out_pairs = paths.selected(round_idx), paths.pairs(round_idx)
@@ -174,13 +186,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     }
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
             "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
-    with atomic_artifact(out_selected, meta, made) as tmp:
-        Dataset.from_list(selected).save_to_disk(str(tmp))
-    if want_pairs:
-        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, made) as tmp:
-            pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
-                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
-            pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
+    if distributed.is_main():  # every process selected the same rows; one writes them
+        write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, made)
+    distributed.barrier()
     log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
              len(rows), len(by_prompt), len(pairs))
     with stage_tracker(cfg, "select", tracker) as tracker:

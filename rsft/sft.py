@@ -35,6 +35,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
+from rsft import distributed
 from rsft.data import chat_messages
 from rsft.models import load_policy, resolve_device, training_arguments
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
@@ -56,7 +57,7 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
 
     return SFTConfig(
         output_dir=output_dir,
-        **training_arguments(cfg.sft, device),
+        **training_arguments(cfg.sft, "sft", device),
         max_length=int(cfg.sft.max_length),
         completion_only_loss=True,
         packing=False,
@@ -128,14 +129,17 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "loss_last": losses[-1] if losses else None,
         "steps": int(result.global_step),
         "examples": len(train),
+        "world_size": distributed.world_size(),
         "seconds": float(result.metrics.get("train_runtime", 0.0)),
     }
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
-    with atomic_artifact(out, meta, made) as tmp:
-        trained.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    if distributed.is_main():  # every process trained the same (DDP) model; one saves it
+        with atomic_artifact(out, meta, made) as tmp:
+            trained.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    distributed.barrier()
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "sft", tracker) as tracker:

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from rsft import distributed
+
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,7 @@ class Tracker:
     def __init__(self, cfg: DictConfig, job_type: str):
         self.run = None
         self._step_metrics: set[str] = set()
-        if cfg.logger.kind == "none":
+        if cfg.logger.kind == "none" or not distributed.is_main():  # one process of a launch logs
             return
         if cfg.logger.kind != "wandb":
             raise ValueError(f"logger.kind={cfg.logger.kind!r}: expected wandb or none")

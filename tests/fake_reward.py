@@ -13,8 +13,8 @@ from rsft.paths import RunPaths, atomic_artifact
 class FakeScorer:
     mean, std = 2.0, 4.0
 
-    def score(self, prompts, completions, batch_size=32, progress=True):
-        assert len(prompts) == len(completions)
+    def score(self, prompts, completions, batch_size=32, progress=True, shard=(0, 1)):
+        assert len(prompts) == len(completions) and shard == (0, 1)
         return [float(len(set(c))) + 0.01 * len(c) for c in completions]
 
     def normalise(self, raw):

@@ -189,8 +189,16 @@ class Sampler:
         return probs_from_logits(logits, s.temperature, s.top_k, s.top_p)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], num_samples: int, seed: int, progress: bool = True) -> list[Completion]:
-        """K = num_samples completions for each prompt (token ids, chat-formatted); in prompt order."""
+    def generate(self, prompts: list[list[int]], num_samples: int, seed: int, progress: bool = True,
+                 prompt_indices: list[int] | None = None) -> list[Completion]:
+        """K = num_samples completions for each prompt (token ids, chat-formatted); in prompt order.
+
+        prompt_indices: each prompt's index in the whole prompt set (default 0, 1, ...), which seeds its
+        completions and is their `prompt_index`: a shard of the prompts (one process of several) gets
+        exactly the completions the whole set would."""
+        indices = list(range(len(prompts))) if prompt_indices is None else list(prompt_indices)
+        if len(indices) != len(prompts):
+            raise ValueError(f"prompt_indices has {len(indices)} entries for {len(prompts)} prompts")
         if num_samples < 1:
             raise ValueError(f"sample.num_samples={num_samples}: expected >= 1")
         for i, ids in enumerate(prompts):
@@ -207,7 +215,7 @@ class Sampler:
                 free = self.settings.batch_rows - len(rows)
                 if free > 0 and waiting:
                     admitted = [waiting.pop() for _ in range(min(free, len(waiting)))]
-                    new_rows = self._admit(target, admitted, prompts, seed)
+                    new_rows = self._admit(target, admitted, prompts, indices, seed)
                     rows.extend(new_rows)
                     last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
                 emitted = self._step(target, rows, last.to(target.device))
@@ -217,7 +225,8 @@ class Sampler:
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
 
-    def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], seed: int) -> list[_Row]:
+    def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], indices: list[int],
+               seed: int) -> list[_Row]:
         """New rows for (prompt, sample) pairs, each with its own generator; a prompt's rows share one prefill."""
         started = time.perf_counter()
         groups: dict[int, list[int]] = {}
@@ -226,9 +235,9 @@ class Sampler:
         new_rows = []
         for p, members in groups.items():
             for k in members:
-                cseed = completion_seed(seed, p, k)
+                cseed = completion_seed(seed, indices[p], k)
                 gen = torch.Generator(device="cpu").manual_seed(cseed)
-                new_rows.append(_Row(p, k, prompts[p], gen, Completion(p, k, cseed)))
+                new_rows.append(_Row(p, k, prompts[p], gen, Completion(indices[p], k, cseed)))
         prefixes = [prompts[p][:-1] for p in groups]
         copies = [len(m) for m in groups.values()]
         target.admit(prefixes, copies)

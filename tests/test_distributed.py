@@ -1,0 +1,83 @@
+"""Two CPU processes (torchrun, gloo) on the tiny models: the same artifacts as one process; DDP training
+saves one model; a loop that loses a rank resumes; mismatched ranks and idle ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from datasets import load_from_disk
+
+from rsft.paths import RunPaths, copy_artifact, is_complete, read_meta
+from rsft.run import run_stage
+from tests.conftest import REPO
+
+JOB = REPO / "tests" / "distributed_job.py"
+PREFS = ["prefs.num_prompts=4", "prefs.num_samples=2", "reward=tiny", "device=cpu"]
+
+
+def launch(tmp_path, stages: list[list[str]], kill: dict | None = None, processes: int = 2):
+    job = tmp_path / f"job-{len(list(tmp_path.glob('job-*.json')))}.json"
+    job.write_text(json.dumps({"runs_root": str(tmp_path), "stages": stages, "kill": kill}))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+                           "--standalone", str(JOB), str(job)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def rows(path, *columns):
+    ds = load_from_disk(str(path))
+    return {c: ds[c] for c in columns}
+
+
+def test_two_processes_write_the_artifacts_one_process_writes(make_cfg, tmp_path):
+    two = ["run_name=two", *PREFS]
+    done = launch(tmp_path, [["stage=prefs", *two], ["stage=reward", *two], ["stage=sample", *two],
+                             ["stage=score", *two], ["stage=eval", "eval.policy=initial", *two],
+                             ["stage=select", *two], ["stage=sft", *two],
+                             ["stage=sample", "run_name=idle", "data.limit=1", "device=cpu", "sample.num_samples=2"]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    dist = RunPaths(tmp_path / "runs" / "two")
+    # training: DDP over both processes, one complete model saved
+    assert read_meta(dist.reward)["metrics"]["world_size"] == 2 and read_meta(dist.policy(0))["stats"]["world_size"] == 2
+    assert sorted(p.name for p in dist.root.iterdir() if p.name.startswith(".")) == [".lock"]  # no temporary debris
+    # sampling and scoring: row for row what one process writes from the same reward model
+    one = RunPaths(tmp_path / "runs" / "one")
+    copy_artifact(dist.reward, one.reward)
+    for stage in ("prefs", "sample", "score"):
+        run_stage(make_cfg(f"stage={stage}", "run_name=one", *PREFS))
+    run_stage(make_cfg("stage=eval", "eval.policy=initial", "run_name=one", *PREFS))
+    assert read_meta(dist.samples(0))["sampling"]["world_size"] == 2
+    assert rows(dist.prefs / "train", "chosen", "rejected") == rows(one.prefs / "train", "chosen", "rejected")
+    for path in ("samples", "scored"):
+        a, b = rows(getattr(dist, path)(0), "prompt_id", "completion_ids", "seed"), rows(getattr(one, path)(0),
+                                                                                         "prompt_id", "completion_ids", "seed")
+        assert a == b, path
+    assert rows(dist.scored(0), "reward")["reward"] == pytest.approx(rows(one.scored(0), "reward")["reward"], abs=1e-5)
+    assert rows(dist.initial_eval, "completion_ids") == rows(one.initial_eval, "completion_ids")
+    assert rows(dist.initial_eval, "reward")["reward"] == pytest.approx(rows(one.initial_eval, "reward")["reward"],
+                                                                        abs=1e-5)
+    # more processes than prompts: the idle rank still reaches every collective
+    assert len(load_from_disk(str(RunPaths(tmp_path / "runs" / "idle").samples(0)))) == 2
+
+
+LOOP = ["stage=loop", "loop.rounds=2", "run_name=loop", "data.eval_limit=2", "eval.num_samples=2",
+        "sft.learning_rate=1e-3", "select.drop_truncated=false", *PREFS]
+
+
+def test_a_two_rank_loop_that_loses_a_rank_resumes(tmp_path):
+    killed = launch(tmp_path, [LOOP], kill={"rank": 1, "sft_round": 1})
+    assert killed.returncode != 0
+    paths = RunPaths(tmp_path / "runs" / "loop")
+    assert is_complete(paths.eval(0)) and not is_complete(paths.policy(1))
+    resumed = launch(tmp_path, [LOOP])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert is_complete(paths.eval(1)) and (paths.root / "summary.md").exists()
+
+
+def test_ranks_started_with_different_configs_stop_with_a_clear_error(tmp_path):
+    done = launch(tmp_path, [["stage=sample", "run_name=x", "device=cpu", "seed=${oc.env:RANK}"]])
+    assert done.returncode != 0
+    assert "ranks were started with different configs" in done.stderr
+    assert not (tmp_path / "runs" / "x" / "round_00").exists()
