@@ -117,9 +117,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             callbacks=[history],
         )
         result = trainer.train()
-    trained = trainer.model
+    trained, state_dict = trainer.accelerator.unwrap_model(trainer.model), None
     if cfg.sft.mode == "lora":
         trained = trained.merge_and_unload()
+    elif distributed.world_size() > 1:  # every process takes part: under FSDP this gathers the shards
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
     trained.eval()
 
     losses = [h["loss"] for h in history.history if "loss" in h]
@@ -137,7 +139,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
     if distributed.is_main():  # every process trained the same (DDP) model; one saves it
         with atomic_artifact(out, meta, made) as tmp:
-            trained.save_pretrained(tmp)
+            trained.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
     distributed.barrier()
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
