@@ -14,7 +14,7 @@ either the old state or the complete new artifact; stale temporary folders are s
 write.
 
 What made an artifact (its fingerprint) is recorded in meta.json and checked before it is reused:
-  config   the config keys its stage reads (each stage's FINGERPRINT_KEYS), resolved and flattened;
+  config   the config keys its stage reads (listed at each stage's fingerprint() call), resolved, flattened;
            keys that cannot change a result are left out (IGNORED_KEYS: progress bars, logging
            cadence, scoring batch sizes; `threads`, `device`, `logger` are never listed)
   inputs   the digest of every artifact it read (so a rebuilt upstream artifact makes it stale)
