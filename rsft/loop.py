@@ -4,7 +4,8 @@
     python -m rsft.run stage=loop select.strategy=random run_name=demo-random loop.reward_from=demo  # the baseline
 
 Before round 0, when runs/<run_name>/reward/ is missing: copied from loop.reward_from's run when
-set (a baseline judged by the same reward model), else stage=prefs (pairs of the initial
+set (a baseline judged by the same reward model; its prefs/ and eval_initial/ too where it has them,
+so a reward model trained on user pairs serves as well), else stage=prefs (pairs of the initial
 policy's samples labelled by the simulated annotators) and stage=reward (the Bradley-Terry model).
 With loop.eval, the initial policy is evaluated once (eval_initial/, the baseline). Then for round
 r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
@@ -52,14 +53,16 @@ def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
 
 
 def share_judge(source: RunPaths, paths: RunPaths) -> None:
-    """Copy another run's labels, reward model and baseline eval (missing ones only), so that runs
-    compared with each other (best-of-K vs select.strategy=random) are judged by the same reward model."""
+    """Copy another run's reward model, and its labels and baseline eval where it has them (missing
+    ones only), so that runs compared with each other (best-of-K vs select.strategy=random) are judged
+    by the same reward model. A reward model trained on the user's own pairs has no prefs/: fine."""
+    if not is_complete(source.reward):
+        raise FileNotFoundError(f"loop.reward_from: {source.reward} is missing or incomplete; run that loop "
+                                f"(or its stage=reward) first")
     for name in ("prefs", "reward", "initial_eval"):
         src, dst = getattr(source, name), getattr(paths, name)
-        if is_complete(dst):
+        if is_complete(dst) or not is_complete(src):
             continue
-        if not is_complete(src):
-            raise FileNotFoundError(f"loop.reward_from: {src} is missing or incomplete; run that loop first")
         copy_artifact(src, dst)
         log.info("loop: copied %s from %s", dst.name, src)
 

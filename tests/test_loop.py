@@ -101,3 +101,14 @@ def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
     assert read_meta(paths.samples(1))["sampling"]["num_drafted"] > 0  # round 1 drafted with round 0's draft
     assert read_meta(paths.samples(1))["config"]["draft"]["kind"] == "distilled"
     assert not is_complete(paths.round_draft(1))  # no round 2 to draft for
+
+
+def test_reward_from_a_run_whose_reward_model_was_trained_on_user_pairs(tmp_path):
+    from rsft.loop import share_judge
+    from rsft.paths import atomic_artifact, is_complete
+
+    source, target = RunPaths(tmp_path / "user-pairs"), RunPaths(tmp_path / "baseline")
+    with atomic_artifact(source.reward, {"stage": "reward"}) as tmp:  # no prefs/, no eval_initial/
+        (tmp / "weights.bin").write_bytes(b"w")
+    share_judge(source, target)
+    assert is_complete(target.reward) and not target.prefs.exists() and not target.initial_eval.exists()
