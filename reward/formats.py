@@ -26,6 +26,8 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from omegaconf import DictConfig
 
+from rsft.data import check_jsonl
+
 log = logging.getLogger(__name__)
 
 LABEL_COLUMN = "label_prob"
@@ -72,6 +74,8 @@ def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
         if suffix not in FILE_BUILDERS:
             raise ValueError(f"{source}: unknown file type {suffix!r}; expected {sorted(FILE_BUILDERS)} (optionally "
                              f".gz) or a datasets folder")
+        if file.suffix == ".jsonl":  # a bad line is named by its number, not by datasets' generation error
+            check_jsonl("reward.data.path", path, file)
         return load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train"), source
     if _looks_local(path):
         raise FileNotFoundError(f"{source}: no such file or folder")

@@ -36,7 +36,7 @@ from rsft.select import check_settings as check_select_settings
 
 
 class ConfigError(ValueError):
-    """A setting the command cannot run with. Its message is one line; the entry point prints it and exits 2."""
+    """A setting the command cannot run with. Its message is one line; the entry point prints it and exits 1."""
 
 
 # stage -> the config groups it reads that have rules here (stage=loop: those of every stage it runs).
@@ -62,6 +62,7 @@ def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first setting the command cannot run with. The stage itself is
     rsft.run.run_stage's to check (it owns the stage table); this reads a valid cfg.stage."""
     stage = cfg.stage
+    _check_required(cfg, ("policy", *STAGE_READS[stage]))
     _check_run_dir(cfg)
     _at_least(cfg, "round", -1 if stage == "draft" else 0,
               "(stage=draft: -1 = before any SFT)" if stage == "draft" else "")
@@ -70,6 +71,16 @@ def check_config(cfg: DictConfig) -> None:
     _check_device(cfg)
     for group in STAGE_READS[stage]:
         GROUP_CHECKS[group](cfg)
+
+
+def _check_required(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """Settings a config option leaves to the user (`???`: data=local's data.path, policy=hf's
+    name_or_path, data=hub's name) must be given on the command line."""
+    for group in groups:
+        missing = sorted(OmegaConf.missing_keys(cfg[group])) if group in cfg else []  # full keys: data.path
+        if missing:
+            raise ConfigError(f"{', '.join(missing)}: required by {group}.kind={cfg[group].get('kind')} and not set; "
+                              f"add {missing[0]}=... to the command")
 
 
 def check_run_name(name, setting: str = "run_name") -> None:
@@ -171,6 +182,10 @@ def _check_prefs(cfg: DictConfig) -> None:
 
 def _check_loop(cfg: DictConfig) -> None:
     _at_least(cfg, "loop.rounds", 1)
+    if cfg.data.kind != "demo" and cfg.reward.data.path is None and not cfg.loop.reward_from:
+        raise ConfigError(f"stage=loop with data.kind={cfg.data.kind} needs a reward model: reward.data.path=<your "
+                          f"pairs> (or loop.reward_from=<a run with one>); the simulated labels of stage=prefs "
+                          f"need the demo task's gold oracle")
     if cfg.loop.reward_from:  # as rsft.loop reads it: empty = not set
         check_run_name(cfg.loop.reward_from, "loop.reward_from")
 

@@ -169,8 +169,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                 f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
     if not is_complete(paths.reward):
         score.load_reward_scorer(cfg, None)  # the missing-reward-model error, before any work
-    if not initial and not is_complete(paths.initial_eval):
-        log.info("eval: the initial policy's evaluation (the baseline) is missing; building it first")
+    if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
     curve_round = 0 if initial else round_idx
     made = made_from(cfg, paths, policy_path, None if initial else paths.scored(curve_round))

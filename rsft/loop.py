@@ -87,12 +87,12 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
     with stage_tracker(cfg, "loop", tracker) as tracker:
-        if cfg.loop.reward_from:
+        if cfg.loop.reward_from:  # the other run's reward model as it is: its settings are that run's
             if distributed.is_main():
                 share_judge(paths.other_run(cfg.loop.reward_from), paths)
             distributed.barrier()
-        if not is_complete(paths.reward):
-            for name in ("prefs", "reward"):
+        else:  # built, reused, or stopped as stale by the stages' own fingerprints
+            for name in ("prefs", "reward") if cfg.reward.data.path is None else ("reward",):
                 run_named_stage(name, at_round(cfg, 0, name), tracker)
         if cfg.loop.eval:
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),

@@ -278,7 +278,9 @@ def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path).expanduser()
     if path.is_file():
         return file_digest(path)
-    return {str(f.relative_to(path)): file_digest(f) for f in sorted(path.rglob("*")) if f.is_file()}
+    # a datasets folder: not the cache files that datasets itself writes there when the rows are mapped
+    return {str(f.relative_to(path)): file_digest(f) for f in sorted(path.rglob("*"))
+            if f.is_file() and not f.name.startswith("cache-")}
 
 
 def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = (),

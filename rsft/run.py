@@ -6,6 +6,7 @@ import ast
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 
 import hydra
@@ -71,15 +72,22 @@ def run_stage(cfg: DictConfig):
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Errors the user can act on end in one line (exit 1), not a traceback; Ctrl-C says how to resume."""
+    """Errors the user can act on end in one line (exit 1), not a traceback; Ctrl-C says how to resume.
+
+    rsft's own messages for bad settings, files and artifacts (ValueError, KeyError, TypeError,
+    FileNotFoundError and rsft's error classes) name the setting or file; RSFT_TRACEBACK=1 shows the
+    traceback as well, for a bug report."""
     from rsft.checks import ConfigError
 
     try:
         run_stage(cfg)
     except KeyboardInterrupt:
         raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
-    except (ConfigError, ArtifactError, RunDirectoryBusy, FileNotFoundError) as error:
-        raise SystemExit(str(error)) from None
+    except (ConfigError, ArtifactError, RunDirectoryBusy, FileNotFoundError, ValueError, KeyError, TypeError) as error:
+        if os.environ.get("RSFT_TRACEBACK"):
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise SystemExit(f"{message}\n(RSFT_TRACEBACK=1 shows the traceback)") from None
 
 
 def check_command_line(argv: list[str]) -> None:

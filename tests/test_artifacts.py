@@ -57,6 +57,30 @@ def test_a_changed_prompt_file_makes_the_samples_stale(make_cfg, tmp_path):
         run_stage(make_cfg("stage=sample", *local))
 
 
+def test_a_prompt_folder_is_reused_as_it_is(make_cfg, tmp_path):
+    from datasets import Dataset
+
+    folder = tmp_path / "prompts"
+    Dataset.from_dict({"instruction": ["a cat", "a dog"]}).save_to_disk(str(folder))
+    local = ["data=local", f"data.path={folder}", "data.prompt_column=instruction", "run_name=folder"]
+    first = run_stage(make_cfg("stage=sample", *local))
+    assert run_stage(make_cfg("stage=sample", *local)) == first  # datasets' own cache files do not count
+
+
+def test_missing_required_settings_and_a_loop_without_labels_are_refused(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match=r"^data\.path: required by data\.kind=local"):
+        run_stage(make_cfg("stage=sample", "data=local"))
+    with pytest.raises(ConfigError, match="reward.data.path=<your pairs>"):
+        run_stage(make_cfg("stage=loop", "data=local", f"data.path={tmp_path}/p.jsonl"))
+
+
+def test_a_malformed_pairs_file_names_its_line(make_cfg, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n{broken\n")
+    with pytest.raises(ValueError, match=r"reward\.data\.path=.*pairs\.jsonl.*line 2"):
+        run_stage(make_cfg("stage=reward", "reward=tiny", f"reward.data.path={pairs}"))
+
+
 def test_reward_model_from_another_or_a_missing_pairs_file_is_not_reused(make_cfg, tmp_path):
     def pairs_file(name, words):
         path = tmp_path / name
@@ -102,6 +126,10 @@ def test_a_finished_loop_rerun_with_other_settings_stops_and_keeps_its_summary(m
     assert "K=2" in summary and "lr=0.001" in summary
     with pytest.raises(StaleArtifact, match=r"sample\.num_samples: 2 -> 4"):
         run_stage(make_cfg(*LOOP, "sample.num_samples=4", "sft.learning_rate=0.05"))
+    with pytest.raises(StaleArtifact, match=r"reward\.epochs: 1 -> 2"):  # the loop's reward model is checked too
+        run_stage(make_cfg(*LOOP, "reward.epochs=2"))
+    with pytest.raises(StaleArtifact, match=r"eval_initial.*\n  eval\.num_samples: 2 -> 3"):  # and the baseline
+        run_stage(make_cfg(*LOOP[1:], "stage=eval", "round=0", "eval.num_samples=3"))
     assert (root / "summary.md").read_text() == summary
     # the summary says what the artifacts were made with, whatever the current config says
     from rsft.report import write_summary
