@@ -11,11 +11,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
 from rsft.checks import ConfigError
-from rsft.paths import DamagedArtifact, RunDirectoryBusy, RunPaths, StaleArtifact, read_meta, run_lock
+from rsft.models import load_causal_lm, load_saved_causal_lm
+from rsft.paths import DamagedArtifact, RunDirectoryBusy, RunPaths, StaleArtifact, atomic_artifact, run_lock
 from rsft.run import run_stage
 from tests.conftest import REPO
 
@@ -162,11 +164,6 @@ def test_an_invalid_meta_json_names_its_path(make_cfg):
 
 
 def test_truncated_policy_weights_name_the_policy_folder(make_cfg):
-    from rsft.models import load_saved_causal_lm
-    from rsft.paths import atomic_artifact
-    from rsft.models import load_causal_lm
-    import torch
-
     cfg = make_cfg("stage=sample", "round=1")
     policy = paths_of(cfg).policy(0)
     model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, torch.device("cpu"))
