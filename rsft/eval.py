@@ -167,8 +167,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise FileNotFoundError(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
                                 f"{policy_path} is missing; run `python -m rsft.run stage=sft "
                                 f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
-    if not is_complete(paths.reward):
-        score.load_reward_scorer(cfg, None)  # the missing-reward-model error, before any work
+    score.reward_model(cfg)  # a missing reward model stops here, before any work
     if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
     curve_round = 0 if initial else round_idx

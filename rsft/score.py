@@ -34,14 +34,20 @@ from rsft.tracking import Tracker, stage_tracker
 log = logging.getLogger(__name__)
 
 
-def load_reward_scorer(cfg: DictConfig, device):
-    """The trained reward model of this run (also used by stage=eval); a clear error when missing."""
+def reward_model(cfg: DictConfig):
+    """This run's trained reward model folder (score and eval check it before any work); a clear error when missing."""
     path = RunPaths.from_config(cfg).reward
     if not is_complete(path):
         raise FileNotFoundError(
             f"no trained reward model at {path}: stage=reward builds it from the labels stage=prefs writes; run "
             f"`python -m rsft.run stage=prefs run_name={cfg.run_name}` then `... stage=reward` (stage=loop does both)"
         )
+    return path
+
+
+def load_reward_scorer(cfg: DictConfig, device):
+    """The trained reward model of this run, loaded for scoring (also used by stage=eval)."""
+    path = reward_model(cfg)
     from reward.scoring import load_scorer
 
     with reading(path):
@@ -61,9 +67,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if not is_complete(source):
         raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
                                 f"`python -m rsft.run stage=sample round={cfg.round}` first")
-    if not is_complete(paths.reward):
-        load_reward_scorer(cfg, None)  # the missing-reward-model error
-    made = fingerprint(cfg, (), [source, paths.reward])  # the samples and the reward model, nothing else
+    made = fingerprint(cfg, (), [source, reward_model(cfg)])  # the samples and the reward model, nothing else
     if should_skip(out, cfg.overwrite, "score", made):
         return out
     samples = load_dataset_artifact(source)
