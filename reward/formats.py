@@ -19,8 +19,10 @@ Conversations are flattened to text ("Role: content" turns) since the reward mod
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import random
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
@@ -57,11 +59,12 @@ def pair_files(cfg: DictConfig) -> list[str]:
     return files
 
 
-def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
-    """The user's rows as stored (`reward.data.path`: a file, a datasets folder or a hub name)."""
+def load_raw(cfg: DictConfig, setting: str = "reward.data.path") -> tuple[Dataset, str]:
+    """The user's rows as stored (`path`: a file, a datasets folder or a hub name with `split` and
+    optionally `data_dir`, e.g. Anthropic/hh-rlhf + harmless-base); `setting` names it in errors."""
     path = str(cfg.path)
     file = Path(path).expanduser()
-    source = f"reward.data.path={path!r}"
+    source = f"{setting}={path!r}"
     if file.is_dir():
         loaded = load_from_disk(str(file))
         if isinstance(loaded, DatasetDict):
@@ -75,11 +78,13 @@ def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
             raise ValueError(f"{source}: unknown file type {suffix!r}; expected {sorted(FILE_BUILDERS)} (optionally "
                              f".gz) or a datasets folder")
         if file.suffix == ".jsonl":  # a bad line is named by its number, not by datasets' generation error
-            check_jsonl("reward.data.path", path, file)
+            check_jsonl(setting, path, file)
         return load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train"), source
     if _looks_local(path):
         raise FileNotFoundError(f"{source}: no such file or folder")
-    return load_dataset(path, split=cfg.split), f"hub dataset {path} (split {cfg.split})"
+    data_dir = cfg.get("data_dir")
+    where = f"{path}" + (f", data_dir {data_dir}" if data_dir else "")
+    return load_dataset(path, data_dir=data_dir, split=cfg.split), f"hub dataset {where} (split {cfg.split})"
 
 
 def messages_to_text(messages) -> str:
@@ -161,3 +166,47 @@ def check_pairs(pairs: Dataset, source: str, label_column: str = LABEL_COLUMN) -
         label = example[LABEL_COLUMN]
         if label is None or math.isnan(label) or not 0.0 <= label <= 1.0:
             raise ValueError(f"{source}, row {row}, column {label_column!r}: soft label {label} is not in [0, 1]")
+
+
+PART_BY = ("prompt", "row")
+
+
+def partition(pairs: Dataset, parts: int, part: int, by: str, seed: int, source: str) -> Dataset:
+    """One of `parts` disjoint, seeded parts of the pairs (reward.data.parts / part / part_by / part_seed).
+
+    by="prompt": the distinct prompts are shuffled with the seed and dealt round-robin to the parts, so
+    every pair of a prompt lands in the same part (a judge never sees a prompt the proxy was trained
+    on); by="row": the rows themselves are shuffled and dealt. The same data and seed always give the
+    same parts, and the parts of one seed are disjoint and cover every pair.
+    """
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"reward.data.parts={parts!r}: expected a positive integer (1 = all pairs)")
+    if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < parts:
+        raise ValueError(f"reward.data.part={part!r}: expected an integer in [0, {parts - 1}] (reward.data.parts={parts})")
+    if by not in PART_BY:
+        raise ValueError(f"reward.data.part_by={by!r}: expected one of {', '.join(PART_BY)}")
+    if parts == 1:
+        return pairs
+    rng = random.Random(seed)
+    if by == "row":
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        rows = sorted(order[part::parts])
+    else:
+        prompts = sorted(set(pairs["prompt"]))
+        rng.shuffle(prompts)
+        mine = set(prompts[part::parts])
+        rows = [i for i, p in enumerate(pairs["prompt"]) if p in mine]
+    if not rows:
+        raise ValueError(f"{source}: part {part} of {parts} (by {by}) holds no pairs; use fewer reward.data.parts")
+    log.info("%s: part %d of %d by %s (seed %d): %d of %d pairs", source, part, parts, by, seed, len(rows), len(pairs))
+    return pairs.select(rows)
+
+
+def pair_hash(prompt: str, chosen: str, rejected: str) -> str:
+    """A pair's identity (what two reward models trained on overlapping data share)."""
+    return hashlib.sha256("\x1f".join((prompt, chosen, rejected)).encode()).hexdigest()[:16]
+
+
+def pair_hashes(pairs: Dataset) -> list[str]:
+    return sorted({pair_hash(p, c, r) for p, c, r in zip(pairs["prompt"], pairs["chosen"], pairs["rejected"])})

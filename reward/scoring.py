@@ -23,17 +23,31 @@ from reward.encoding import encode_pair, pad_right
 from reward.model import reward_forward
 
 STATS_FILE = "reward_stats.json"
+PLAIN_PROMPT = "{prompt}"
+HH_PROMPT = "Human: {prompt}\n\nAssistant:"  # how reward.formats splits an HH-RLHF transcript's prompt
+
+
+def prompt_template(data_format: str) -> str:
+    """How a reward model trained on `data_format` pairs reads a policy's prompt: the HH-RLHF split keeps
+    the "Human: ...\n\nAssistant:" frame in every training prompt, so a bare user prompt is framed the
+    same way when a model trained on it scores sampled completions; other formats read the prompt as is."""
+    return HH_PROMPT if data_format == "hh_rlhf" else PLAIN_PROMPT
 
 
 class RewardScorer:
     def __init__(self, model, tokenizer, max_length: int, mean: float = 0.0, std: float = 1.0,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", template: str = PLAIN_PROMPT):
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.max_length = int(max_length)
         self.mean = float(mean)
         self.std = float(std)
         self.device = torch.device(device)
+        self.template = template
+
+    def as_trained(self, prompts) -> list[str]:
+        """A policy's prompts framed as this model's training prompts were (prompt_template)."""
+        return [self.template.format(prompt=p) for p in prompts]
 
     @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str], batch_size: int = 32,
@@ -84,7 +98,8 @@ def load_scorer(path: str | Path, device: str | torch.device = "cpu") -> RewardS
         tokenizer.pad_token = tokenizer.eos_token
     if str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return RewardScorer(model, tokenizer, stats["max_length"], stats["mean"], stats["std"], device)
+    return RewardScorer(model, tokenizer, stats["max_length"], stats["mean"], stats["std"], device,
+                        stats.get("prompt_template", PLAIN_PROMPT))
 
 
 def pairwise_accuracy(r_chosen: list[float], r_rejected: list[float], label_prob: list[float]) -> tuple[float, int]:

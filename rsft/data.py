@@ -118,7 +118,7 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
     """The prompt set for sampling (`which="train"`) or for held-out evaluation (`which="eval"`)."""
     if which not in ("train", "eval"):
         raise ValueError(f"which={which!r}: expected train or eval")
-    split = cfg.split if which == "train" else cfg.eval_split
+    split = cfg.split if which == "train" else cfg.get("eval_split")
     limit = cfg.limit if which == "train" else cfg.get("eval_limit")
     check_limit("data.limit" if which == "train" else "data.eval_limit", limit)
     if cfg.kind == "demo":
@@ -131,13 +131,15 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
         if path is None:
             raise ValueError(f"{setting} is not set; held-out evaluation needs its own prompt file")
         ds, source = _load_local(setting, path, split), f"{setting}={path!r}"
+    elif cfg.kind == "hh_rlhf":
+        ds, source = hh_rlhf_prompts(cfg, which)
     elif cfg.kind == "hub":
         if split is None:
             raise ValueError(f"data.{'split' if which == 'train' else 'eval_split'} is not set for hub dataset {cfg.name}")
         ds = load_dataset(cfg.name, cfg.get("config_name"), split=split)
         source = f"hub dataset {cfg.name} (split {split})"
     else:
-        raise ValueError(f"data.kind={cfg.kind!r}: expected demo, local or hub")
+        raise ValueError(f"data.kind={cfg.kind!r}: expected demo, local, hub or hh_rlhf")
     ds = _normalise(ds, cfg, source, limit)
     log.info("loaded %d prompts from %s", len(ds), source)
     duplicates = duplicate_prompts(ds)
@@ -146,6 +148,61 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
                     "(so that prompt gets more samples), e.g. %s", source, duplicates["duplicate_prompt_rows"],
                     duplicates["examples"])
     return ds
+
+
+HUMAN_TURN, ASSISTANT_TURN = "Human:", "\n\nAssistant:"
+
+
+def first_human_turn(transcript: str) -> str | None:
+    """The first human turn of an HH-RLHF transcript ("\n\nHuman: ... \n\nAssistant: ..."), stripped;
+    None when the transcript does not open with a human turn followed by an assistant turn."""
+    text = transcript.lstrip()
+    if not text.startswith(HUMAN_TURN):
+        return None
+    end = text.find(ASSISTANT_TURN)
+    turn = text[len(HUMAN_TURN):end if end >= 0 else None].strip()
+    return turn if end >= 0 and turn else None
+
+
+def hh_rlhf_prompts(cfg: DictConfig, which: str) -> tuple[Dataset, str]:
+    """Prompts from HH-RLHF transcripts: the first human turn of each dialogue, once per distinct text.
+
+    data.path is a local file or folder of transcripts (`chosen`/`rejected` columns, as Anthropic ships
+    them) or a hub name (Anthropic/hh-rlhf with data.data_dir, e.g. harmless-base), read by the reward
+    stage's own reader (reward.formats.load_raw). A prompt is held out for evaluation when a seeded hash of
+    its text falls below data.eval_fraction, so the split never depends on the file's order and the two
+    sets never share a prompt; ids are hashes of the text. Both sets keep the file's order of first
+    appearance (data.limit / data.eval_limit take the first ones).
+    """
+    import hashlib
+
+    from reward.formats import load_raw
+
+    fraction = cfg.get("eval_fraction")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"data.eval_fraction={fraction!r}: expected a fraction in (0, 1) of the distinct prompts to "
+                         f"hold out for evaluation")
+    if cfg.get("path") is None:
+        raise ValueError("data.path is not set: expected an HH-RLHF transcript file or folder, or a hub name "
+                         "such as Anthropic/hh-rlhf (with data.data_dir=harmless-base)")
+    raw, source = load_raw(DictConfig({"path": cfg.path, "split": cfg.split, "data_dir": cfg.get("data_dir")}),
+                           setting="data.path")
+    if "chosen" not in raw.column_names:
+        raise KeyError(f"{source}: missing column 'chosen' (HH-RLHF transcripts); its columns are {raw.column_names}")
+    seen, rows = set(), []
+    for transcript in raw["chosen"]:
+        turn = first_human_turn(transcript) if isinstance(transcript, str) else None
+        if turn is None or turn in seen:
+            continue
+        seen.add(turn)
+        digest = hashlib.sha256(f"{cfg.get('split_seed', 0)}/{turn}".encode()).digest()
+        held_out = int.from_bytes(digest[:8], "big") / 2 ** 64 < float(fraction)
+        if held_out == (which == "eval"):
+            rows.append({"prompt_id": f"hh-{hashlib.sha256(turn.encode()).hexdigest()[:12]}", "prompt": turn})
+    if not rows:
+        raise ValueError(f"{source}: no {which} prompts (no transcript opens with a human turn, or "
+                         f"data.eval_fraction={fraction} leaves none)")
+    return Dataset.from_list(rows), f"{source} ({which} prompts: first human turns, held out {fraction:g})"
 
 
 def duplicate_prompts(ds: Dataset) -> dict:
@@ -237,13 +294,16 @@ def prompt_keys(which: str = "train") -> tuple[str, ...]:
     """The data settings a prompt set depends on (for artifact fingerprints, rsft.paths.fingerprint)."""
     common = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
               "data.system_prompt")
+    hh = ("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed")  # data=hh_rlhf only
     if which == "train":
-        return common + ("data.path", "data.split", "data.limit")
-    return common + ("data.eval_path", "data.eval_split", "data.eval_limit")
+        return common + hh + ("data.limit",)
+    return common + hh + ("data.eval_path", "data.eval_split", "data.eval_limit")
 
 
 def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
     """The user's prompt file or folder a prompt set is read from (none for the demo and hub sets)."""
+    if cfg.kind == "hh_rlhf":  # one transcript file holds both sets; a hub name is not a file
+        return [cfg.path] if cfg.get("path") is not None and Path(str(cfg.path)).expanduser().exists() else []
     if cfg.kind != "local":
         return []
     path = cfg.path if which == "train" else cfg.get("eval_path")

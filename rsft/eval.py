@@ -10,14 +10,25 @@ evaluation (eval_initial/) is the baseline: a round's eval builds it first when 
 Every policy is sampled with the same seed (eval.seed) on the same held-out prompts
 (load_prompts(cfg.data, "eval")), eval.num_samples completions each, with the plain sampler (the
 speculative one is exact, so a draft would change nothing but speed). Metrics (metrics.json):
-  reward_mean, reward_normalised_mean   the reward model's view
+  reward_mean, reward_normalised_mean   the proxy reward model's view (the model selection optimised)
   gold_mean                             the demo task's oracle (only when the prompts have `task`)
-  win_rate_vs_initial                   P(reward of this policy's completion > the initial policy's)
-                                        over all sample pairs of the same prompt, ties count 1/2;
-                                        gold_win_rate_vs_initial the same under the oracle
+  judge_mean                            eval.judge's raw score: a reward model the proxy never was
+                                        (trained on other pairs; Gao et al. 2022), the stand-in for
+                                        gold where there is no oracle (rsft.score.judge_model)
+  intervals                             95% bootstrap interval over prompts of every *_mean and win
+                                        rate (rsft.stats: prompts are the independent draws)
+  win_rate_vs_initial                   P(this policy's completion scores above the initial policy's
+                                        completion with the same prompt and sample index), ties 1/2,
+                                        under the proxy; gold_ and judge_win_rate_vs_initial likewise
+  vs_initial                            paired differences to the initial policy per score column
+                                        ({mean, low, high}); common random numbers make them tight
   distinct_1, distinct_2                distinct word n-grams / all word n-grams across a prompt's
-                                        samples, averaged over prompts (diversity; it falls as SFT
-                                        sharpens the policy)
+                                        samples, averaged over prompts (diversity within a prompt)
+  distinct_1_all, distinct_2_all        the same over the whole eval set pooled (across prompts)
+  top_opening, top_opening_share        the most common first words (rsft.stats.opening) and the share
+                                        of completions that open with them: collapse across prompts
+                                        ("I'm sorry, but as an AI ..." to everything) that per-prompt
+                                        distinct-n cannot see
   mean_tokens, mean_words, eos_fraction
   best_of_n                             from round r's scored samples (the K completions per train
                                         prompt that this policy was trained from): for N = 1..K the
@@ -42,7 +53,7 @@ from collections import defaultdict
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed, score
+from rsft import distributed, score, stats
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
@@ -102,41 +113,48 @@ def gold_scores(ds: Dataset) -> list[float] | None:
     return [gold_score(t, c, f) for t, c, f in zip(ds["task"], ds["completion"], ds["finish_reason"])]
 
 
-def distinct_n(texts: list[str], n: int) -> float | None:
-    grams = [tuple(words[i:i + n]) for words in (t.lower().split() for t in texts) for i in range(len(words) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else None
+def score_columns(ds: Dataset) -> list[str]:
+    """The per-completion scores an evaluation holds: reward (the proxy), gold (demo oracle), judge."""
+    return [c for c in ("reward", "gold", "judge") if c in ds.column_names]
 
 
-def win_rate(mine: dict[str, list[float]], theirs: dict[str, list[float]]) -> float:
-    """P(mine > theirs) over all sample pairs of the same prompt, ties 1/2, averaged over prompts."""
-    rates = []
-    for prompt_id, a in mine.items():
-        b = theirs[prompt_id]
-        rates.append(sum((x > y) + 0.5 * (x == y) for x in a for y in b) / (len(a) * len(b)))
-    return statistics.fmean(rates)
-
-
-def by_prompt(ds: Dataset, column: str) -> dict[str, list]:
-    out = defaultdict(list)
-    for prompt_id, value in zip(ds["prompt_id"], ds[column]):
-        out[prompt_id].append(value)
-    return dict(out)
-
-
-def policy_metrics(ds: Dataset) -> dict:
-    texts = by_prompt(ds, "completion")
+def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
+    """Every headline number of one evaluation, each mean with its 95% bootstrap interval over prompts
+    (rsft.stats); with the initial policy's evaluation, paired differences and win rates against it."""
+    completions = ds["completion"]
+    texts = defaultdict(list)  # prompt_id -> row indices
+    for i, prompt_id in enumerate(ds["prompt_id"]):
+        texts[prompt_id].append(i)
     metrics = {
-        "reward_mean": statistics.fmean(ds["reward"]),
         "reward_normalised_mean": statistics.fmean(ds["reward_normalised"]),
         "mean_tokens": statistics.fmean(ds["num_tokens"]),
-        "mean_words": statistics.fmean(len(c.split()) for c in ds["completion"]),
+        "mean_words": statistics.fmean(len(c.split()) for c in completions),
         "eos_fraction": statistics.fmean(f == "eos" for f in ds["finish_reason"]),
     }
+    intervals = {}
+    for column in score_columns(ds):
+        interval = stats.bootstrap(stats.by_prompt(ds["prompt_id"], ds[column]))
+        metrics[f"{column}_mean"] = interval["mean"]
+        intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
     for n in (1, 2):
-        values = [v for v in (distinct_n(t, n) for t in texts.values()) if v is not None]
+        values = [v for v in (stats.distinct_n([completions[i] for i in rows], n) for rows in texts.values())
+                  if v is not None]
         metrics[f"distinct_{n}"] = statistics.fmean(values) if values else 0.0
-    if "gold" in ds.column_names:
-        metrics["gold_mean"] = statistics.fmean(ds["gold"])
+        metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n) or 0.0
+    metrics["top_opening"], metrics["top_opening_share"] = stats.top_opening(completions)
+    if baseline is not None:
+        metrics["vs_initial"] = {}
+        for column in score_columns(ds):
+            if column not in baseline.column_names:
+                continue
+            mine = stats.keyed(ds["prompt_id"], ds["sample_idx"], ds[column])
+            theirs = stats.keyed(baseline["prompt_id"], baseline["sample_idx"], baseline[column])
+            win = stats.paired_win_rate(mine, theirs)
+            metrics["vs_initial"][column] = stats.paired_difference(mine, theirs)
+            name = "win_rate_vs_initial" if column == "reward" else f"{column}_win_rate_vs_initial"
+            metrics[name] = win["mean"]
+            intervals[name] = [win["low"], win["high"]]
+    metrics["intervals"] = intervals
     return metrics
 
 
@@ -145,12 +163,12 @@ SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", 
                  "sample.leniency")
 
 
-def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored) -> dict:
+def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
     """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured
-    or an artifact), the reward model; a round's also the baseline and the round's scored samples
+    or an artifact), the reward model and the judge (eval.judge); a round's also the baseline and the round's scored samples
     (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples
     if they existed when it ran; they are not part of its fingerprint."""
-    inputs = [paths.reward]
+    inputs = [paths.reward] + [p for p in (judge,) if p is not None]
     if policy_path is not None:
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
     return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *prompt_keys("eval")), inputs,
@@ -167,11 +185,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise FileNotFoundError(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
                                 f"{policy_path} is missing; run `python -m rsft.run stage=sft "
                                 f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
-    score.reward_model(cfg)  # a missing reward model stops here, before any work
+    score.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
+    judge = score.judge_model(cfg)
     if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
     curve_round = 0 if initial else round_idx
-    made = made_from(cfg, paths, policy_path, None if initial else paths.scored(curve_round))
+    made = made_from(cfg, paths, policy_path, None if initial else paths.scored(curve_round), judge)
     if should_skip(out, cfg.overwrite, "eval", made):
         return out
     prompts = load_prompts(cfg.data, "eval")
@@ -187,16 +206,19 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     raw = score.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
     ds = ds.add_column("reward", [float(r) for r in raw])
     ds = ds.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
+    if judge is not None:
+        judge_scorer = score.load_reward_scorer(cfg, device, judge)
+        raw = score.score_rows(judge_scorer, ds["prompt"], ds["completion"], progress=False)
+        ds = ds.add_column("judge", [float(r) for r in raw])
+        ds = ds.add_column("judge_normalised", [float(r) for r in judge_scorer.normalise(raw)])
     gold = gold_scores(ds)
     if gold is not None:
         ds = ds.add_column("gold", gold)
 
-    metrics = policy_metrics(ds)
-    if not initial:
-        baseline = load_dataset_artifact(paths.initial_eval)
-        metrics["win_rate_vs_initial"] = win_rate(by_prompt(ds, "reward"), by_prompt(baseline, "reward"))
-        if gold is not None:
-            metrics["gold_win_rate_vs_initial"] = win_rate(by_prompt(ds, "gold"), by_prompt(baseline, "gold"))
+    metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
+    if judge is not None:
+        metrics["judge"] = str(judge)
+        metrics["judge_warnings"] = score.judge_warnings(judge, paths.reward)
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}
@@ -213,9 +235,20 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
     with stage_tracker(cfg, "eval", tracker) as tracker:
         prefix = "eval_initial" if initial else "eval"
-        tracker.log({f"{prefix}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-                    step=0 if initial else round_idx)
+        tracker.log({f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()}, step=0 if initial else round_idx)
     return out
+
+
+def flat_metrics(metrics: dict) -> dict[str, float]:
+    """The scalar metrics, each interval as <name>_low / <name>_high, each paired difference to the initial
+    policy as <column>_diff_vs_initial (+ _low / _high): what wandb and the round table show."""
+    flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for name, (low, high) in metrics.get("intervals", {}).items():
+        flat[f"{name}_low"], flat[f"{name}_high"] = low, high
+    for column, diff in metrics.get("vs_initial", {}).items():
+        flat[f"{column}_diff_vs_initial"] = diff["mean"]
+        flat[f"{column}_diff_vs_initial_low"], flat[f"{column}_diff_vs_initial_high"] = diff["low"], diff["high"]
+    return flat
 
 
 def read_metrics(path) -> dict:

@@ -283,12 +283,17 @@ def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
             if f.is_file() and not f.name.startswith("cache-")}
 
 
+_ABSENT = object()
+
+
 def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = (),
                 user_files: Iterable[str | os.PathLike] = ()) -> dict[str, Any]:
     """What an artifact is made from: config keys (flattened), input artifacts' digests, user files."""
     config: dict[str, Any] = {}
-    for key in keys:
-        _flatten(key, _plain(OmegaConf.select(cfg, key, throw_on_missing=False)), config)
+    for key in keys:  # a key the composed config does not have (another data kind's setting) is left out
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+        if value is not _ABSENT:
+            _flatten(key, _plain(value), config)
     run_dir = Path(cfg.paths.run_dir)
     recorded_inputs = {}
     for path in inputs:

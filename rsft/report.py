@@ -5,8 +5,10 @@ never from memory, so a resumed loop reports the same numbers as one that ran st
 Plots (PNG under runs/<run_name>/plots/, also logged to wandb by the loop):
   best_of_n.png     expected best-of-N reward vs N for each round's samples (Llama 2, figure 7),
                     beside the expected gold score of the reward-best-of-N completion
-  gold_vs_proxy.png gold and reward-model score of each policy on held-out prompts; where the
-                    proxy climbs and gold does not, the reward model is being over-optimised
+  gold_vs_proxy.png gold, judge and proxy score of each policy on held-out prompts with 95%
+                    intervals, one panel each; where the proxy climbs and gold (or the judge)
+                    does not, the reward model is being over-optimised
+  diversity.png     distinct-2 within and across prompts and the top opening's share per policy
   acceptance.png    the draft's acceptance rate per draft position, per round (when a draft is used)
 """
 
@@ -15,8 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-from rsft.eval import best_of_n_curve, gold_scores, read_metrics
+from rsft import stats
+from rsft.eval import best_of_n_curve, flat_metrics, gold_scores, read_metrics, score_columns
 from rsft.paths import RunPaths, is_complete, load_dataset_artifact, read_meta
 
 
@@ -26,6 +28,13 @@ def _read_meta_if_complete(path: Path) -> dict:
 
 def eval_metrics(path: Path) -> dict:
     return read_metrics(path) if is_complete(path) else {}
+
+
+# the held-out numbers a round reports (with _low / _high where they have an interval)
+EVAL_KEYS = ("reward_mean", "reward_normalised_mean", "gold_mean", "judge_mean", "win_rate_vs_initial",
+             "gold_win_rate_vs_initial", "judge_win_rate_vs_initial", "gold_diff_vs_initial", "judge_diff_vs_initial",
+             "reward_diff_vs_initial", "distinct_1", "distinct_2", "distinct_2_all", "top_opening_share",
+             "mean_tokens", "mean_words", "eos_fraction")
 
 
 def round_metrics(paths: RunPaths, round_idx: int) -> dict:
@@ -48,9 +57,13 @@ def round_metrics(paths: RunPaths, round_idx: int) -> dict:
         "sft/train_loss": sft.get("train_loss"),
         "sft/loss_last": sft.get("loss_last"),
     }
-    for key in ("reward_mean", "reward_normalised_mean", "gold_mean", "win_rate_vs_initial",
-                "gold_win_rate_vs_initial", "distinct_1", "distinct_2", "mean_tokens", "mean_words", "eos_fraction"):
-        out[f"eval/{key}"] = evaluation.get(key)
+    out["select/prompts_kept"] = select.get("counts", {}).get("prompts_kept")
+    out["select/dropped_truncated"] = select.get("counts", {}).get("dropped_truncated")
+    out["select/top_opening_share"] = select.get("stats", {}).get("top_opening_share")
+    flat = flat_metrics(evaluation)
+    for key in EVAL_KEYS:
+        for suffix in ("", "_low", "_high"):
+            out[f"eval/{key}{suffix}"] = flat.get(f"{key}{suffix}")
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -86,29 +99,108 @@ def plot_best_of_n(paths: RunPaths, rounds: int, out: Path) -> Path | None:
     return out
 
 
+def evaluations(paths: RunPaths, rounds: int) -> list[tuple[str, Path]]:
+    """(name, folder) of every complete evaluation: the initial policy, then each round's."""
+    points = [("initial", paths.initial_eval)] + [(f"round {r}", paths.eval(r)) for r in range(rounds)]
+    return [(name, path) for name, path in points if is_complete(path)]
+
+
+SCORE_TITLES = {"gold": "gold (oracle)", "judge": "judge (held-out reward model)", "reward": "proxy reward model"}
+
+
 def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path) -> Path | None:
+    """One panel per score the evaluations hold (gold, judge, proxy), the mean with its 95% interval per
+    policy: where the proxy climbs and gold or the judge does not, the proxy is being over-optimised.
+    Panels, not a shared legend: nothing covers the axes."""
     import matplotlib.pyplot as plt
 
-    points = [("initial", eval_metrics(paths.initial_eval))] + [
-        (f"round {r}", eval_metrics(paths.eval(r))) for r in range(rounds)]
-    points = [(name, m) for name, m in points if m]
+    points = [(name, read_metrics(path)) for name, path in evaluations(paths, rounds)]
     if not points:
         return None
+    columns = [c for c in SCORE_TITLES if all(f"{c}_mean" in m for _, m in points)]
+    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.8), squeeze=False)
     names = [name for name, _ in points]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    proxy_ax = ax.twinx()
-    if all("gold_mean" in m for _, m in points):
-        ax.plot(names, [m["gold_mean"] for _, m in points], marker="o", color="tab:green", label="gold (oracle)")
-    proxy_ax.plot(names, [m["reward_normalised_mean"] for _, m in points], marker="s", color="tab:blue",
-                  label="reward model (normalised)")
-    ax.set(xlabel="policy (after round r)", ylabel="mean gold score", title="held-out prompts: gold vs proxy")
-    proxy_ax.set_ylabel("mean normalised reward")
-    ax.grid(alpha=0.3)
-    fig.legend(loc="lower right", fontsize=8)
+    for ax, column in zip(axes[0], columns):
+        means = [m[f"{column}_mean"] for _, m in points]
+        lows = [m.get("intervals", {}).get(f"{column}_mean", [v, v])[0] for v, (_, m) in zip(means, points)]
+        highs = [m.get("intervals", {}).get(f"{column}_mean", [v, v])[1] for v, (_, m) in zip(means, points)]
+        ax.errorbar(range(len(names)), means, yerr=[[v - lo for v, lo in zip(means, lows)],
+                                                    [hi - v for v, hi in zip(means, highs)]],
+                    marker="o", capsize=4, color={"gold": "tab:green", "judge": "tab:purple"}.get(column, "tab:blue"))
+        ax.set_xticks(range(len(names)), names)
+        ax.set(title=SCORE_TITLES[column], ylabel=f"mean {column} score (95% CI)")
+        ax.grid(alpha=0.3)
+    fig.suptitle("held-out prompts, policy after round r", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_collapse(paths: RunPaths, rounds: int, out: Path) -> Path | None:
+    """Diversity per policy: distinct-2 within a prompt's samples and pooled over all prompts, and the
+    share of completions that open with the most common words (collapse across prompts)."""
+    import matplotlib.pyplot as plt
+
+    points = [(name, read_metrics(path)) for name, path in evaluations(paths, rounds)]
+    if not points or any("distinct_2_all" not in m for _, m in points):
+        return None
+    names = [name for name, _ in points]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key, label in (("distinct_2", "distinct-2 within a prompt"), ("distinct_2_all", "distinct-2 across prompts"),
+                       ("top_opening_share", "share opening with the top 5 words")):
+        ax.plot(range(len(names)), [m[key] for _, m in points], marker="o", label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylim=(0, 1.02), ylabel="fraction", title="diversity on held-out prompts")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def paired_vs(mine: Path, theirs: Path, column: str) -> dict | None:
+    """The paired difference mine - theirs in one score column, with its interval (None when either lacks it)."""
+    a, b = load_dataset_artifact(mine), load_dataset_artifact(theirs)
+    if column not in a.column_names or column not in b.column_names:
+        return None
+    return stats.paired_difference(stats.keyed(a["prompt_id"], a["sample_idx"], a[column]),
+                                   stats.keyed(b["prompt_id"], b["sample_idx"], b[column]))
+
+
+def _interval(m: dict, key: str) -> str:
+    if key not in m:
+        return ""
+    low, high = m.get("intervals", {}).get(key, [None, None])
+    return f"{m[key]:.3f}" + ("" if low is None else f" [{low:.3f}, {high:.3f}]")
+
+
+def _diff(d: dict | None) -> str:
+    return "" if d is None else f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def evaluation_table(paths: RunPaths, rounds: int) -> list[dict]:
+    """Per policy: every score's mean with its 95% interval, the paired differences to the previous
+    policy and to the initial one, win rates, and diversity within and across prompts."""
+    points = evaluations(paths, rounds)
+    rows = []
+    for i, (name, path) in enumerate(points):
+        m = read_metrics(path)
+        columns = score_columns(load_dataset_artifact(path))
+        row = {"policy": name}
+        for column in columns:
+            row[f"{column} [95% CI]"] = _interval(m, f"{column}_mean")
+        for column in columns:
+            if column == "reward" and len(columns) > 1:
+                continue  # the proxy's own differences say little; gold / the judge decide
+            row[f"{column} vs previous"] = _diff(paired_vs(path, points[i - 1][1], column)) if i else ""
+            row[f"{column} win rate vs initial"] = _interval(m, "win_rate_vs_initial" if column == "reward"
+                                                            else f"{column}_win_rate_vs_initial")
+        row.update({"distinct-2": m.get("distinct_2"), "distinct-2 (all)": m.get("distinct_2_all"),
+                    "top opening share": m.get("top_opening_share"), "mean tokens": m.get("mean_tokens")})
+        rows.append(row)
+    return rows
 
 
 def plot_acceptance(paths: RunPaths, rounds: int, out: Path) -> Path | None:
@@ -143,6 +235,7 @@ def write_plots(paths: RunPaths, rounds: int) -> dict[str, Path]:
     made = {
         "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png"),
         "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png"),
+        "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png"),
         "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png"),
     }
     return {k: v for k, v in made.items() if v is not None}
@@ -192,12 +285,9 @@ def recorded_settings(paths: RunPaths, round_idx: int) -> dict:
 
 
 def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict]) -> Path:
-    initial = eval_metrics(paths.initial_eval)
-    table = []
-    if initial:
-        table.append({"policy": "initial", **{f"eval/{k}": v for k, v in initial.items() if isinstance(v, float)}})
+    table = []  # the held-out numbers have their own table; this one is what each round did
     for r in range(rounds):
-        table.append({"policy": f"round {r}", **round_metrics(paths, r)})
+        table.append({"round": r, **{k: v for k, v in round_metrics(paths, r).items() if not k.startswith("eval/")}})
     columns = list(dict.fromkeys(k for row in table for k in row))
     rows = [{c: row.get(c, "") for c in columns} for row in table]
     reward_meta = _read_meta_if_complete(paths.reward)
@@ -212,6 +302,14 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         "prompts (as recorded by the last round's artifacts). Round r samples from the policy round r-1 trained "
         "(round 0: the initial policy); the `round r` row evaluates the policy round r trained, on held-out prompts.",
         "",
+        "## Held-out evaluation",
+        "",
+        "Means over held-out prompts with 95% bootstrap intervals over prompts; `vs previous` is the paired "
+        "difference to the row above (same prompts and sample seeds), `win rate vs initial` the paired "
+        "P(this policy's completion beats the initial policy's).",
+        "",
+        markdown_table(evaluation_table(paths, rounds)),
+        "",
         "## Round metrics",
         "",
         markdown_table(rows),
@@ -220,6 +318,12 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
     if reward_meta:
         metrics = {k: v for k, v in reward_meta.items() if k in ("metrics", "eval", "heldout", "stats")}
         text += ["## Reward model", "", f"`{paths.reward}`: `{json.dumps(metrics, default=str)[:800]}`", ""]
+    judged = [read_metrics(path) for _, path in evaluations(paths, rounds)]
+    judge = next((m["judge"] for m in judged if m.get("judge")), None)
+    if judge:
+        warnings = sorted({w for m in judged for w in m.get("judge_warnings", [])})
+        text += ["## Judge", "", f"`{judge}` (eval.judge): a reward model the proxy was not trained as; "
+                 f"{'warnings: ' + '; '.join(warnings) if warnings else 'no overlap with the proxy found'}.", ""]
     if plots:
         text += ["## Plots", ""] + [f"![{name}](plots/{p.name})" for name, p in plots.items()] + [""]
     if examples:

@@ -5,15 +5,18 @@
     python -m rsft.run stage=reward reward.data.path=hh.jsonl.gz reward.data.format=hh_rlhf
 
 1. Pairs: runs/<run_name>/prefs/ (train / test by prompt), or reward.data.path normalised by
-   reward.formats (held out: reward.data.eval_path, else eval_fraction of the shuffled rows).
+   reward.formats, optionally one of reward.data.parts disjoint seeded parts of it (a proxy on part 0,
+   an independent judge on part 1), held out: reward.data.eval_path, else eval_fraction of the
+   shuffled rows.
 2. Backbone with a fresh scalar head (reward.model); pairs tokenised by reward.encoding (prompts
    cut from the left when long, counted, never dropped); trained by reward.trainer (TRL's
    RewardTrainer with soft labels).
 3. Held-out pairwise accuracy (and, for the demo task, agreement with the gold oracle's order);
    the reward mean / std over the unique training responses, stored with the model for
    normalisation (reward_stats.json); metrics.json; all logged to the Tracker.
-4. runs/<run_name>/reward/: save_pretrained model + tokenizer, reward_stats.json, metrics.json,
-   meta.json, written atomically. reward.scoring.load_scorer reads it.
+4. runs/<run_name>/reward/: save_pretrained model + tokenizer, reward_stats.json (with the prompt
+   frame the model was trained on, reward.scoring.prompt_template), metrics.json, pair_hashes.json
+   (so that a judge trained on overlapping pairs is detected), meta.json, written atomically. reward.scoring.load_scorer reads it.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from reward.encoding import tokenize_preferences
-from reward.formats import check_pairs, load_raw, pair_files, to_preference_pairs
+from reward.formats import check_pairs, load_raw, pair_files, pair_hashes, partition, to_preference_pairs
 from reward.model import load_reward_backbone
-from reward.scoring import RewardScorer, pairwise_accuracy, save_reward_model, score_pairs
+from reward.scoring import RewardScorer, pairwise_accuracy, prompt_template, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
 from rsft import distributed
 from rsft.models import resolve_device
@@ -38,6 +41,8 @@ from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
+
+PAIR_HASHES_FILE = "pair_hashes.json"  # reward.formats.pair_hash of every training / held-out pair
 
 
 def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
@@ -56,7 +61,8 @@ def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
         train = train.select(range(min(len(train), d.limit))) if d.limit is not None else train
         return train, test, str(source)
     raw, source = load_raw(d)
-    pairs = to_preference_pairs(raw, d.format, d.label_column, source).shuffle(seed=int(cfg.reward.seed))
+    pairs = to_preference_pairs(raw, d.format, d.label_column, source)
+    pairs = partition(pairs, d.parts, d.part, d.part_by, int(d.part_seed), source).shuffle(seed=int(cfg.reward.seed))
     if d.limit is not None:
         pairs = pairs.select(range(min(len(pairs), int(d.limit))))
     if d.eval_path is not None:
@@ -103,7 +109,8 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
                                           train["label_prob"])
     std = statistics.pstdev(rewards) if len(rewards) > 1 else 1.0
     stats = {"mean": statistics.fmean(rewards), "std": max(std, 1e-6), "responses": len(rewards),
-             "max_length": int(rcfg.max_length), "backbone": str(rcfg.backbone.name_or_path)}
+             "max_length": int(rcfg.max_length), "backbone": str(rcfg.backbone.name_or_path),
+             "prompt_template": prompt_template(rcfg.data.format if rcfg.data.path is not None else "preference")}
     metrics = {
         "heldout_accuracy": heldout_accuracy, "heldout_pairs": heldout_pairs,
         "train_accuracy": train_accuracy, "train_pairs": len(train),
@@ -142,6 +149,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             with atomic_artifact(out, meta, made) as tmp:
                 save_reward_model(model, tokenizer, tmp, stats)
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+                (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": pair_hashes(train),
+                                                                "heldout": pair_hashes(test)}))
         distributed.barrier()
         log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
                  metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],

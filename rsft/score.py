@@ -12,9 +12,11 @@ it (the `prompt` column) and the completion text, as the reward model was traine
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 from collections import defaultdict
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -26,6 +28,7 @@ from rsft.paths import (
     fingerprint,
     is_complete,
     load_dataset_artifact,
+    read_meta,
     reading,
     should_skip,
 )
@@ -45,18 +48,77 @@ def reward_model(cfg: DictConfig):
     return path
 
 
-def load_reward_scorer(cfg: DictConfig, device):
-    """The trained reward model of this run, loaded for scoring (also used by stage=eval)."""
-    path = reward_model(cfg)
+def load_reward_scorer(cfg: DictConfig, device, path: Path | None = None):
+    """A trained reward model loaded for scoring: this run's (default) or `path` (eval's judge)."""
+    path = reward_model(cfg) if path is None else path
     from reward.scoring import load_scorer
 
     with reading(path):
         return load_scorer(str(path), device)
 
 
+def judge_model(cfg: DictConfig) -> Path | None:
+    """eval.judge as a reward-model folder, or None when unset.
+
+    eval.judge names a folder that stage=reward wrote (e.g. runs/<other>/reward) or a run name whose
+    reward/ is the judge. Refused: a path or run that holds no complete reward model. Warned about
+    (the judge then shares the proxy's taste and cannot stand in for an oracle): the proxy's own
+    folder, a copy of its weights, or a judge trained on pairs the proxy was also trained on (both
+    reward models record their pairs' hashes, rsft.reward.PAIR_HASHES_FILE).
+    """
+    name = cfg.eval.get("judge")
+    if name is None:
+        return None
+    paths = RunPaths.from_config(cfg)
+    folder = Path(str(name)).expanduser()
+    if not folder.is_dir():
+        from rsft.checks import ConfigError, check_run_name
+
+        try:
+            check_run_name(str(name), "eval.judge")
+        except ConfigError:
+            raise FileNotFoundError(f"eval.judge={name!r}: no such folder, and not a run name; expected a folder "
+                                    f"written by stage=reward (e.g. runs/<run>/reward) or a run name") from None
+        folder = paths.other_run(str(name)).reward
+        if not folder.is_dir():
+            raise FileNotFoundError(f"eval.judge={name!r}: neither a folder nor a run with a reward model "
+                                    f"({folder} is missing); train it with `python -m rsft.run stage=reward "
+                                    f"run_name={name} ...` first")
+    if not is_complete(folder) or read_meta(folder).get("stage") != "reward":
+        raise ValueError(f"eval.judge={name!r}: {folder} is not a complete reward model written by stage=reward "
+                         f"(its meta.json is missing, incomplete or names another stage)")
+    for warning in judge_warnings(folder, paths.reward):
+        log.warning("eval.judge=%s: %s", name, warning)
+    return folder
+
+
+def judge_warnings(judge: Path, proxy: Path) -> list[str]:
+    """Why a judge may not be independent of the proxy (empty when nothing is found)."""
+    if not is_complete(proxy):
+        return []
+    if judge.resolve() == proxy.resolve():
+        return ["the judge is the proxy reward model itself (the same folder): not an independent judge"]
+    weights = [{k: v for k, v in read_meta(p).get("files", {}).items() if k.endswith(".safetensors")}
+               for p in (judge, proxy)]
+    if weights[0] and weights[0] == weights[1]:
+        return ["the judge has the same weights as the proxy reward model (a copy): not an independent judge"]
+    from rsft.reward import PAIR_HASHES_FILE
+
+    hashes = [p / PAIR_HASHES_FILE for p in (judge, proxy)]
+    if all(h.is_file() for h in hashes):
+        judge_pairs, proxy_pairs = (set(json.loads(h.read_text())["train"]) for h in hashes)
+        shared = len(judge_pairs & proxy_pairs)
+        if shared:
+            return [f"{shared} of the judge's {len(judge_pairs)} training pairs are also training pairs of the proxy "
+                    f"reward model: the judge is not independent (train them on disjoint parts: "
+                    f"reward.data.parts=2, reward.data.part=0 / 1)"]
+    return []
+
+
 def score_rows(scorer, prompts, completions, batch_size: int = 32, progress: bool = True) -> list[float]:
-    """The scorer's raw rewards; under a launcher each process scores every W-th batch and all get all."""
-    shards = distributed.gather_each(scorer.score(prompts, completions, batch_size, progress,
+    """The scorer's raw rewards of policy samples (prompts framed as the scorer was trained,
+    RewardScorer.as_trained); under a launcher each process scores every W-th batch and all get all."""
+    shards = distributed.gather_each(scorer.score(scorer.as_trained(prompts), completions, batch_size, progress,
                                                   shard=(distributed.rank(), distributed.world_size())))
     return [next(part[i] for part in shards if part[i] is not None) for i in range(len(shards[0]))]
 

@@ -16,6 +16,13 @@ Per prompt, in this order:
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,
    same filters, that shows what the reward model adds.
+4. Collapse lever (select.max_opening_share, off by default): at most that share of the kept set may
+   open with the same words (rsft.stats.opening). Prompts are visited from the highest best reward
+   down; a prompt picks among its survivors whose opening is still under the cap, and keeps nothing
+   when none is (counted in meta.json: prompts_capped, dropped_opening_cap).
+With select.drop_truncated=false, truncated completions stay candidates but rank after every
+complete one (select.prefer_complete), so a prompt falls back to a cut answer only when it has no
+whole one. meta.json counts the survivors per prompt and the truncated completions kept.
 Pairs: the best and the worst survivor of a prompt (skipped when they tie), in TRL's conversational
 preference format: prompt = [user message], chosen / rejected = [assistant message].
 The reward model decides everything here; the gold oracle is never read.
@@ -25,14 +32,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.data import chat_messages
+from rsft.stats import opening, top_opening
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
 
@@ -48,6 +57,9 @@ def check_settings(s: DictConfig) -> None:
         raise ValueError(f"select.k={s.k}: expected >= 1")
     if s.strategy == "threshold" and s.threshold is None:
         raise ValueError("select.strategy=threshold needs select.threshold (a reward_normalised value)")
+    share = s.get("max_opening_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
+        raise ValueError(f"select.max_opening_share={share!r}: expected a fraction in (0, 1] or null (no cap)")
 
 
 def candidate_rounds(round_idx: int, pool_rounds: int) -> list[int]:
@@ -72,7 +84,9 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
 def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0}
-    ranked = sorted(candidates, key=lambda c: (-c["reward"], -c["round"], c["sample_idx"]))
+    last = bool(s.get("prefer_complete", True)) and not s.drop_truncated  # kept truncated ones rank last
+    ranked = sorted(candidates, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
+                                               c["sample_idx"]))
     kept, seen = [], set()
     for c in ranked:
         text = c["completion"].strip()
@@ -86,6 +100,25 @@ def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[s
             seen.add(text)
             kept.append(c)
     return kept, dropped
+
+
+def opening_cap(s: DictConfig, prompts: int) -> int | None:
+    """How many kept completions may share an opening (rsft.stats.opening): select.max_opening_share of
+    the most that could be kept (k per prompt; one per prompt for threshold), at least 1; None = no cap."""
+    share = s.get("max_opening_share")
+    if share is None:
+        return None
+    per_prompt = int(s.k) if s.strategy in ("top_k", "random") else 1
+    return max(1, math.floor(float(share) * prompts * per_prompt))
+
+
+def claim(openings: Counter, key: str, cap: int) -> bool:
+    """Count one more kept completion with this opening, unless `cap` already have it ("" never counts)."""
+    if key and openings[key] >= cap:
+        return False
+    if key:
+        openings[key] += 1
+    return True
 
 
 def prompt_rng(seed: int, round_idx: int, prompt_id: str) -> random.Random:
@@ -155,7 +188,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                          f"set select.pairs=false or sample.num_samples >= 2")
 
     selected, pairs, starved = [], [], []
-    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0}
+    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "opening_cap": 0}
+    ranked_by_prompt = {}
     for prompt_id, candidates in by_prompt.items():
         ranked, dropped = survivors(candidates, s)
         for key, n in dropped.items():
@@ -165,26 +199,55 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             log.warning("select: every completion of prompt %s (%r) was filtered out (%s); no example for it",
                         prompt_id, candidates[0]["prompt"][:80], dropped)
             continue
-        for rank, c in enumerate(choose(ranked, s, int(cfg.seed), round_idx, prompt_id)):
+        ranked_by_prompt[prompt_id] = ranked
+    cap = opening_cap(s, len(by_prompt))
+    openings: Counter = Counter()
+    capped = []
+    # with a cap, the prompts whose best survivor the reward model likes most claim their openings first
+    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid)) if cap else list(
+        ranked_by_prompt)
+    for prompt_id in order:
+        ranked = ranked_by_prompt[prompt_id]
+        allowed = ranked if cap is None else [c for c in ranked if not opening(c["completion"])
+                                               or openings[opening(c["completion"])] < cap]
+        dropped_total["opening_cap"] += len(ranked) - len(allowed)
+        if not allowed:
+            capped.append(prompt_id)
+            continue
+        picked = choose(allowed, s, int(cfg.seed), round_idx, prompt_id)
+        kept = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
+        dropped_total["opening_cap"] += len(picked) - len(kept)  # a prompt's own k picks count too
+        for rank, c in enumerate(kept):
             selected.append({**c, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx})
         pair = preference_pair(ranked, cfg.data.get("system_prompt")) if want_pairs else None
         if pair is not None:
             pairs.append(pair)
+    if capped:
+        log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
+                 "(select.max_opening_share=%s)", len(capped), cap, s.max_opening_share)
 
     if not selected:
         raise ValueError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
                          f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "
                          f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
+    survivor_counts = [len(v) for v in ranked_by_prompt.values()] + [0] * len(starved)
     counts = {
         "candidates": len(rows), "prompts": len(by_prompt), "selected": len(selected), "pairs": len(pairs),
-        "prompts_without_survivors": len(starved), **{f"dropped_{k}": v for k, v in dropped_total.items()},
+        "prompts_without_survivors": len(starved), "prompts_capped": len(capped),
+        "prompts_kept": len({c["prompt_id"] for c in selected}),
+        "survivors_per_prompt_mean": sum(survivor_counts) / max(len(survivor_counts), 1),
+        "selected_truncated": sum(c["finish_reason"] == "length" for c in selected),
+        **{f"dropped_{k}": v for k, v in dropped_total.items()},
     }
+    top, share = top_opening([c["completion"] for c in selected])
     stats = {
         "selected_reward_mean": sum(c["reward"] for c in selected) / len(selected),
         "candidate_reward_mean": sum(c["reward"] for c in rows) / len(rows),
         "acceptance_fraction": len(selected) / len(rows),
+        "top_opening_share": share,
     }
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
+            "top_opening": top,
             "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
     if distributed.is_main():  # every process selected the same rows; one writes them
         write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, made)

@@ -20,6 +20,16 @@ class FakeScorer:
     def normalise(self, raw):
         return [(r - self.mean) / self.std for r in raw]
 
+    def as_trained(self, prompts):
+        return list(prompts)
+
+
+class FakeJudge(FakeScorer):
+    """A second opinion that likes long completions (eval.judge in stage tests)."""
+
+    def score(self, prompts, completions, batch_size=32, progress=True, shard=(0, 1)):
+        return [float(len(c.split())) for c in completions]
+
 
 def install_fake_reward(monkeypatch, cfg) -> None:
     """A complete (empty) reward artifact, so the loop skips prefs/reward, and the fake scorer."""
@@ -27,4 +37,5 @@ def install_fake_reward(monkeypatch, cfg) -> None:
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
-    monkeypatch.setattr(rsft.score, "load_reward_scorer", lambda cfg, device: FakeScorer())
+    monkeypatch.setattr(rsft.score, "load_reward_scorer",
+                        lambda cfg, device, path=None: FakeScorer() if path is None else FakeJudge())

@@ -93,3 +93,51 @@ def test_prompt_ids_are_unchanged_with_the_default_policy_tokenizer(make_cfg):
 
     cfg = make_cfg("stage=sample", tiny=False)
     same_ids_as_plain_tokenization(AutoTokenizer.from_pretrained(model_source(cfg.policy, cfg.paths.cache_dir)))
+
+
+def hh_cfg(path, **extra):
+    base = OmegaConf.load(str(__import__("pathlib").Path(__file__).parents[1] / "conf/data/hh_rlhf.yaml"))
+    return OmegaConf.merge(base, {"path": str(path), "limit": None, "eval_limit": None, **extra})
+
+
+def hh_rows(n):
+    rows = []
+    for i in range(n):
+        prompt = f"\n\nHuman: question {i % (n // 2)}?\n\nAssistant: answer\n\nHuman: and more {i}\n\nAssistant:"
+        rows.append({"chosen": prompt + " yes", "rejected": prompt + " no"})
+    rows.append({"chosen": "no human turn here", "rejected": "x"})
+    return rows
+
+
+def test_hh_rlhf_prompts_are_first_human_turns_split_by_a_seeded_hash(tmp_path):
+    from rsft.data import first_human_turn
+
+    assert first_human_turn("\n\nHuman: Hi there \n\nAssistant: Hello\n\nHuman: more") == "Hi there"
+    assert first_human_turn("Assistant: Hi") is None and first_human_turn("\n\nHuman: no reply") is None
+    path = write_jsonl(tmp_path / "hh.jsonl", hh_rows(80))
+    train, held = load_prompts(hh_cfg(path), "train"), load_prompts(hh_cfg(path), "eval")
+    assert len(train) + len(held) == 40  # one prompt per distinct first turn; the malformed row is skipped
+    assert not set(train["prompt"]) & set(held["prompt"]) and len(held) > 0
+    assert all(p.startswith("question ") for p in train["prompt"])
+    reversed_path = write_jsonl(tmp_path / "hh_reversed.jsonl", hh_rows(80)[::-1])
+    again = load_prompts(hh_cfg(reversed_path), "eval")
+    assert sorted(again["prompt_id"]) == sorted(held["prompt_id"])  # the split ignores the file's order
+    other_seed = load_prompts(hh_cfg(path, split_seed=1), "eval")
+    assert set(other_seed["prompt"]) != set(held["prompt"])
+    assert len(load_prompts(hh_cfg(path, limit=5), "train")) == 5
+
+
+@pytest.mark.parametrize("extra, error, match", [
+    ({"eval_fraction": 1.0}, ValueError, r"data.eval_fraction=1.0"),
+    ({"path": "/nowhere/hh.jsonl"}, FileNotFoundError, r"data.path='/nowhere/hh.jsonl'"),
+])
+def test_hh_rlhf_bad_settings_are_named(tmp_path, extra, error, match):
+    path = write_jsonl(tmp_path / "hh.jsonl", hh_rows(10))
+    with pytest.raises(error, match=match):
+        load_prompts(hh_cfg(extra.pop("path", path), **extra), "train")
+
+
+def test_hh_rlhf_prompts_need_transcripts(tmp_path):
+    path = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(KeyError, match="missing column 'chosen'"):
+        load_prompts(hh_cfg(path), "train")

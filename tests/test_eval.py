@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
 
@@ -11,7 +12,7 @@ import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
-from rsft.eval import best_of_n_kl_bound, distinct_n, expected_best_of_n, read_metrics, win_rate
+from rsft.eval import best_of_n_kl_bound, expected_best_of_n, read_metrics
 from rsft.models import load_policy
 from rsft.paths import RunPaths, atomic_artifact, read_meta
 from rsft.run import run_stage
@@ -29,13 +30,9 @@ def test_expected_best_of_n_equals_enumeration_over_subsets(n):
                                                                                      for s in subsets))
 
 
-def test_kl_bound_distinct_and_win_rate():
+def test_kl_bound():
     assert best_of_n_kl_bound(1) == 0.0
     assert best_of_n_kl_bound(8) == pytest.approx(math.log(8) - 7 / 8)
-    assert distinct_n(["a b a", "a b"], 1) == pytest.approx(2 / 5)
-    assert distinct_n(["a b a", "a b"], 2) == pytest.approx(2 / 3)
-    assert distinct_n(["", "x"], 2) is None
-    assert win_rate({"p": [1.0, 3.0]}, {"p": [2.0, 1.0]}) == pytest.approx((0.5 + 0 + 1 + 1) / 4)
 
 
 def save_tiny_as_round_policy(cfg, round_idx=0):
@@ -59,9 +56,15 @@ def test_eval_round_builds_the_baseline_and_writes_metrics(make_cfg, monkeypatch
     assert out == paths.eval(0)
     metrics = read_metrics(out)
     for key in ("reward_mean", "reward_normalised_mean", "gold_mean", "win_rate_vs_initial",
-                "gold_win_rate_vs_initial", "distinct_1", "distinct_2", "mean_tokens", "mean_words"):
+                "gold_win_rate_vs_initial", "distinct_1", "distinct_2", "distinct_2_all", "top_opening_share",
+                "mean_tokens", "mean_words"):
         assert isinstance(metrics[key], float), key
     assert 0 <= metrics["win_rate_vs_initial"] <= 1 and 0 <= metrics["gold_mean"] <= 1
+    for key in ("reward_mean", "gold_mean", "win_rate_vs_initial", "gold_win_rate_vs_initial"):
+        low, high = metrics["intervals"][key]
+        assert low <= metrics[key] <= high, key
+    diff = metrics["vs_initial"]["gold"]
+    assert diff["low"] <= diff["mean"] <= diff["high"] and "judge_mean" not in metrics
     bon = metrics["best_of_n"]
     assert bon["n"] == [1, 2, 3] and bon["round"] == 0
     assert bon["expected_max_reward"] == sorted(bon["expected_max_reward"])  # more samples, higher max
@@ -81,3 +84,64 @@ def test_eval_of_a_round_without_its_policy_says_which_stage(make_cfg, monkeypat
     install_fake_reward(monkeypatch, make_cfg())
     with pytest.raises(FileNotFoundError, match="stage=sft round=2"):
         run_stage(make_cfg("stage=eval", "round=2"))
+
+
+def make_reward_folder(cfg, run_name, weights=b"w1", train_pairs=("h1", "h2")):
+    """A complete reward-model artifact (fake weights, recorded pair hashes) in another run."""
+    from rsft.reward import PAIR_HASHES_FILE
+
+    folder = RunPaths(cfg.paths.run_dir).other_run(run_name).reward
+    with atomic_artifact(folder, {"stage": "reward"}) as tmp:
+        (tmp / "model.safetensors").write_bytes(weights)
+        (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": list(train_pairs), "heldout": []}))
+    return folder
+
+
+def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, monkeypatch):
+    overrides = ("data.eval_limit=3", "eval.num_samples=3", "device=cpu", "eval.judge=judge-run")
+    install_fake_reward(monkeypatch, make_cfg())
+    make_reward_folder(make_cfg(), "judge-run")
+    run_stage(make_cfg("stage=sample", *overrides))
+    run_stage(make_cfg("stage=score", *overrides))
+    save_tiny_as_round_policy(make_cfg())
+    out = run_stage(make_cfg("stage=eval", *overrides))
+    paths = RunPaths(out.parent.parent)
+    for folder in (paths.initial_eval, out):
+        ds = load_from_disk(str(folder))
+        metrics = read_metrics(folder)
+        assert ds["judge"] == [float(len(c.split())) for c in ds["completion"]]  # the judge's scores, not the proxy's
+        low, high = metrics["intervals"]["judge_mean"]
+        assert low <= metrics["judge_mean"] <= high
+        assert metrics["judge"].endswith("judge-run/reward") and metrics["judge_warnings"] == []
+    metrics = read_metrics(out)
+    assert 0 <= metrics["judge_win_rate_vs_initial"] <= 1 and "judge" in metrics["vs_initial"]
+    # a different judge makes the evaluations stale, never silently reused
+    from rsft.paths import StaleArtifact
+
+    make_reward_folder(make_cfg(), "judge-two", weights=b"w2")
+    with pytest.raises(StaleArtifact, match="eval.judge"):
+        run_stage(make_cfg("stage=eval", *overrides[:-1], "eval.judge=judge-two"))
+
+
+def test_judge_must_be_a_reward_model_and_independent(make_cfg, monkeypatch, tmp_path):
+    from rsft.score import judge_model, judge_warnings
+
+    install_fake_reward(monkeypatch, make_cfg())
+    with pytest.raises(FileNotFoundError, match="eval.judge='nowhere'"):
+        judge_model(make_cfg("eval.judge=nowhere"))
+    with pytest.raises(FileNotFoundError, match="eval.judge='../x'"):
+        judge_model(make_cfg("eval.judge=../x"))
+    not_reward = tmp_path / "samples"
+    with atomic_artifact(not_reward, {"stage": "sample"}):
+        pass
+    with pytest.raises(ValueError, match="not a complete reward model"):
+        judge_model(make_cfg(f"eval.judge={not_reward}"))
+
+    proxy = make_reward_folder(make_cfg(), "demo", weights=b"same", train_pairs=("a", "b", "c"))
+    assert "the same folder" in judge_warnings(proxy, proxy)[0]
+    copy = make_reward_folder(make_cfg(), "copy", weights=b"same", train_pairs=("x",))
+    assert "same weights" in judge_warnings(copy, proxy)[0]
+    overlapping = make_reward_folder(make_cfg(), "overlap", weights=b"other", train_pairs=("c", "d"))
+    assert "1 of the judge's 2 training pairs" in judge_warnings(overlapping, proxy)[0]
+    disjoint = make_reward_folder(make_cfg(), "disjoint", weights=b"other2", train_pairs=("d", "e"))
+    assert judge_warnings(disjoint, proxy) == [] and judge_model(make_cfg("eval.judge=disjoint")) == disjoint

@@ -61,7 +61,8 @@ def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypat
     # report: plots, summary.md with a row per policy
     assert (straight.plots / "best_of_n.png").is_file() and (straight.plots / "gold_vs_proxy.png").is_file()
     summary = straight.summary.read_text()
-    assert "| initial |" in summary and "| round 1 |" in summary and "eval/gold_mean" in summary
+    assert "| initial |" in summary and "| round 1 |" in summary and "gold [95% CI]" in summary
+    assert "gold vs previous" in summary and (straight.plots / "diversity.png").is_file()
 
     # one offline wandb run for the loop, holding the per-round metrics, the summary and the plots
     runs = list(straight.wandb.glob("offline-run-*"))

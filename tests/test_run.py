@@ -12,7 +12,8 @@ from rsft.run import STAGES, run_stage
 from tests.conftest import CONF_DIR, REPO
 
 GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml") if not p.stem.startswith("_"))
-          for path in CONF_DIR.iterdir() if path.is_dir()}
+          for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "recipe"}
+RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
@@ -21,9 +22,23 @@ def test_every_config_group_option_composes(make_cfg, group, option):
     assert cfg[group] is not None
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_composes_and_sets_globals(make_cfg, recipe):
+    cfg = make_cfg("stage=loop", f"+recipe={recipe}", tiny=False)
+    assert "recipe" not in cfg and cfg.stage == "loop"  # a recipe sets other groups' keys (@package _global_)
+
+
+def test_hh_recipe_trains_proxy_and_judge_on_disjoint_parts_of_the_same_pairs(make_cfg):
+    proxy = make_cfg("stage=reward", "+recipe=hh_rlhf", tiny=False)
+    judge = make_cfg("stage=reward", "+recipe=hh_rlhf", "run_name=hh-judge", "reward.data.part=1", tiny=False)
+    assert proxy.data.kind == "hh_rlhf" and proxy.reward.data.path == proxy.data.path == judge.reward.data.path
+    assert (proxy.reward.data.parts, proxy.reward.data.part, judge.reward.data.part) == (2, 0, 1)
+    assert proxy.eval.judge == "hh-judge" and proxy.reward.data.format == "hh_rlhf"
+
+
 def test_every_yaml_starts_with_the_command_that_uses_it():
     for path in CONF_DIR.rglob("*.yaml"):
-        first = path.read_text().splitlines()[0]
+        first = [line for line in path.read_text().splitlines() if not line.startswith("# @package")][0]
         assert first.startswith("# python -m rsft.run"), f"{path} does not start with its command"
 
 

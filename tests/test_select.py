@@ -54,11 +54,49 @@ def test_top1_filters_dedupes_and_breaks_ties_by_sample_index(make_cfg):
 
 
 def test_truncated_kept_when_configured_and_top_k(make_cfg):
-    cfg = make_cfg("stage=select", "select.drop_truncated=false", "select.k=2")
+    cfg = make_cfg("stage=select", "select.drop_truncated=false", "select.k=2", "select.prefer_complete=false")
     write_scored(cfg, ROWS)
     kept = selected_of(run_stage(cfg))
     assert [(r["prompt_id"], r["completion"], r["rank"]) for r in kept] == [
         ("a", "best but cut off", 0), ("a", "good", 1), ("b", "tie one", 0), ("b", "tie two", 1)]
+
+
+def test_kept_truncated_completions_rank_after_complete_ones(make_cfg):
+    rows = ROWS + [row("c", 0, "only a cut one", 2.0, finish_reason="length")]
+    cfg = make_cfg("stage=select", "select.drop_truncated=false")  # prefer_complete=true by default
+    write_scored(cfg, rows)
+    out = run_stage(cfg)
+    kept = {r["prompt_id"]: r["completion"] for r in selected_of(out)}
+    assert kept == {"a": "good", "b": "tie one", "c": "only a cut one"}  # c has nothing whole: the cut one
+    counts = read_meta(out)["counts"]
+    assert counts["selected_truncated"] == 1 and counts["prompts_kept"] == 3
+
+
+def test_opening_cap_limits_the_share_of_kept_completions_sharing_an_opening(make_cfg):
+    # ten prompts; every one's best completion opens "sorry as an ai i", its second-best differs
+    rows = []
+    for i in range(10):
+        rows.append(row(f"p{i}", 0, f"Sorry, as an AI I cannot help with {i}", 5.0 + i))
+        rows.append(row(f"p{i}", 1, f"Here is idea number {i} for you", 1.0))
+    cfg = make_cfg("stage=select", "select.max_opening_share=0.2")
+    write_scored(cfg, rows)
+    out = run_stage(cfg)
+    kept = {r["prompt_id"]: r["completion"] for r in selected_of(out)}
+    sorry = sorted(p for p, c in kept.items() if c.startswith("Sorry"))
+    assert sorry == ["p8", "p9"]  # cap = 0.2 x 10 prompts = 2; the highest rewards claim it first
+    assert len(kept) == 10 and all(c.startswith("Here") for p, c in kept.items() if p not in sorry)
+    meta = read_meta(out)
+    assert meta["counts"]["dropped_opening_cap"] == 8 and meta["stats"]["top_opening_share"] == pytest.approx(0.2)
+    uncapped = make_cfg("stage=select", "run_name=uncapped")
+    write_scored(uncapped, rows)
+    assert read_meta(run_stage(uncapped))["stats"]["top_opening_share"] == 1.0
+
+
+def test_opening_cap_must_be_a_fraction(make_cfg):
+    cfg = make_cfg("stage=select", "select.max_opening_share=1.5")
+    write_scored(cfg, ROWS)
+    with pytest.raises(ValueError, match="select.max_opening_share=1.5"):
+        run_stage(cfg)
 
 
 def test_threshold_keeps_every_survivor_above_it(make_cfg):

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 from datasets import Dataset
 
 from reward.encoding import encode_pair, tokenize_preferences
@@ -78,3 +79,45 @@ def test_prompt_truncated_from_the_left_and_counted():
     assert len(encoded) == 3 and all(len(ids) <= 10 for ids in list(encoded["chosen_ids"]) + list(encoded["rejected_ids"]))
     assert counts == {"pairs": 3, "pairs_prompt_truncated": 2, "prompt_tokens_cut": 6 + 4,
                       "completions_truncated": 1, "pairs_dropped": 0}
+
+
+def pair_rows(prompts, per_prompt):
+    return Dataset.from_list([{"prompt": f"prompt {p}", "chosen": f"good {p}.{i}", "rejected": f"bad {p}.{i}",
+                               "label_prob": 1.0} for p in range(prompts) for i in range(per_prompt)])
+
+
+@pytest.mark.parametrize("by", ["prompt", "row"])
+def test_partition_gives_disjoint_seeded_parts_that_cover_the_pairs(by):
+    from reward.formats import pair_hashes, partition
+
+    pairs = pair_rows(30, 3)
+    parts = [partition(pairs, 3, i, by, 7, "pairs") for i in range(3)]
+    hashes = [set(pair_hashes(p)) for p in parts]
+    assert sum(len(h) for h in hashes) == 90 and len(set.union(*hashes)) == 90  # disjoint, covering
+    assert all(20 <= len(p) <= 40 for p in parts)
+    if by == "prompt":  # every pair of a prompt in one part
+        assert all(not set(a["prompt"]) & set(b["prompt"]) for a in parts for b in parts if a is not b)
+    assert partition(pairs, 3, 1, by, 7, "pairs")["chosen"] == parts[1]["chosen"]  # seeded
+    assert partition(pairs, 3, 1, by, 8, "pairs")["chosen"] != parts[1]["chosen"]
+    assert partition(pairs, 1, 0, by, 7, "pairs") is pairs
+
+
+@pytest.mark.parametrize("parts, part, by, match", [
+    (0, 0, "prompt", "reward.data.parts=0"), (2, 2, "prompt", r"reward.data.part=2: expected an integer in \[0, 1\]"),
+    (2, 0, "word", "reward.data.part_by='word'"), (50, 49, "prompt", "part 49 of 50 .* holds no pairs"),
+])
+def test_partition_bad_settings(parts, part, by, match):
+    from reward.formats import partition
+
+    with pytest.raises(ValueError, match=match):
+        partition(pair_rows(10, 1), parts, part, by, 0, "pairs")
+
+
+def test_reward_model_trained_on_hh_reads_bare_prompts_in_the_hh_frame():
+    from reward.scoring import RewardScorer, prompt_template
+
+    assert prompt_template("hh_rlhf").format(prompt="Hi?") == "Human: Hi?\n\nAssistant:"
+    prompt, _, _ = split_hh_transcript("\n\nHuman: Hi?\n\nAssistant: yes", "\n\nHuman: Hi?\n\nAssistant: no")
+    assert prompt == prompt_template("hh_rlhf").format(prompt="Hi?")  # the frame the proxy was trained on
+    scorer = RewardScorer(torch.nn.Linear(1, 1), None, 8, template=prompt_template("preference"))
+    assert scorer.as_trained(["Hi?"]) == ["Hi?"]

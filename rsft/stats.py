@@ -1,0 +1,118 @@
+"""Numbers that carry their uncertainty, and the diversity of a set of completions.
+
+Intervals: every evaluation samples the same held-out prompts with the same seeds (common random
+numbers), so completion (prompt_id, sample_idx) of one policy is paired with the same key of
+another. The unit of resampling is the prompt: completions of one prompt are correlated (one
+prompt is easy, another hard), prompts are the independent draws. `bootstrap` resamples prompts
+with replacement and reports the percentile interval of the mean of per-prompt means. A paired
+difference (or a win rate) is first formed per key, then averaged per prompt, then bootstrapped
+the same way, which is far tighter than comparing two separate intervals.
+
+Hand-written because none of the project's libraries offers it: scipy.stats.bootstrap would do the
+resampling but scipy is not a dependency, and the grouping by prompt and the pairing by key are
+ours anyway. numpy (a dependency of datasets and torch) does the arithmetic.
+
+Diversity across prompts (collapse): `opening` is a completion's first OPENING_WORDS words, lower-
+cased, punctuation dropped; `top_opening` finds the most common one and its share of the set (a
+policy that answers every prompt "I'm sorry, but as an AI ..." has a share near 1 while its
+per-prompt distinct-n can stay high). `distinct_n` over a whole set counts n-grams pooled across
+prompts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+
+import numpy as np
+
+LEVEL = 0.95
+RESAMPLES = 2000
+SEED = 0  # the bootstrap's own seed: the same scores always give the same interval
+OPENING_WORDS = 5
+_WORD = re.compile(r"\w+(?:'\w+)*")
+
+
+def bootstrap(per_prompt: list[list[float]] | dict, resamples: int = RESAMPLES, level: float = LEVEL,
+              seed: int = SEED) -> dict:
+    """{mean, low, high, prompts}: the mean of per-prompt means and its percentile bootstrap interval.
+
+    per_prompt: one list of values per prompt (or a dict of such lists). A prompt with no values is
+    left out. With a single prompt the interval is the point (nothing to resample).
+    """
+    groups = list(per_prompt.values()) if isinstance(per_prompt, dict) else list(per_prompt)
+    means = np.array([float(np.mean(g)) for g in groups if len(g)], dtype=np.float64)
+    if means.size == 0:
+        raise ValueError("bootstrap: no values (every prompt is empty)")
+    mean = float(means.mean())
+    if means.size == 1:
+        return {"mean": mean, "low": mean, "high": mean, "prompts": 1}
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, means.size, size=(resamples, means.size))
+    resampled = means[picks].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(resampled, [tail, 1.0 - tail])
+    return {"mean": mean, "low": float(low), "high": float(high), "prompts": int(means.size)}
+
+
+def keyed(prompt_ids, sample_idxs, values) -> dict[tuple[str, int], float]:
+    """{(prompt_id, sample_idx): value}: the pairing key of a completion across evaluations."""
+    out = {}
+    for key, value in zip(zip(prompt_ids, sample_idxs), values):
+        if key in out:
+            raise ValueError(f"two completions share prompt_id/sample_idx {key}; evaluations pair completions by it")
+        out[key] = float(value)
+    return out
+
+
+def _paired(mine: dict, theirs: dict, per_key) -> dict[str, list[float]]:
+    missing = set(mine) ^ set(theirs)
+    if missing:
+        raise ValueError(f"paired comparison over different completions: {len(missing)} (prompt_id, sample_idx) keys "
+                         f"are in one evaluation only, e.g. {sorted(missing)[:3]}; evaluate both on the same "
+                         f"prompts with the same eval.num_samples and eval.seed")
+    groups = defaultdict(list)
+    for key, value in mine.items():
+        groups[key[0]].append(per_key(value, theirs[key]))
+    return dict(groups)
+
+
+def paired_difference(mine: dict, theirs: dict, **kw) -> dict:
+    """Mean of (mine - theirs) over paired completions, with its bootstrap interval over prompts."""
+    return bootstrap(_paired(mine, theirs, lambda a, b: a - b), **kw)
+
+
+def paired_win_rate(mine: dict, theirs: dict, **kw) -> dict:
+    """P(mine > theirs) over paired completions (ties count 1/2), with its bootstrap interval over prompts."""
+    return bootstrap(_paired(mine, theirs, lambda a, b: float(a > b) + 0.5 * float(a == b)), **kw)
+
+
+def by_prompt(prompt_ids, values) -> dict[str, list[float]]:
+    groups = defaultdict(list)
+    for prompt_id, value in zip(prompt_ids, values):
+        groups[prompt_id].append(float(value))
+    return dict(groups)
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def opening(text: str, count: int = OPENING_WORDS) -> str:
+    """A completion's first `count` words, lower-cased, punctuation dropped ("" for no words)."""
+    return " ".join(words(text)[:count])
+
+
+def top_opening(texts: list[str], count: int = OPENING_WORDS) -> tuple[str, float]:
+    """The most common opening among texts with at least one word, and its share of all texts."""
+    openings = Counter(o for o in (opening(t, count) for t in texts) if o)
+    if not openings or not texts:
+        return "", 0.0
+    text, n = openings.most_common(1)[0]
+    return text, n / len(texts)
+
+
+def distinct_n(texts: list[str], n: int) -> float | None:
+    """Distinct word n-grams / all word n-grams over the texts (None when there are none)."""
+    grams = [tuple(w[i:i + n]) for w in (t.lower().split() for t in texts) for i in range(len(w) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else None

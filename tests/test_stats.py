@@ -1,0 +1,59 @@
+"""rsft.stats: bootstrap intervals cover the truth at about the stated rate; pairing; collapse measures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rsft import stats
+
+
+def test_bootstrap_interval_covers_the_true_mean_at_about_95_percent():
+    rng = np.random.default_rng(1)
+    trials, covered = 300, 0
+    for t in range(trials):
+        # 40 prompts with their own difficulty, 4 correlated samples each; true mean 0.5
+        difficulty = rng.normal(0.5, 0.2, size=40)
+        groups = [list(d + rng.normal(0, 0.3, size=4)) for d in difficulty]
+        ci = stats.bootstrap(groups, resamples=1000, seed=t)
+        covered += ci["low"] <= 0.5 <= ci["high"]
+    assert 0.90 <= covered / trials <= 0.99, covered / trials  # binomial sd ~1.3 points at 300 trials
+
+
+def test_bootstrap_is_seeded_and_handles_one_prompt():
+    groups = {"a": [1.0, 2.0], "b": [3.0], "c": [0.0, 0.0, 6.0]}
+    assert stats.bootstrap(groups) == stats.bootstrap(groups)
+    ci = stats.bootstrap(groups)
+    assert ci["mean"] == pytest.approx((1.5 + 3.0 + 2.0) / 3) and ci["low"] < ci["mean"] < ci["high"]
+    assert stats.bootstrap([[4.0, 6.0]]) == {"mean": 5.0, "low": 5.0, "high": 5.0, "prompts": 1}
+    with pytest.raises(ValueError, match="no values"):
+        stats.bootstrap([[]])
+
+
+def test_paired_difference_is_tighter_than_the_two_intervals_and_win_rate_counts_ties_half():
+    rng = np.random.default_rng(0)
+    prompts, samples = [f"p{i}" for i in range(30)], range(4)
+    base = {(p, s): float(rng.normal(i * 0.1, 1.0)) for i, p in enumerate(prompts) for s in samples}
+    better = {k: v + 0.2 + float(rng.normal(0, 0.05)) for k, v in base.items()}  # common random numbers
+    diff = stats.paired_difference(better, base)
+    assert diff["low"] > 0.1 and diff["high"] < 0.3
+    separate = [stats.bootstrap(stats.by_prompt([k[0] for k in d], d.values())) for d in (better, base)]
+    assert separate[0]["low"] < separate[1]["high"]  # unpaired, the two intervals overlap
+    assert stats.paired_win_rate(better, base)["mean"] == 1.0
+    assert stats.paired_win_rate(base, base)["mean"] == 0.5
+    with pytest.raises(ValueError, match="keys are in one evaluation only"):
+        stats.paired_difference(better, {k: v for k, v in base.items() if k[0] != "p0"})
+    with pytest.raises(ValueError, match="share prompt_id/sample_idx"):
+        stats.keyed(["a", "a"], [0, 0], [1.0, 2.0])
+
+
+def test_openings_and_distinct_n_across_prompts():
+    assert stats.opening("I'm sorry, but as an AI designed to help") == "i'm sorry but as an"
+    assert stats.opening("  ") == ""
+    texts = ["I'm sorry, but as an AI I can't.", "i'm SORRY but as an ai, no", "Sure! Here is a poem", ""]
+    top, share = stats.top_opening(texts)
+    assert top == "i'm sorry but as an" and share == 0.5
+    assert stats.top_opening([]) == ("", 0.0)
+    assert stats.distinct_n(["a b a", "a b"], 1) == pytest.approx(2 / 5)
+    assert stats.distinct_n(["a b a", "a b"], 2) == pytest.approx(2 / 3)
+    assert stats.distinct_n(["", "x"], 2) is None
