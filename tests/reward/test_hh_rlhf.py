@@ -33,3 +33,24 @@ def test_minilm_on_hh_rlhf_beats_chance(tmp_path):
     # One-sided binomial test against a coin (false-alarm rate 5%).
     assert binomtest(correct, metrics["heldout_pairs"], 0.5, alternative="greater").pvalue < 0.05, metrics
     print(metrics)
+
+
+@pytest.mark.skipif(not HH_FILE.is_file(), reason=f"HH-RLHF data not found at {HH_FILE}")
+def test_hh_recipe_prompts_and_proxy_judge_parts_on_the_real_file(tmp_path):
+    """The recipe's data on the real file: held-out prompts never train, proxy and judge pairs are disjoint."""
+    from reward.formats import load_raw, pair_hashes, partition, to_preference_pairs
+    from rsft.data import load_prompts
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["stage=loop", "+recipe=hh_rlhf", f"data.path={HH_FILE.resolve()}",
+                                           "data.limit=null", "data.eval_limit=null", f"paths.runs_root={tmp_path}"])
+    train, held = load_prompts(cfg.data, "train"), load_prompts(cfg.data, "eval")
+    assert not set(train["prompt"]) & set(held["prompt"])
+    assert 0.15 < len(held) / (len(train) + len(held)) < 0.25  # data.eval_fraction=0.2 of the distinct turns
+    d = cfg.reward.data
+    raw, source = load_raw(d)
+    pairs = to_preference_pairs(raw, d.format, d.label_column, source)
+    proxy, judge = (partition(pairs, d.parts, part, d.part_by, d.part_seed, source) for part in (0, 1))
+    assert len(proxy) + len(judge) == len(pairs) == 2312
+    assert not set(pair_hashes(proxy)) & set(pair_hashes(judge))
+    assert not set(proxy["prompt"]) & set(judge["prompt"])
