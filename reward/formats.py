@@ -57,11 +57,12 @@ def pair_files(cfg: DictConfig) -> list[str]:
     return files
 
 
-def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
-    """The user's rows as stored (`reward.data.path`: a file, a datasets folder or a hub name)."""
+def load_raw(cfg: DictConfig, setting: str = "reward.data.path") -> tuple[Dataset, str]:
+    """The user's rows as stored (`reward.data.path`, or the setting named: a file, a datasets folder
+    or a hub name)."""
     path = str(cfg.path)
     file = Path(path).expanduser()
-    source = f"reward.data.path={path!r}"
+    source = f"{setting}={path!r}"
     if file.is_dir():
         loaded = load_from_disk(str(file))
         if isinstance(loaded, DatasetDict):
@@ -75,7 +76,7 @@ def load_raw(cfg: DictConfig) -> tuple[Dataset, str]:
             raise ValueError(f"{source}: unknown file type {suffix!r}; expected {sorted(FILE_BUILDERS)} (optionally "
                              f".gz) or a datasets folder")
         if file.suffix == ".jsonl":  # a bad line is named by its number, not by datasets' generation error
-            check_jsonl("reward.data.path", path, file)
+            check_jsonl(setting, path, file)
         return load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train"), source
     if _looks_local(path):
         raise FileNotFoundError(f"{source}: no such file or folder")

@@ -27,4 +27,4 @@ def install_fake_reward(monkeypatch, cfg) -> None:
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
-    monkeypatch.setattr(rsft.score, "load_reward_scorer", lambda cfg, device: FakeScorer())
+    monkeypatch.setattr(rsft.score, "load_reward_scorer", lambda cfg, device, round_idx=None: FakeScorer())
