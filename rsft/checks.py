@@ -193,7 +193,7 @@ def _check_refresh(cfg: DictConfig) -> None:
         _at_least(cfg, "refresh.epochs", 1, "or null (= reward.epochs)")
     if cfg.data.kind != "demo" and cfg.refresh.pairs is None:
         raise ConfigError(f"loop.refresh_reward=true with data.kind={cfg.data.kind} needs your labelled pairs of each "
-                          f"round: refresh.pairs=<file or folder, {{round}} replaced by the round number>; the "
+                          f"round: refresh.pairs=<a folder with round_00.jsonl, round_01.jsonl, ...>; the "
                           f"simulated labels need the demo task's gold oracle")
 
 

@@ -1,8 +1,7 @@
 """stage=refresh: the reward model follows the policy: label round r's samples, retrain on every label so far.
 
     python -m rsft.run stage=refresh round=1 loop.refresh_reward=true          # the demo's simulated annotators
-    python -m rsft.run stage=refresh round=1 loop.refresh_reward=true \
-        refresh.pairs='labels/round_{round}.jsonl'                             # your own labels of round 1
+    python -m rsft.run stage=refresh round=1 loop.refresh_reward=true refresh.pairs=labels  # your labels/round_01.jsonl
 
 Why: a reward model trained once, on the initial policy's samples, is asked to rank what later
 policies write, a distribution it never saw, and the policy learns exactly where it is wrong (the
@@ -15,9 +14,11 @@ after round r's sampling and round r is scored by the model it writes (RunPaths.
    - demo task: every pair among the first refresh.samples_per_prompt completions of each prompt of
      round_XX/samples/, labelled by stage=prefs's simulated annotators (prefs.tau, prefs.soft) and
      split by prompt (prefs.test_fraction): rsft.prefs.label_pairs and split_by_prompt;
-   - your data: refresh.pairs, a file or folder of your labelled pairs of round r's samples (`{round}`
-     in it is replaced by the round number), read like reward.data.path (reward.data.format and
-     label_column) and held out by row (reward.data.eval_fraction).
+   - your data: refresh.pairs, a folder holding your labelled pairs of each round's samples, one
+     entry per round named round_XX (round_01.jsonl, .json, .parquet, or a datasets folder round_01/),
+     read like reward.data.path (reward.data.format and label_column) and held out by row
+     (reward.data.eval_fraction). (A folder, not a path template: Hydra's override grammar would
+     need `{round}` quoted twice on a command line.)
 2. Reward model, round_XX/reward/: rsft.reward.train_and_measure on the pooled train pairs (the
    initial labels, prefs/ or reward.data.path's, and rounds 0 .. r), held-out accuracy on all their
    held-out pairs. refresh.init: `scratch` (the backbone with a fresh head, reward.epochs) or
@@ -55,9 +56,21 @@ INIT = ("scratch", "previous")
 
 
 def round_pairs_path(cfg: DictConfig, round_idx: int) -> str | None:
-    """The user's labelled pairs of round r (refresh.pairs with `{round}` filled in), or None (demo labels)."""
-    template = cfg.refresh.get("pairs")
-    return None if template is None else str(template).replace("{round}", str(round_idx))
+    """The user's labelled pairs of round r (refresh.pairs/round_XX*), or None (the demo's simulated labels)."""
+    folder = cfg.refresh.get("pairs")
+    if folder is None:
+        return None
+    name = f"round_{round_idx:02d}"
+    expected = f"{name}.jsonl, .json or .parquet, or a datasets folder {name}/, of pairs of round {round_idx}'s samples"
+    root = Path(str(folder)).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"refresh.pairs={folder!r}: no such folder; expected a folder holding {expected}")
+    found = sorted(p for p in root.iterdir() if p.name == name or p.name.startswith(f"{name}."))
+    if len(found) != 1:
+        raise FileNotFoundError(f"refresh.pairs={folder!r}: {'no' if not found else len(found)} labelled pairs of "
+                                f"round {round_idx} ({', '.join(p.name for p in found) or 'nothing named ' + name}); "
+                                f"expected one entry: {expected}")
+    return str(found[0])
 
 
 def labels_made_from(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
@@ -68,10 +81,6 @@ def labels_made_from(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
         return fingerprint(cfg, keys, [paths.samples(round_idx)])
     keys = ("round", "refresh.pairs", "reward.data.format", "reward.data.label_column", "reward.data.eval_fraction",
             "reward.seed")
-    if not Path(user_file).expanduser().exists():
-        raise FileNotFoundError(f"refresh.pairs={cfg.refresh.pairs!r}: round {round_idx}'s labelled pairs {user_file!r} "
-                                f"do not exist; expected a JSONL/JSON/parquet file or a datasets folder of pairs "
-                                f"(prompt/chosen/rejected, reward.data.format) of that round's samples")
     return fingerprint(cfg, keys, [], [user_file])
 
 
@@ -81,7 +90,7 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
         raise ValueError(f"loop.refresh_reward labels round {round_idx}'s samples with the demo task's simulated "
                          f"annotators, which need the prompts' `task` column (data=demo); data.kind="
                          f"{cfg.data.kind!r} has none. Give your own labelled pairs of each round instead: "
-                         f"refresh.pairs=<file or folder, {{round}} replaced by the round number>")
+                         f"refresh.pairs=<a folder with round_00.jsonl, round_01.jsonl, ...>")
     per_prompt = int(cfg.refresh.samples_per_prompt)
     subset = samples.filter(lambda row: row["sample_idx"] < per_prompt)
     golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]
@@ -168,7 +177,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     out = paths.round_reward(round_idx)
     with stage_tracker(cfg, "refresh", tracker) as tracker:
         for r in range(round_idx + 1):  # every round's labels so far: built, or reused when made the same way
-            write_labels(cfg, paths, r, tracker)
+            write_labels(OmegaConf.merge(cfg, {"round": r}), paths, r, tracker)
         start_from = start_model(cfg, paths, round_idx)
         made = reward_made_from(cfg, paths, round_idx, start_from)
         if should_skip(out, cfg.overwrite, "refresh (reward)", made):
