@@ -169,6 +169,7 @@ def test_each_round_is_scored_by_its_own_refreshed_reward_model_and_eval_by_the_
         metrics = json.loads((paths.round_reward(r) / "metrics.json").read_text())
         labels = [read_meta(paths.round_prefs(q))["counts"]["train_pairs"] for q in range(r + 1)]
         assert metrics["train_pairs"] == read_meta(paths.prefs)["counts"]["train_pairs"] + sum(labels)
+        assert metrics["continued_from"] == str(judges[r])  # refresh.init=previous: the model that scored round r - 1
         # eval judged with the run's first reward model in every round, and the policy DPO wrote
         assert set(read_meta(paths.eval(r))["fingerprint"]["inputs"]) >= {"reward", f"round_{r:02d}/dpo"}
     # fresh prompts every round, and round r + 1 sampled from round r's DPO policy
@@ -187,7 +188,8 @@ def test_users_without_simulated_labels_must_name_their_round_pairs(make_cfg, tm
     labels = tmp_path / "labels"
     labels.mkdir()
     (labels / "round_01.jsonl").write_text(json.dumps({"prompt": "a cat", "chosen": "purr", "rejected": "no"}) + "\n")
-    refresh = ["stage=refresh", *local[1:], f"refresh.pairs={labels}", "reward=tiny", "reward.epochs=1", "device=cpu"]
+    refresh = ["stage=refresh", *local[1:], f"refresh.pairs={labels}", "refresh.init=scratch", "reward=tiny",
+               "reward.epochs=1", "device=cpu"]
     with pytest.raises(FileNotFoundError, match=r"refresh\.pairs=.*labels.*no labelled pairs of round 0.*round_00\.jsonl"):
         run_stage(make_cfg(*refresh, "round=0"))
 
