@@ -74,8 +74,8 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
 
 def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
-    newest_judge = max(candidates, key=lambda c: c["round"]).get("reward_model")
-    comparable = [c for c in candidates if c.get("reward_model") == newest_judge]
+    newest_model = max(candidates, key=lambda c: c["round"]).get("reward_model")
+    comparable = [c for c in candidates if c.get("reward_model") == newest_model]
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
     ranked = sorted(comparable, key=lambda c: (-c["reward"], -c["round"], c["sample_idx"]))
     kept, seen = [], set()

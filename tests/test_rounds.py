@@ -178,6 +178,23 @@ def test_each_round_is_scored_by_its_own_refreshed_reward_model_and_eval_by_the_
     assert set(load_from_disk(str(paths.samples(1)))["policy"]) == {str(paths.dpo_policy(0))}
 
 
+def test_select_ranks_a_prompt_only_among_scores_of_one_reward_model():
+    from rsft.select import survivors
+
+    settings = OmegaConf.create({"drop_empty": True, "drop_truncated": True, "dedupe": True})
+
+    def row(round_idx, sample_idx, reward, model):
+        return {"round": round_idx, "sample_idx": sample_idx, "reward": reward, "completion": f"c{round_idx}{sample_idx}",
+                "finish_reason": "eos", "reward_model": model}
+
+    # round 0's 9.0 was given by another reward model: not comparable with round 1's scores
+    candidates = [row(0, 0, 9.0, "round_00/reward"), row(1, 0, 1.0, "round_01/reward"), row(1, 1, 2.0, "round_01/reward")]
+    ranked, dropped = survivors(candidates, settings)
+    assert [c["completion"] for c in ranked] == ["c11", "c10"] and dropped["other_reward_model"] == 1
+    same = [dict(c, reward_model="reward") for c in candidates]  # one reward model for every round: all compete
+    assert survivors(same, settings)[0][0]["completion"] == "c00"
+
+
 def test_users_without_simulated_labels_must_name_their_round_pairs(make_cfg, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a cat", "a dog")))
