@@ -79,6 +79,19 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
     return model, tokenizer
 
 
+def load_trained_reward_model(path: str | Path):
+    """(model, tokenizer) of a reward model stage=reward or stage=refresh saved, to train it further
+    (stage=refresh with refresh.init=previous); its pooling comes with its config.json."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(model.config, "reward_pooling", None) == "mean" and getattr(model.base_model, "pooler", None) is not None:
+        model.base_model.pooler.requires_grad_(False)  # unused under mean pooling
+    log.info("reward model %s (%s, %d parameters), to train further", path, type(model).__name__, model.num_parameters())
+    return model, tokenizer
+
+
 def default_pooling(model, cfg: DictConfig, cache_dir) -> str:
     """last (decoder `score` head), mean (a sentence-transformers mean-pooling folder, linear head) or first."""
     if hasattr(model, "score"):

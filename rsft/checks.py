@@ -46,12 +46,14 @@ STAGE_READS = {
     "prefs": ("sample", "prefs", "data"),
     "reward": ("reward",),
     "sample": ("sample", "draft", "data"),
+    "refresh": ("refresh", "prefs", "reward", "data"),
     "draft": ("sample", "data"),
-    "score": (),
+    "score": ("refresh",),
     "select": ("select", "data"),
     "sft": ("sft", "data"),
+    "dpo": ("dpo",),
     "eval": ("eval", "sample", "data"),
-    "loop": ("loop", "sample", "prefs", "reward", "draft", "data", "select", "sft", "eval"),
+    "loop": ("loop", "sample", "prefs", "reward", "refresh", "draft", "data", "select", "sft", "dpo", "eval"),
 }
 SAMPLING_TYPES = (("max_new_tokens", int, "an integer >= 1"), ("temperature", float, "a number > 0"),
                   ("top_k", int, "an integer >= 0 (0 = off)"), ("top_p", float, "a number in (0, 1]"),
@@ -69,6 +71,8 @@ def check_config(cfg: DictConfig) -> None:
     _typed(cfg, "seed", int, "an integer")
     _at_least(cfg, "threads", 0, "(0 = torch's default)")
     _check_device(cfg)
+    for switch in ("loop.refresh_reward", "loop.dpo"):  # every stage's round table reads them (RunPaths.from_config)
+        _boolean(cfg, switch)
     for group in STAGE_READS[stage]:
         GROUP_CHECKS[group](cfg)
 
@@ -122,6 +126,7 @@ def _check_device(cfg: DictConfig) -> None:
 def _check_data(cfg: DictConfig) -> None:
     for key in ("limit", "eval_limit"):
         _reuse(check_limit, f"data.{key}", cfg.data.get(key))
+    _boolean(cfg, "data.rotate")
 
 
 def _check_sampling(cfg: DictConfig, group: str) -> None:
@@ -169,6 +174,29 @@ def _check_reward(cfg: DictConfig) -> None:
     _check_training(cfg, "reward")
 
 
+def _check_dpo(cfg: DictConfig) -> None:
+    _one_of(cfg, "dpo.mode", ("full", "lora"))
+    if _typed(cfg, "dpo.beta", float, "a number > 0") <= 0:
+        raise ConfigError(f"dpo.beta={cfg.dpo.beta!r}: expected a number > 0")
+    _typed(cfg, "dpo.min_margin", float, "a number (a gap in reward_normalised; 0 keeps every pair)")
+    _check_training(cfg, "dpo")
+
+
+def _check_refresh(cfg: DictConfig) -> None:
+    """loop.refresh_reward and the refresh group: read by stage=refresh and, through the round table
+    (RunPaths.scoring_reward), by stage=score."""
+    if not _boolean(cfg, "loop.refresh_reward"):
+        return
+    _at_least(cfg, "refresh.samples_per_prompt", 2, "(pairs need two completions of a prompt)")
+    _one_of(cfg, "refresh.init", ("scratch", "previous"))
+    if cfg.refresh.epochs is not None:
+        _at_least(cfg, "refresh.epochs", 1, "or null (= reward.epochs)")
+    if cfg.data.kind != "demo" and cfg.refresh.pairs is None:
+        raise ConfigError(f"loop.refresh_reward=true with data.kind={cfg.data.kind} needs your labelled pairs of each "
+                          f"round: refresh.pairs=<a folder with round_00.jsonl, round_01.jsonl, ...>; the "
+                          f"simulated labels need the demo task's gold oracle")
+
+
 def _check_eval(cfg: DictConfig) -> None:
     _one_of(cfg, "eval.policy", ("round", "initial"))
     _at_least(cfg, "eval.num_samples", 1)
@@ -182,6 +210,8 @@ def _check_prefs(cfg: DictConfig) -> None:
 
 def _check_loop(cfg: DictConfig) -> None:
     _at_least(cfg, "loop.rounds", 1)
+    if _boolean(cfg, "loop.dpo") and not cfg.select.pairs:
+        raise ConfigError("loop.dpo=true trains on the pairs stage=select writes; set select.pairs=true")
     if cfg.data.kind != "demo" and cfg.reward.data.path is None and not cfg.loop.reward_from:
         raise ConfigError(f"stage=loop with data.kind={cfg.data.kind} needs a reward model: reward.data.path=<your "
                           f"pairs> (or loop.reward_from=<a run with one>); the simulated labels of stage=prefs "
@@ -191,7 +221,8 @@ def _check_loop(cfg: DictConfig) -> None:
 
 
 GROUP_CHECKS = {"reward": _check_reward, "data": _check_data, "sample": _check_sample, "draft": _check_draft, "select": _check_select,
-                "sft": _check_sft, "eval": _check_eval, "prefs": _check_prefs, "loop": _check_loop}
+                "sft": _check_sft, "dpo": _check_dpo, "refresh": _check_refresh, "eval": _check_eval,
+                "prefs": _check_prefs, "loop": _check_loop}
 
 
 def _typed(cfg: DictConfig, key: str, kind: type, expected: str):
@@ -201,6 +232,14 @@ def _typed(cfg: DictConfig, key: str, kind: type, expected: str):
     if isinstance(value, bool) or not isinstance(value, allowed):
         raise ConfigError(f"{key}={value!r}: expected {expected}")
     return kind(value)
+
+
+def _boolean(cfg: DictConfig, key: str) -> bool:
+    """A switch: true or false (a missing key is false), never a string such as 'no' that Python reads as true."""
+    value = OmegaConf.select(cfg, key, default=False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    return value
 
 
 def _at_least(cfg: DictConfig, key: str, minimum: int, note: str = "") -> int:

@@ -86,6 +86,17 @@ def _load_local(path_setting: str, path: str, split: str) -> Dataset:
                          f"({e.__cause__ or e})") from e
 
 
+def rotation_rows(num_rows: int, limit: int | None, round_idx: int) -> list[int]:
+    """The rows of the train split round r takes with data.rotate: the r-th `limit`-sized slice,
+    continuing at the start of the split only once every row has been used (rows r*limit .. r*limit +
+    limit - 1, modulo the split's length), so no prompt repeats before the split is used up. Llama 2
+    took new prompts every round; a fixed first slice lets the policy (and, with a refreshed reward
+    model, the reward model) fit the same 24 prompts round after round."""
+    size = num_rows if limit is None else min(int(limit), num_rows)
+    start = (int(round_idx) * size) % num_rows if num_rows else 0
+    return [(start + i) % num_rows for i in range(size)]
+
+
 def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> Dataset:
     if len(ds) == 0:
         raise ValueError(f"{source} has no rows; expected at least one prompt")
@@ -114,8 +125,12 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     return ds
 
 
-def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
-    """The prompt set for sampling (`which="train"`) or for held-out evaluation (`which="eval"`)."""
+def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> Dataset:
+    """The prompt set for sampling (`which="train"`) or for held-out evaluation (`which="eval"`).
+
+    With data.rotate, round r's train prompts are the r-th data.limit-sized slice of the train split
+    (rotation_rows); without it (and always for the held-out prompts) the first data.limit rows.
+    Prompt ids are assigned over the whole split first, so a prompt keeps its id in every round."""
     if which not in ("train", "eval"):
         raise ValueError(f"which={which!r}: expected train or eval")
     split = cfg.split if which == "train" else cfg.get("eval_split")
@@ -140,7 +155,13 @@ def load_prompts(cfg: DictConfig, which: str = "train") -> Dataset:
         source = f"hub dataset {cfg.name} (split {split})"
     else:
         raise ValueError(f"data.kind={cfg.kind!r}: expected demo, local, hub or hh_rlhf")
-    ds = _normalise(ds, cfg, source, limit)
+    rotate = which == "train" and bool(cfg.get("rotate", False))
+    ds = _normalise(ds, cfg, source, None if rotate else limit)
+    if rotate:
+        rows = rotation_rows(len(ds), limit, round_idx)
+        log.info("data.rotate: round %d takes train rows %d..%d (modulo %d) of %s", round_idx, rows[0],
+                 rows[0] + len(rows) - 1, len(ds), source)
+        ds = ds.select(rows)
     log.info("loaded %d prompts from %s", len(ds), source)
     duplicates = duplicate_prompts(ds)
     if duplicates["duplicate_prompt_rows"]:
@@ -296,7 +317,7 @@ def prompt_keys(which: str = "train") -> tuple[str, ...]:
               "data.system_prompt")
     hh = ("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed")  # data=hh_rlhf only
     if which == "train":
-        return common + hh + ("data.limit",)
+        return common + hh + ("data.limit", "data.rotate")
     return common + hh + ("data.eval_path", "data.eval_split", "data.eval_limit")
 
 

@@ -10,12 +10,17 @@ policy's samples labelled by the simulated annotators) and stage=reward (the Bra
 With loop.eval, the initial policy is evaluated once (eval_initial/, the baseline). Then for round
 r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
 
-    sample  K completions per train prompt from the policy round r - 1 trained (round 0: initial)
+    sample  K completions per train prompt (data.rotate: round r's own slice of the train split)
+            from the policy round r - 1 ended with (round 0: initial)
+    refresh (loop.refresh_reward) label pairs of them, retrain the reward model on every label so far
+            -> round_XX/prefs, round_XX/reward (what scores round r)
     score   the reward model's score of each
     select  the best per prompt (select.*) -> selected/, pairs/
     sft     fine-tune on selected/ -> round_XX/policy (what round r + 1 samples from)
-    draft   (draft=distilled) distil round_XX/policy into round_XX/draft for round r + 1's sampler
-    eval    (loop.eval) round_XX/policy on held-out prompts -> round_XX/eval
+    dpo     (loop.dpo) DPO on pairs/ from round_XX/policy -> round_XX/dpo (then what round r + 1 samples from)
+    draft   (draft=distilled) distil the round's policy into round_XX/draft for round r + 1's sampler
+    eval    (loop.eval) the round's policy on held-out prompts -> round_XX/eval, scored by the run's
+            reward/ in every round (one judge for all rounds, also with loop.refresh_reward)
 
 Every stage is called with a copy of the config at round r and skips when its artifact is
 complete and made from the same settings and inputs (rsft.paths fingerprints; other settings stop
@@ -38,9 +43,15 @@ from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-# The stages of one round, in order. With draft=distilled, stage=draft follows "sft": it distils
-# round r's new policy into round_XX/draft, which round r + 1's sampler loads.
-ROUND_STAGES = ("sample", "score", "select", "sft")
+# The stages of one round, in order; refresh and dpo run only when their loop switch is on. With
+# draft=distilled, stage=draft follows: it distils round r's new policy into round_XX/draft, which
+# round r + 1's sampler loads.
+ROUND_STAGES = ("sample", "refresh", "score", "select", "sft", "dpo")
+OPTIONAL_STAGES = {"refresh": "refresh_reward", "dpo": "dpo"}  # stage -> the loop.* switch that turns it on
+
+
+def round_stages(cfg: DictConfig) -> list[str]:
+    return [name for name in ROUND_STAGES if name not in OPTIONAL_STAGES or cfg.loop[OPTIONAL_STAGES[name]]]
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
@@ -98,7 +109,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker)
         for r in range(rounds):
-            for name in ROUND_STAGES:
+            for name in round_stages(cfg):
                 run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
                                 tracker)
             if cfg.draft.kind == "distilled" and r + 1 < rounds:  # the draft follows the policy

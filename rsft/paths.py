@@ -3,7 +3,8 @@
     runs/<run_name>/
       prefs/ reward/ draft/                      pairwise labels, reward model, distilled draft
       eval_initial/                              the initial policy's evaluation (the baseline)
-      round_00/samples/ scored/ selected/ pairs/ policy/ draft/ eval/
+      round_00/samples/ prefs/ reward/ scored/ selected/ pairs/ policy/ dpo/ draft/ eval/
+                                                 (prefs/ reward/ with loop.refresh_reward, dpo/ with loop.dpo)
       plots/ summary.md logs/ wandb/
 
 An artifact is a folder (a `datasets.save_to_disk` folder or a `save_pretrained` folder). It is
@@ -73,33 +74,69 @@ class RunPaths:
     """Where every artifact of one run lives, and which artifact a round reads.
 
     The round rules live here and nowhere else (pinned by tests/test_paths.py's round table):
-      round r samples from            sampling_policy(r): round r-1's policy; round 0 the configured one
+      round r ends with               round_policy(r): its DPO policy (round_XX/dpo) with loop.dpo, else
+                                      its SFT policy (round_XX/policy)
+      round r samples from            sampling_policy(r): the policy round r-1 ended with; round 0 the configured one
       round r's SFT starts from       sft_init_policy(r, init): the configured policy (init=initial)
                                       or the policy round r sampled from (init=previous)
-      eval round r judges             eval_policy(r): the policy round r trained
+      round r's DPO starts from       dpo_init_policy(r): round r's SFT policy, which is also its reference
+      eval round r judges             eval_policy(r): the policy round r ended with
+      round r's scores come from      scoring_reward(r): round_XX/reward, retrained on the labels of every
+                                      round so far, with loop.refresh_reward; else the run's reward/
+      ... which trains on             refresh_labels(r): prefs/ (unless the user's pairs stand in) and
+                                      round_00/prefs .. round_XX/prefs
+      eval (every round) judges with  judge: the run's reward/, the same for every round and the initial
+                                      policy, so their numbers stay comparable when scoring follows the policy
       stage=draft round r imitates    draft_teacher(r): round r's policy, the configured one before any
       ... and writes                  draft_output(r): round_XX/draft (serves round r+1), else draft/
       round r's sampler drafts with   sampling_draft(r): round r-1's refreshed draft, else draft/
     "The configured policy" is None: the caller loads conf/policy (rsft.models.load_policy).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, runs_root: str | os.PathLike | None = None):
+    def __init__(self, run_dir: str | os.PathLike, runs_root: str | os.PathLike | None = None,
+                 refresh_reward: bool = False, dpo: bool = False):
         self.root = Path(run_dir)
         self.runs_root = Path(runs_root) if runs_root is not None else self.root.parent
+        self.refresh_reward = bool(refresh_reward)  # loop.refresh_reward: each round scores with its own reward model
+        self.dpo = bool(dpo)  # loop.dpo: each round ends with a DPO step after SFT
 
     @classmethod
     def from_config(cls, cfg) -> "RunPaths":
-        return cls(cfg.paths.run_dir, cfg.paths.runs_root)
+        loop = cfg.get("loop") or {}
+        return cls(cfg.paths.run_dir, cfg.paths.runs_root, bool(loop.get("refresh_reward", False)),
+                   bool(loop.get("dpo", False)))
 
     def other_run(self, run_name: str) -> "RunPaths":
         """Another run under the same runs root (loop.reward_from)."""
-        return RunPaths(self.runs_root / run_name, self.runs_root)
+        return RunPaths(self.runs_root / run_name, self.runs_root, self.refresh_reward, self.dpo)
 
     # ---- which artifact a round reads ----
 
+    def round_policy(self, round_idx: int) -> Path:
+        """The policy round r ends with: its DPO output with loop.dpo, else its SFT output."""
+        return self.dpo_policy(round_idx) if self.dpo else self.policy(round_idx)
+
     def sampling_policy(self, round_idx: int) -> Path | None:
-        """The policy round r samples from: round r-1's SFT output; None (configured) for round 0."""
-        return None if round_idx == 0 else self.policy(round_idx - 1)
+        """The policy round r samples from: the one round r-1 ended with; None (configured) for round 0."""
+        return None if round_idx == 0 else self.round_policy(round_idx - 1)
+
+    def dpo_init_policy(self, round_idx: int) -> Path:
+        """The policy round r's DPO starts from and keeps as its reference: round r's SFT policy."""
+        return self.policy(round_idx)
+
+    @property
+    def judge(self) -> Path:
+        """The reward model eval scores every policy with: the run's reward/, whatever scored the rounds."""
+        return self.reward
+
+    def scoring_reward(self, round_idx: int) -> Path:
+        """The reward model that scores round r's samples: round_XX/reward with loop.refresh_reward, else reward/."""
+        return self.round_reward(round_idx) if self.refresh_reward else self.reward
+
+    def refresh_labels(self, round_idx: int) -> list[Path]:
+        """The labelled rounds round r's refreshed reward model trains on, with the initial labels
+        (prefs/, or the user's reward.data pairs, which are not an artifact): rounds 0 .. r."""
+        return [self.round_prefs(r) for r in range(round_idx + 1)]
 
     def sft_init_policy(self, round_idx: int, init: str) -> Path | None:
         """The policy round r's SFT starts from (sft.init: initial | previous)."""
@@ -111,12 +148,15 @@ class RunPaths:
                          "(the policy this round sampled from)")
 
     def eval_policy(self, round_idx: int) -> Path:
-        """The policy `eval round=r` judges: the one round r trained."""
-        return self.policy(round_idx)
+        """The policy `eval round=r` judges: the one round r ended with."""
+        return self.round_policy(round_idx)
 
     def draft_teacher(self, round_idx: int) -> Path | None:
-        """The policy stage=draft round r imitates: round r's policy once it exists, else the configured one."""
-        return self.policy(round_idx) if round_idx >= 0 and is_complete(self.policy(round_idx)) else None
+        """The policy stage=draft round r imitates: the policy round r ended with once it exists (the one
+        round r + 1 samples from), else the configured one."""
+        if round_idx >= 0 and is_complete(self.round_policy(round_idx)):
+            return self.round_policy(round_idx)
+        return None
 
     def draft_output(self, round_idx: int) -> Path:
         """Where stage=draft round r writes: round_XX/draft (serving round r+1) when round r's policy
@@ -145,9 +185,21 @@ class RunPaths:
     def pairs(self, round_idx: int) -> Path:
         return self.round_dir(round_idx) / "pairs"
 
+    def round_prefs(self, round_idx: int) -> Path:
+        """Pairs of round r's samples, labelled (stage=refresh, loop.refresh_reward)."""
+        return self.round_dir(round_idx) / "prefs"
+
+    def round_reward(self, round_idx: int) -> Path:
+        """The reward model retrained after round r's sampling (stage=refresh), which scores round r."""
+        return self.round_dir(round_idx) / "reward"
+
     def policy(self, round_idx: int) -> Path:
-        """The policy trained in round r (sampled from in round r + 1)."""
+        """The policy SFT trained in round r (what round r + 1 samples from, unless loop.dpo)."""
         return self.round_dir(round_idx) / "policy"
+
+    def dpo_policy(self, round_idx: int) -> Path:
+        """The policy DPO trained from round r's SFT policy on round r's pairs (loop.dpo)."""
+        return self.round_dir(round_idx) / "dpo"
 
     def round_draft(self, round_idx: int) -> Path:
         """The draft refreshed after round r's SFT, for sampling round r + 1."""

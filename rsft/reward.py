@@ -26,18 +26,27 @@ import logging
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from reward.encoding import tokenize_preferences
 from reward.formats import check_pairs, load_raw, pair_files, pair_hashes, partition, to_preference_pairs
-from reward.model import load_reward_backbone
+from reward.model import load_reward_backbone, load_trained_reward_model
 from reward.scoring import RewardScorer, pairwise_accuracy, prompt_template, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
 from rsft import distributed
 from rsft.models import resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import (
+    RunPaths,
+    atomic_artifact,
+    fingerprint,
+    is_complete,
+    load_dataset_artifact,
+    reading,
+    should_skip,
+)
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -84,10 +93,16 @@ def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]
     return sum(agree) / len(agree) if agree else None
 
 
-def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker):
-    """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics)."""
+def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,
+                      start_from: Path | None = None):
+    """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from
+    the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
     rcfg = cfg.reward
-    model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir, seed=int(rcfg.seed))
+    if start_from is None:
+        model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir, seed=int(rcfg.seed))
+    else:
+        with reading(start_from):
+            model, tokenizer = load_trained_reward_model(start_from)
     train_tokens, truncation = tokenize_preferences(train, tokenizer, int(rcfg.max_length))
     _, test_truncation = tokenize_preferences(test, tokenizer, int(rcfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", rcfg.max_length, truncation, test_truncation)

@@ -21,10 +21,12 @@ STAGES = {
     "prefs": "rsft.prefs",
     "reward": "rsft.reward",
     "sample": "rsft.sample",
+    "refresh": "rsft.refresh",
     "draft": "rsft.draft",
     "score": "rsft.score",
     "select": "rsft.select",
     "sft": "rsft.sft",
+    "dpo": "rsft.dpo",
     "eval": "rsft.eval",
     "loop": "rsft.loop",
 }

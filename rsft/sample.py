@@ -178,7 +178,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     made = made_from(cfg, paths)
     if should_skip(out, cfg.overwrite, "sample", made):
         return out
-    prompts = load_prompts(cfg.data, "train")
+    prompts = load_prompts(cfg.data, "train", int(cfg.round))  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(int(cfg.round)), device)
     draft = build_draft(cfg, model, tokenizer, device)

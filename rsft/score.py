@@ -2,12 +2,18 @@
 
     python -m rsft.run stage=score [round=0]
 
-Reads runs/<run_name>/round_XX/samples/ and the trained reward model runs/<run_name>/reward/
-(stage=prefs then stage=reward build it); writes round_XX/scored/: the samples with two more
-columns, `reward` (the model's raw output) and `reward_normalised` ((raw - mean) / std with the
-mean and std the reward stage measured on its training data, so thresholds do not depend on the
-scale a particular reward model happened to learn). The scorer sees the prompt as the user wrote
-it (the `prompt` column) and the completion text, as the reward model was trained.
+Reads runs/<run_name>/round_XX/samples/ and the reward model that scores round XX
+(RunPaths.scoring_reward: the run's reward/, built by stage=prefs then stage=reward; with
+loop.refresh_reward the round's own round_XX/reward/, built by stage=refresh); writes
+round_XX/scored/: the samples with three more columns, `reward` (the model's raw output),
+`reward_normalised` ((raw - mean) / std with the mean and std the reward stage measured on its
+training data, so thresholds do not depend on the scale a particular reward model happened to
+learn) and `reward_model` (which one gave the score, relative to the run directory; also in
+meta.json and, by its digest, in the fingerprint). The scorer sees the prompt as the user wrote it
+(the `prompt` column) and the completion text, as the reward model was trained.
+
+stage=eval scores with the run's reward/ (RunPaths.judge) in every round, refreshed or not: one
+fixed judge keeps the initial policy's and every round's numbers comparable.
 """
 
 from __future__ import annotations
@@ -37,10 +43,18 @@ from rsft.tracking import Tracker, stage_tracker
 log = logging.getLogger(__name__)
 
 
-def reward_model(cfg: DictConfig):
-    """This run's trained reward model folder (score and eval check it before any work); a clear error when missing."""
-    path = RunPaths.from_config(cfg).reward
+def reward_model(cfg: DictConfig, round_idx: int | None = None):
+    """The reward model folder that scores round r (RunPaths.scoring_reward), or with round_idx=None
+    the run's judge, reward/, which stage=eval uses for every policy (score and eval check it before
+    any work); a clear error when missing."""
+    paths = RunPaths.from_config(cfg)
+    path = paths.judge if round_idx is None else paths.scoring_reward(round_idx)
     if not is_complete(path):
+        if path != paths.reward:
+            raise FileNotFoundError(
+                f"no refreshed reward model at {path} (loop.refresh_reward=true): stage=refresh builds it from round "
+                f"{round_idx}'s samples; run `python -m rsft.run stage=refresh round={round_idx} "
+                f"loop.refresh_reward=true` first")
         raise FileNotFoundError(
             f"no trained reward model at {path}: stage=reward builds it from the labels stage=prefs writes; run "
             f"`python -m rsft.run stage=prefs run_name={cfg.run_name}` then `... stage=reward` (stage=loop does both)"
@@ -49,7 +63,8 @@ def reward_model(cfg: DictConfig):
 
 
 def load_reward_scorer(cfg: DictConfig, device, path: Path | None = None):
-    """A trained reward model loaded for scoring: this run's (default) or `path` (eval's judge)."""
+    """A trained reward model loaded for scoring: `path` (the round's scorer, eval's judge), by default the
+    run's reward/ (reward_model(cfg))."""
     path = reward_model(cfg) if path is None else path
     from reward.scoring import load_scorer
 
@@ -129,16 +144,19 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if not is_complete(source):
         raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
                                 f"`python -m rsft.run stage=sample round={cfg.round}` first")
-    made = fingerprint(cfg, (), [source, reward_model(cfg)])  # the samples and the reward model, nothing else
+    scorer_path = reward_model(cfg, int(cfg.round))
+    made = fingerprint(cfg, (), [source, scorer_path])  # the samples and the reward model, nothing else
     if should_skip(out, cfg.overwrite, "score", made):
         return out
     samples = load_dataset_artifact(source)
-    scorer = load_reward_scorer(cfg, resolve_device(cfg.device))
+    scorer = load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
+    log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
     raw = score_rows(scorer, samples["prompt"], samples["completion"])
     if len(raw) != len(samples):
         raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
     scored = samples.add_column("reward", [float(r) for r in raw])
     scored = scored.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
+    scored = scored.add_column("reward_model", [str(scorer_path.relative_to(paths.root))] * len(scored))
 
     by_prompt = defaultdict(list)
     for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):
@@ -149,7 +167,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "best_of_k_reward_mean": statistics.fmean(max(v) for v in by_prompt.values()),
         "within_prompt_spread_mean": statistics.fmean(max(v) - min(v) for v in by_prompt.values()),
     }
-    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(paths.reward),
+    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(scorer_path),
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
     if distributed.is_main():

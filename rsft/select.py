@@ -10,6 +10,9 @@ Per prompt, in this order:
    (drop_truncated: finish_reason == "length"; teaching the policy to stop mid-sentence is the
    opposite of what we want), and identical completions after the first (dedupe, text after strip).
    A prompt with no survivor is logged by id and text and skipped; the stage goes on.
+   With loop.refresh_reward each round is scored by its own reward model, whose rewards are on
+   another scale: a prompt's candidates compete only with those scored by the same reward model as
+   its newest round's (the `reward_model` column), the older ones are dropped (other_reward_model).
 2. Ranking: reward (raw; normalising is monotone) high to low; ties are broken by the newer round,
    then by the lower sample index, so the same scored sets always give the same selection.
 3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
@@ -83,9 +86,11 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
 
 def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
-    dropped = {"empty": 0, "truncated": 0, "duplicate": 0}
+    newest_model = max(candidates, key=lambda c: c["round"]).get("reward_model")
+    comparable = [c for c in candidates if c.get("reward_model") == newest_model]
+    dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
     last = bool(s.get("prefer_complete", True)) and not s.drop_truncated  # kept truncated ones rank last
-    ranked = sorted(candidates, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
+    ranked = sorted(comparable, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
     for c in ranked:
@@ -146,6 +151,8 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
         "rejected": [{"role": "assistant", "content": worst["completion"]}],
         "chosen_reward": best["reward"],
         "rejected_reward": worst["reward"],
+        "chosen_reward_normalised": best["reward_normalised"],  # for the DPO stage's margin filter
+        "rejected_reward_normalised": worst["reward_normalised"],
     }
 
 
@@ -156,7 +163,8 @@ def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[d
     if out_pairs is not None:
         with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, made) as tmp:
             pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
-                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")})
+                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+                              "chosen_reward_normalised", "rejected_reward_normalised")})
             pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
 
 
@@ -188,7 +196,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                          f"set select.pairs=false or sample.num_samples >= 2")
 
     selected, pairs, starved = [], [], []
-    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "opening_cap": 0}
+    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": 0, "opening_cap": 0}
     ranked_by_prompt = {}
     for prompt_id, candidates in by_prompt.items():
         ranked, dropped = survivors(candidates, s)

@@ -66,10 +66,11 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     )
 
 
-def lora_config(cfg: DictConfig):
+def lora_config(section: DictConfig):
+    """peft's LoraConfig from a training section's `lora` settings (sft.lora, dpo.lora)."""
     from peft import LoraConfig
 
-    lora = cfg.sft.lora
+    lora = section.lora
     modules = lora.target_modules
     return LoraConfig(r=int(lora.r), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
                       target_modules=modules if isinstance(modules, str) else list(modules), task_type="CAUSAL_LM")
@@ -113,7 +114,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     with tempfile.TemporaryDirectory(prefix="rsft-sft-") as scratch:
         trainer = SFTTrainer(
             model=model, args=trainer_config(cfg, device, scratch), train_dataset=train,
-            processing_class=tokenizer, peft_config=lora_config(cfg) if cfg.sft.mode == "lora" else None,
+            processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
             callbacks=[history],
         )
         result = trainer.train()

@@ -7,6 +7,8 @@ rsft.score.load_reward_scorer (stage=score and stage=eval both go through it).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rsft.paths import RunPaths, atomic_artifact
 
 
@@ -37,5 +39,8 @@ def install_fake_reward(monkeypatch, cfg) -> None:
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
-    monkeypatch.setattr(rsft.score, "load_reward_scorer",
-                        lambda cfg, device, path=None: FakeScorer() if path is None else FakeJudge())
+    def load(cfg, device, path=None):  # a folder outside this run is eval's judge
+        judge = path is not None and Path(cfg.paths.run_dir).resolve() not in Path(path).resolve().parents
+        return FakeJudge() if judge else FakeScorer()
+
+    monkeypatch.setattr(rsft.score, "load_reward_scorer", load)

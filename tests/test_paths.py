@@ -98,3 +98,21 @@ def test_round_table(tmp_path):
     assert paths.sampling_draft(1) == paths.round_draft(0)  # the draft distilled after round 0 serves round 1
     assert paths.sampling_draft(0) == paths.draft and paths.sampling_draft(2) == paths.draft
     assert paths.other_run("y").root == tmp_path / "runs" / "y"
+
+
+def test_round_table_with_dpo_and_refreshed_reward_models(tmp_path):
+    """loop.dpo: a round ends with its DPO policy; loop.refresh_reward: a round is scored by its own
+    reward model; eval always judges with the run's reward/."""
+    plain = RunPaths(tmp_path / "runs" / "x", tmp_path / "runs")
+    paths = RunPaths(tmp_path / "runs" / "x", tmp_path / "runs", refresh_reward=True, dpo=True)
+    assert plain.round_policy(1) == plain.policy(1) and plain.scoring_reward(2) == plain.reward
+    assert paths.round_policy(1) == paths.dpo_policy(1) == tmp_path / "runs" / "x" / "round_01" / "dpo"
+    assert paths.sampling_policy(0) is None and paths.sampling_policy(2) == paths.dpo_policy(1)
+    assert paths.dpo_init_policy(1) == paths.policy(1)  # DPO starts from (and is anchored to) the round's SFT policy
+    assert paths.eval_policy(1) == paths.dpo_policy(1)
+    assert paths.sft_init_policy(2, "previous") == paths.dpo_policy(1)
+    assert paths.scoring_reward(2) == paths.round_reward(2) == tmp_path / "runs" / "x" / "round_02" / "reward"
+    assert paths.refresh_labels(1) == [paths.round_prefs(0), paths.round_prefs(1)]
+    assert paths.judge == paths.reward == plain.judge
+    assert paths.other_run("y").dpo and paths.other_run("y").refresh_reward
+

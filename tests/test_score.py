@@ -18,7 +18,8 @@ def test_score_adds_raw_and_normalised_reward_to_every_sample(make_cfg, monkeypa
     scored = load_from_disk(str(out))
     samples = load_from_disk(str(out.parent / "samples"))
     assert len(scored) == len(samples) == 9
-    assert set(samples.column_names) | {"reward", "reward_normalised"} == set(scored.column_names)
+    assert set(samples.column_names) | {"reward", "reward_normalised", "reward_model"} == set(scored.column_names)
+    assert set(scored["reward_model"]) == {"reward"}  # which reward model gave every score
     expected = FakeScorer().score(samples["prompt"], samples["completion"])
     assert scored["reward"] == pytest.approx(expected)
     assert scored["reward_normalised"] == pytest.approx([(r - 2.0) / 4.0 for r in expected])
