@@ -13,17 +13,34 @@ prompt's rows are admitted together where they fit and share one prefill of the 
 
 Randomness: every completion has its own `torch.Generator`, seeded from (seed, prompt index,
 sample index); all the uniforms a row consumes (draft samples, acceptance tests, the emitted token)
-come from it, drawn in a fixed order. A completion's randomness does not depend on which rows share
-its batch.
+come from it, drawn in a fixed order: each step, row r draws 2 g_r + 1 (`row_uniforms`), where g_r
+is the step's gamma capped by the row's *own* remaining budget (never the batch's longest). So:
+- plain sampling, and a model draft (`ModelDraft`, distilled) or a feature draft (`FeatureDraft`)
+  at a fixed gamma: a completion's tokens do not depend on which rows share its batch; the same
+  seed gives the same completions at any batch_rows (tests: batch_rows 1, 3 and 8). The one caveat
+  is float rounding: the packed forward's sums depend on the batch's shape, so a draw that falls
+  within rounding of a boundary can flip (README, "Scale out": 191 of 192 on SmolLM2).
+- the n-gram draft: not batch-invariant. It looks up the sibling completions sampled so far, and
+  how far a sibling has got depends on which rows ran together, so the proposals (and with them
+  which uniforms decide what) differ with batch_rows. Every completion is still an exact sample.
+- adaptive gamma (`draft.adaptive=true`): not reproducible token for token on a real machine. The
+  gamma of a step follows measured time (the wall clock, or the `clock` a caller injects), and the
+  gamma changes how many uniforms each row draws. Again every completion is an exact sample: the
+  verifier's guarantee holds for any gamma chosen from the past.
 
 Adaptive gamma (`GammaController`): a row that drafts g tokens gains a + a^2 + ... + a^g tokens
 per policy forward for acceptance rate a (Leviathan et al. 2022), but on a CPU every verified
 token costs compute. The controller measures the acceptance rate, the fraction of the g draft
 slots the draft actually fills (the n-gram draft proposes only where it finds a match; the packed
-forward charges only for real tokens), and the wall time of policy forwards per width and of draft
+forward charges only for real tokens), and the time of policy forwards per width and of draft
 proposals, and picks the g in 0..gamma_max with the highest expected tokens per second; g = 0
 means "do not speculate". It re-probes neighbouring values now and then so its estimates stay
-current.
+current. After steps at g = 0 a model or feature draft is behind: it has not seen the tokens the
+policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
+(`draft_catch_up_seconds`) and not charged to the draft tokens: it is what switching back costs,
+once, not what drafting costs per token, and charging it to the probe step made a probe after 16
+plain steps look ~16 tokens' worth too dear, which kept gamma at 0 for good. Time comes from
+`clock` (default `time.perf_counter`; the tests inject a simulated clock and costs).
 """
 
 from __future__ import annotations
