@@ -356,9 +356,8 @@ def feature_draft_loss(draft: FeatureDraftModel, ids, previous, features, target
     """KL(p_policy || q_draft) on the draft's head (p renormalised there, as for the distilled draft)
     plus feature_weight x smooth L1 between the predicted and the policy's features, at the positions
     whose next token is a completion token. p comes from the policy's own head on its features."""
-    out = draft(ids, previous)
-    predicted = out.features[target_mask]  # [tokens, hidden]
-    log_q = F.log_softmax(out.logits[target_mask].float(), dim=-1)  # [tokens, head]
+    predicted = draft(ids, previous, logits_to_keep=1).features[target_mask]  # [tokens, hidden]
+    log_q = F.log_softmax(draft.lm_head(predicted).float(), dim=-1)  # [tokens, head]: the head only where scored
     true = features[target_mask]  # [tokens, hidden]
     with torch.no_grad():
         p = F.softmax(draft.lm_head(true).float(), dim=-1)  # [tokens, head]
