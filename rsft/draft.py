@@ -38,7 +38,12 @@ policy's feature at t, read by the policy's own (frozen) output head restricted 
 tokens. Trained on the same sequences, with the policy's features computed once (one policy pass
 over the data, kept in memory: ~2 KB per token for SmolLM2) and each epoch running only the draft:
 loss = KL(p_policy || q_draft) on the head + feature_weight * smooth L1(predicted, policy feature),
-EAGLE's two terms. Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
+EAGLE's two terms, at every position of the training sequences, prompts included: the draft
+learns the policy's step (h_{t-1}, x_t) -> h_t, which is the same computation on a prompt token,
+and the round's samples are small (SmolLM2, 173 training sequences of the demo's round 0: the
+acceptance given a draft was reached, alpha, rose from 0.21 with completions only and 10 epochs to
+0.29 with prompts scored and 20 epochs; 0.32 at the first position). The held-out KL is measured
+on completion positions only, where the draft is used. Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
 draft_head.json, the tokenizer); the embeddings and head are the policy's when it is loaded
 (rsft.models.load_feature_draft), which is why it is refreshed with every round's policy.
 """
@@ -330,10 +335,11 @@ def policy_features(policy, sequences, batch_size: int, pad_id: int, device) -> 
     return out
 
 
-def _feature_batches(examples, batch_size: int, rng: random.Random | None):
+def _feature_batches(examples, batch_size: int, rng: random.Random | None, whole_sequence: bool):
     """examples: (prompt, completion, features [len, hidden]) -> right-padded batches of
     ids [batch, width], the features of t - 1 at entry t [batch, width, hidden] (zeros at t = 0),
-    the policy's features [batch, width, hidden], and the positions whose next token is a completion token."""
+    the policy's features [batch, width, hidden], and the positions scored: those whose next token
+    is a completion token, or with whole_sequence every position that has a next token."""
     order = list(range(len(examples)))
     if rng is not None:
         rng.shuffle(order)
@@ -347,7 +353,7 @@ def _feature_batches(examples, batch_size: int, rng: random.Random | None):
         for i, (p, c, f) in enumerate(chunk):
             ids[i, :len(p) + len(c)] = torch.tensor(p + c)
             features[i, :len(p) + len(c)] = f
-            target_mask[i, len(p) - 1:len(p) + len(c) - 1] = True
+            target_mask[i, 0 if whole_sequence else len(p) - 1:len(p) + len(c) - 1] = True
         previous = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], 1)  # [batch, width, hidden]
         yield ids, previous, features, target_mask
 
@@ -399,7 +405,7 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
         draft.eval()
         with torch.no_grad():
             kls = [float(feature_draft_loss(draft, *(t.to(device) for t in b), weight)[1])
-                   for b in _feature_batches(held, batch_size, None)]
+                   for b in _feature_batches(held, batch_size, None, whole_sequence=False)]
         return sum(kls) / len(kls)
 
     before = heldout_kl()
@@ -412,7 +418,7 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
     with tqdm(total=steps, desc="training feature draft", unit="step") as bar:
         for _ in range(int(train.epochs)):
             draft.train()
-            for batch in _feature_batches(examples, batch_size, rng):
+            for batch in _feature_batches(examples, batch_size, rng, whole_sequence=True):
                 loss, kl = feature_draft_loss(draft, *(t.to(device) for t in batch), weight)
                 optimizer.zero_grad()
                 loss.backward()
