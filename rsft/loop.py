@@ -78,8 +78,8 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
     run) draft.fallback stands in (conf/draft/distilled.yaml and feature.yaml compose the n-gram draft)."""
     stage_cfg = at_round(cfg, round_idx, "sample")
     if cfg.draft.kind in TRAINED_DRAFT_KINDS and not is_complete(paths.sampling_draft(round_idx)):
-        log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round %d uses "
-                 "draft=%s", round_idx, cfg.draft.fallback.kind)
+        log.info("loop: no %s draft yet (the first is trained after round 0's SFT); round %d uses draft=%s",
+                 cfg.draft.kind, round_idx, cfg.draft.fallback.kind)
         with open_dict(stage_cfg):
             stage_cfg.draft = OmegaConf.to_container(cfg.draft.fallback, resolve=True)
     return stage_cfg

@@ -4,10 +4,10 @@
 
 Reads the prompt set (conf/data) and the round's policy (RunPaths.sampling_policy: round 0
 conf/policy, round r the policy SFT wrote in round r - 1) and, with draft=distilled or
-draft=feature, its draft (RunPaths.sampling_draft); writes runs/<run_name>/round_XX/samples/ with one row per completion:
-prompt_id, prompt, sample_idx, completion, completion_ids, num_tokens, finish_reason, seed, round,
-policy, sampler settings and acceptance counts, plus the prompt set's other columns. meta.json
-carries the acceptance statistics and throughput.
+draft=feature, its draft (RunPaths.sampling_draft); writes runs/<run_name>/round_XX/samples/ with
+one row per completion: prompt_id, prompt, sample_idx, completion, completion_ids, num_tokens,
+finish_reason, seed, round, policy, sampler settings and acceptance counts, plus the prompt set's
+other columns. meta.json carries the acceptance statistics and throughput.
 """
 
 from __future__ import annotations
