@@ -43,7 +43,14 @@ learns the policy's step (h_{t-1}, x_t) -> h_t, which is the same computation on
 and the round's samples are small (SmolLM2, 173 training sequences of the demo's round 0: the
 acceptance given a draft was reached, alpha, rose from 0.21 with completions only and 10 epochs to
 0.29 with prompts scored and 20 epochs; 0.32 at the first position). The held-out KL is measured
-on completion positions only, where the draft is used. Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
+on completion positions only, where the draft is used.
+Options (draft.train): `unroll_steps` trains draft positions 2+ on the draft's own predicted
+features (HASS's training-time drafting, FeatureDraftModel.unrolled); `kl_temperature` tempers both
+sides of the KL; `more_samples` adds earlier rounds' samples and the prefs stage's completions to
+the training set (the held-out set stays the round's own samples). Measured on the demo's round 0
+with the offline acceptance (sum min(p, q) at T=0.7 on the held-out completions, teacher-forced,
+positions 1/2/3), 20 epochs: default 0.38/0.21/0.20; kl_temperature=0.7 0.35/0.15/0.13 (worse);
+unroll_steps=3 with kl_temperature=0.7 0.06/0.05/0.05 after 5 epochs (3x the time per epoch; cut). Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
 draft_head.json, the tokenizer); the embeddings and head are the policy's when it is loaded
 (rsft.models.load_feature_draft), which is why it is refreshed with every round's policy.
 """
@@ -115,6 +122,37 @@ def training_sources(cfg: DictConfig, paths: RunPaths) -> list:
         raise FileNotFoundError(f"stage=draft trains on the policy's samples, but {paths.samples(data_round)} "
                                 f"does not exist; run `python -m rsft.run stage=sample round={data_round}` first")
     return sources
+
+
+def extra_feature_sources(cfg: DictConfig, paths: RunPaths) -> list:
+    """With draft.train.more_samples: every earlier round's samples and the prefs stage's completions
+    (the initial policy's), the other sequences of the policy's family at hand (training only)."""
+    if not cfg.draft.train.get("more_samples"):
+        return []
+    earlier = [paths.samples(r) for r in range(max(int(cfg.round), 0))]
+    return [p for p in (*earlier, paths.prefs) if is_complete(p)]
+
+
+def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -> list:
+    """(prompt ids, completion ids + EOS) of each distinct completion of `sources`: sample artifacts
+    (completion_ids) or the prefs DatasetDict (chosen / rejected texts, tokenized again)."""
+    budget = context_budget(teacher_config, int(cfg.sample.max_new_tokens))
+    texts, sequences = set(), []
+    for path in sources:
+        data = load_dataset_artifact(path)
+        if hasattr(data, "values"):  # prefs: pairs of completion texts
+            pairs = concatenate_datasets(list(data.values()))
+            rows = [(prompt, tokenizer(side, add_special_tokens=False)["input_ids"])
+                    for prompt, *sides in zip(pairs["prompt"], pairs["chosen"], pairs["rejected"]) for side in sides]
+        else:
+            rows = list(zip(data["prompt"], data["completion_ids"]))
+        for prompt, completion in rows:
+            if (prompt, tuple(completion)) in texts:
+                continue
+            texts.add((prompt, tuple(completion)))
+            prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"), budget)
+            sequences.append((prefix, list(completion) + [tokenizer.eos_token_id]))
+    return sequences
 
 
 def _teacher_and_data(cfg: DictConfig, paths: RunPaths, sources: list, device):
@@ -239,8 +277,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     # fingerprint: the draft's training settings, the seed, the policy it imitates (configured or an
     # artifact), the sequences it trains on, and the sampling settings its acceptance is measured at
     settings = ("draft.kind", "draft.train") if trains_feature_draft(cfg) else ("draft_model",)
+    extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
     made = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
-                             "sample.batch_rows"), [*sources, *([teacher_path] if teacher_path else [])])
+                             "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
     if should_skip(out, cfg.overwrite, "draft", made):
         return out
     if distributed.is_main():  # the hand-written training loops run in one process; the others wait
@@ -358,17 +397,27 @@ def _feature_batches(examples, batch_size: int, rng: random.Random | None, whole
         yield ids, previous, features, target_mask
 
 
-def feature_draft_loss(draft: FeatureDraftModel, ids, previous, features, target_mask, feature_weight: float):
+def feature_draft_loss(draft: FeatureDraftModel, ids, previous, features, target_mask, feature_weight: float,
+                       steps: int = 1, temperature: float = 1.0):
     """KL(p_policy || q_draft) on the draft's head (p renormalised there, as for the distilled draft)
-    plus feature_weight x smooth L1 between the predicted and the policy's features, at the positions
-    whose next token is a completion token. p comes from the policy's own head on its features."""
-    predicted = draft(ids, previous, logits_to_keep=1).features[target_mask]  # [tokens, hidden]
-    log_q = F.log_softmax(draft.lm_head(predicted).float(), dim=-1)  # [tokens, head]: the head only where scored
-    true = features[target_mask]  # [tokens, hidden]
-    with torch.no_grad():
-        p = F.softmax(draft.lm_head(true).float(), dim=-1)  # [tokens, head]
-    kl = (p * (p.clamp_min(1e-12).log() - log_q)).sum(-1).mean()
-    return kl + feature_weight * F.smooth_l1_loss(predicted, true), kl
+    plus feature_weight x smooth L1 between the predicted and the policy's features, at the scored
+    positions (target_mask), averaged over draft positions 1..steps (FeatureDraftModel.unrolled:
+    positions 2+ read the draft's own predicted features, as when it drafts). p comes from the
+    policy's own head on its features; both sides are tempered by `temperature` (the sampler's:
+    acceptance is sum min(p, q) of the tempered distributions). -> (loss, KL of each position)."""
+    predictions = draft.unrolled(ids, previous, steps) if steps > 1 else [draft(ids, previous, logits_to_keep=1).features]
+    loss, kls = 0.0, []
+    for k, predicted in enumerate(predictions):
+        mask = target_mask.clone()
+        mask[:, :k] = False  # position k + 1 needs a true entry k positions back
+        predicted, true = predicted[mask], features[mask]  # [tokens, hidden]
+        log_q = F.log_softmax(draft.lm_head(predicted).float() / temperature, dim=-1)  # [tokens, head]
+        with torch.no_grad():
+            p = F.softmax(draft.lm_head(true).float() / temperature, dim=-1)  # [tokens, head]
+        kl = (p * (p.clamp_min(1e-12).log() - log_q)).sum(-1).mean()
+        loss = loss + (kl + feature_weight * F.smooth_l1_loss(predicted, true)) / len(predictions)
+        kls.append(kl)
+    return loss, kls
 
 
 def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | None, seed: int) -> FeatureDraftModel:
@@ -389,11 +438,15 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
     policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
     policy.eval().requires_grad_(False)
     heldout, training_set = _split(cfg, train, sequences)
+    held_keys = {(tuple(p), tuple(c)) for p, c in heldout}  # the held-out sequences stay out of training
+    training_set += [s for s in extra_sequences(tokenizer, cfg, policy.config, extra_feature_sources(cfg, paths))
+                     if (tuple(s[0]), tuple(s[1])) not in held_keys]
     head_ids = (frequent_tokens(training_set, int(train.head_tokens), tokenizer.eos_token_id)
                 if int(train.head_tokens) > 0 else None)
     draft = build_feature_draft(policy, int(train.num_layers), head_ids, int(cfg.seed))
     untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
     batch_size, weight = int(train.batch_size), float(train.feature_weight)
+    unroll, temperature = int(train.unroll_steps), float(train.kl_temperature)
     started = time.perf_counter()
     examples = [(p, c, f) for (p, c), f in zip(training_set, policy_features(policy, training_set, batch_size,
                                                                             tokenizer.pad_token_id, device))]
@@ -404,7 +457,7 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
     def heldout_kl() -> float:
         draft.eval()
         with torch.no_grad():
-            kls = [float(feature_draft_loss(draft, *(t.to(device) for t in b), weight)[1])
+            kls = [float(feature_draft_loss(draft, *(t.to(device) for t in b), weight, temperature=temperature)[1][0])
                    for b in _feature_batches(held, batch_size, None, whole_sequence=False)]
         return sum(kls) / len(kls)
 
@@ -419,14 +472,14 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
         for _ in range(int(train.epochs)):
             draft.train()
             for batch in _feature_batches(examples, batch_size, rng, whole_sequence=True):
-                loss, kl = feature_draft_loss(draft, *(t.to(device) for t in batch), weight)
+                loss, kls = feature_draft_loss(draft, *(t.to(device) for t in batch), weight, unroll, temperature)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(parameters, float(train.max_grad_norm))
                 optimizer.step()
                 schedule.step()
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kl.item():.3f}")
+                bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kls[0].item():.3f}")
     train_seconds = time.perf_counter() - started
     after = heldout_kl()
     draft.eval()

@@ -103,3 +103,56 @@ class FeatureDraftModel(nn.Module):
         else:
             kept = x[:, -logits_to_keep:] if logits_to_keep else x
         return SimpleNamespace(logits=self.lm_head(kept), features=x)
+
+    def unrolled(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time drafting (HASS, arXiv 2408.15766; EAGLE-3's "training-time test"): the
+        predicted features of draft positions 1..steps at every position of the sequences at once.
+
+        input_ids [batch, T] and features [batch, T, hidden] as for forward (the policy's feature of
+        t - 1 at entry t) -> [ĥ^0, ..., ĥ^(steps-1)], each [batch, T, hidden]. ĥ^k[i] is what the
+        draft predicts for the policy's feature at i when it drafts position k + 1, i.e. after the
+        true entries 0..i-k and k drafted entries: entry i of step k is (ĥ^(k-1)[i-1], x_i), and it
+        attends to the true entries up to i - k and to the drafted entries on its own diagonal
+        (step k' at i - k + k'), exactly the cache the sampler holds at that point. Positions
+        i < k have no true entry to start from: their outputs are meaningless and must not be scored."""
+        batch, width = input_ids.shape
+        positions = torch.arange(width, device=input_ids.device)
+        position_ids = positions[None]
+        embeds = F.embedding(input_ids, self.embed_weight)
+        position_embeddings = self.rotary_emb(embeds, position_ids)
+        keys, values = [[] for _ in self.layers], [[] for _ in self.layers]  # per layer: per step [batch, kv heads, T, dim]
+        out, previous = [], features.to(self.fc.weight.dtype)
+        for k in range(steps):
+            # mask [T, (k + 1) T]: query i sees true keys j <= i - k, and step k' key i - k + k'
+            blocks = [positions[None, :] <= positions[:, None] - k]
+            blocks += [positions[None, :] == positions[:, None] - k + kk for kk in range(1, k + 1)]
+            mask = torch.cat(blocks, 1)[None, None]
+            x = self.fc(torch.cat([previous, embeds], -1))
+            for layer, layer_keys, layer_values in zip(self.layers, keys, values):
+                x = self._layer_with_keys(layer, x, position_embeddings, mask, layer_keys, layer_values)
+            x = self.norm(x)
+            out.append(x)
+            previous = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)  # entry i of the next step reads ĥ[i-1]
+        return out
+
+    @staticmethod
+    def _layer_with_keys(layer, x, position_embeddings, mask, keys: list, values: list):
+        """One decoder layer whose attention also sees the keys/values of the earlier unroll steps
+        (appended to `keys`/`values`): LlamaDecoderLayer's computation with a hand-held key list."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+        attn = layer.self_attn
+        residual = x
+        h = layer.input_layernorm(x)
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        q = attn.q_proj(h).view(shape).transpose(1, 2)
+        k = attn.k_proj(h).view(shape).transpose(1, 2)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        keys.append(k)
+        values.append(v)
+        groups = attn.num_key_value_groups
+        all_k, all_v = repeat_kv(torch.cat(keys, 2), groups), repeat_kv(torch.cat(values, 2), groups)
+        o = F.scaled_dot_product_attention(q, all_k, all_v, attn_mask=mask, scale=attn.scaling)
+        x = residual + attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))

@@ -84,3 +84,23 @@ def test_a_feature_draft_must_have_the_policys_hidden_size():
     config.hidden_size = 32
     with pytest.raises(ValueError, match="hidden_size=32"):
         FeatureDraftModel(config, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+
+
+@torch.no_grad()
+def test_unrolled_training_positions_equal_the_drafting_network():
+    """FeatureDraftModel.unrolled (training-time drafting): position k + 1's feature at i equals the
+    network run on the cache the sampler holds then: true entries 0..i-k, then the drafted entries
+    built from its own earlier predictions."""
+    target = tiny_lm(9, seed=0)
+    model = feature_draft(target, head_token_ids=[0, 1, 3, 4, 6, 8]).model
+    ids = torch.tensor([[5, 6, 7, 8, 1, 3, 4, 0, 6, 1]])  # [1, T]
+    true = full_features(target, ids[0].tolist())[None]  # [1, T, hidden]
+    features = torch.cat([torch.zeros_like(true[:, :1]), true[:, :-1]], 1)  # entry t: the feature of t - 1
+    steps = model.unrolled(ids, features, 3)  # 3 x [1, T, hidden]
+    torch.testing.assert_close(steps[0], model(ids, features).features)
+    for i in range(2, ids.shape[1]):
+        for k in (1, 2):
+            drafted = [steps[kk - 1][:, i - k + kk - 1:i - k + kk] for kk in range(1, k + 1)]  # ĥ fed at i-k+kk
+            entries = torch.cat([features[:, :i - k + 1], *drafted], 1)
+            torch.testing.assert_close(model(ids[:, :i + 1], entries).features[:, -1], steps[k][:, i],
+                                       atol=1e-5, rtol=1e-5)
