@@ -47,7 +47,7 @@ STAGE_READS = {
     "reward": ("reward",),
     "sample": ("sample", "draft", "data"),
     "refresh": ("refresh", "prefs", "reward", "data"),
-    "draft": ("sample", "data"),
+    "draft": ("sample", "data", "draft"),
     "score": ("refresh",),
     "select": ("select", "data"),
     "sft": ("sft", "data"),
@@ -145,6 +145,12 @@ def _check_sample(cfg: DictConfig) -> None:
 def _check_draft(cfg: DictConfig) -> None:
     if _one_of(cfg, "draft.kind", DRAFT_KINDS) != "none":
         _reuse(check_gamma, cfg.draft.gamma)
+    if cfg.draft.kind == "feature":  # stage=draft's settings for it (conf/draft/feature.yaml)
+        for key in ("num_layers", "epochs", "batch_size", "eval_prompts", "eval_samples", "eval_gamma"):
+            _at_least(cfg, f"draft.train.{key}", 1)
+        _at_least(cfg, "draft.train.head_tokens", 0, "(0 = the policy's whole output layer)")
+        for key in ("feature_weight", "learning_rate", "weight_decay", "max_grad_norm", "heldout_fraction"):
+            _typed(cfg, f"draft.train.{key}", float, "a number")
 
 
 def _check_select(cfg: DictConfig) -> None:

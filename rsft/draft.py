@@ -1,6 +1,10 @@
-"""stage=draft: a small draft model distilled from the policy on the policy's own samples.
+"""stage=draft: a draft trained on the policy's own samples: a distilled small model, or a feature draft.
 
-    python -m rsft.run stage=draft [round=0]        # then: stage=sample draft=distilled
+    python -m rsft.run stage=draft [round=0]                  # then: stage=sample draft=distilled
+    python -m rsft.run stage=draft draft=feature [round=0]    # then: stage=sample draft=feature
+
+Which one: `draft=feature` trains the feature draft (below, `train_feature_draft`); any other
+draft setting trains the distilled small model (conf/draft_model).
 
 SmolLM2-135M-Instruct has no smaller sibling with its tokenizer, and SFT moves the policy every
 round, so rsft grows its own draft: the policy's architecture with only `draft_model.num_layers`
@@ -27,6 +31,31 @@ SFT (`round=-1`, or when no policy of the round exists) it imitates the initial 
 written to runs/<run>/draft.
 It reports held-out loss and acceptance rate (the verifier's exact acceptance, measured by
 speculative sampling of held-out prompts) against an untrained draft of the same shape.
+
+The feature draft (EAGLE, rsft.sampling.feature_model; settings draft.train): one decoder layer
+over [the policy's last-layer feature at t - 1; the embedding of token t], predicting the
+policy's feature at t, read by the policy's own (frozen) output head restricted to the frequent
+tokens. Trained on the same sequences, with the policy's features computed once (one policy pass
+over the data, kept in memory: ~2 KB per token for SmolLM2) and each epoch running only the draft:
+loss = KL(p_policy || q_draft) on the head + feature_weight * smooth L1(predicted, policy feature),
+EAGLE's two terms, at every position of the training sequences, prompts included: the draft
+learns the policy's step (h_{t-1}, x_t) -> h_t, which is the same computation on a prompt token,
+and the round's samples are small (SmolLM2, 173 training sequences of the demo's round 0: the
+acceptance given a draft was reached, alpha, rose from 0.21 with completions only and 10 epochs to
+0.29 with prompts scored and 20 epochs; 0.32 at the first position). The held-out KL is measured
+on completion positions only, where the draft is used.
+Options (draft.train): `unroll_steps` trains draft positions 2+ on the draft's own predicted
+features (HASS's training-time drafting, FeatureDraftModel.unrolled); `kl_temperature` tempers both
+sides of the KL; `more_samples` adds earlier rounds' samples and the prefs stage's completions to
+the training set (the held-out set stays the round's own samples). Measured on the demo's round 0
+with the offline acceptance (sum min(p, q) at T=0.7 on the held-out completions, teacher-forced,
+positions 1/2/3), 20 epochs: default 0.38/0.21/0.20; kl_temperature=0.7 0.35/0.15/0.13 (worse);
+unroll_steps=3 with kl_temperature=0.7 0.06/0.05/0.05 after 5 epochs (3x the time per epoch; cut).
+more_samples (default; 429 training sequences instead of 173, 2.5x the training time) measured by
+this stage's own acceptance (the sampler, gamma=3): 0.44/0.33/0.34 per position, 1.63 tokens per
+policy forward, against 0.33/0.24/0.11 and 1.41 without. Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
+draft_head.json, the tokenizer); the embeddings and head are the policy's when it is loaded
+(rsft.models.load_feature_draft), which is why it is refreshed with every round's policy.
 """
 
 from __future__ import annotations
@@ -48,11 +77,20 @@ from transformers import AutoModelForCausalLM
 
 from rsft import distributed
 from rsft.data import context_budget, prompt_token_ids
-from rsft.models import DRAFT_HEAD_FILE, eos_token_ids, load_policy, resolve_device, restrict_head, seeded
+from rsft.models import (
+    DRAFT_HEAD_FILE,
+    FEATURE_DRAFT_WEIGHTS,
+    eos_token_ids,
+    load_policy,
+    resolve_device,
+    restrict_head,
+    seeded,
+)
 from rsft.eval import SAMPLING_KEYS
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.sample import sampling_settings
-from rsft.sampling.drafts import ModelDraft
+from rsft.sampling.drafts import FeatureDraft, ModelDraft
+from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.sampler import Sampler
 from rsft.tracking import Tracker, stage_tracker
 
@@ -87,6 +125,37 @@ def training_sources(cfg: DictConfig, paths: RunPaths) -> list:
         raise FileNotFoundError(f"stage=draft trains on the policy's samples, but {paths.samples(data_round)} "
                                 f"does not exist; run `python -m rsft.run stage=sample round={data_round}` first")
     return sources
+
+
+def extra_feature_sources(cfg: DictConfig, paths: RunPaths) -> list:
+    """With draft.train.more_samples: every earlier round's samples and the prefs stage's completions
+    (the initial policy's), the other sequences of the policy's family at hand (training only)."""
+    if not cfg.draft.train.get("more_samples"):
+        return []
+    earlier = [paths.samples(r) for r in range(max(int(cfg.round), 0))]
+    return [p for p in (*earlier, paths.prefs) if is_complete(p)]
+
+
+def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -> list:
+    """(prompt ids, completion ids + EOS) of each distinct completion of `sources`: sample artifacts
+    (completion_ids) or the prefs DatasetDict (chosen / rejected texts, tokenized again)."""
+    budget = context_budget(teacher_config, int(cfg.sample.max_new_tokens))
+    texts, sequences = set(), []
+    for path in sources:
+        data = load_dataset_artifact(path)
+        if hasattr(data, "values"):  # prefs: pairs of completion texts
+            pairs = concatenate_datasets(list(data.values()))
+            rows = [(prompt, tokenizer(side, add_special_tokens=False)["input_ids"])
+                    for prompt, *sides in zip(pairs["prompt"], pairs["chosen"], pairs["rejected"]) for side in sides]
+        else:
+            rows = list(zip(data["prompt"], data["completion_ids"]))
+        for prompt, completion in rows:
+            if (prompt, tuple(completion)) in texts:
+                continue
+            texts.add((prompt, tuple(completion)))
+            prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"), budget)
+            sequences.append((prefix, list(completion) + [tokenizer.eos_token_id]))
+    return sequences
 
 
 def _teacher_and_data(cfg: DictConfig, paths: RunPaths, sources: list, device):
@@ -189,14 +258,17 @@ def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictC
 
 
 @torch.no_grad()
-def measure_acceptance(policy, draft_model, head_ids, prompt_ids, eos_ids, cfg: DictConfig, gamma: int) -> dict:
-    """Speculative sampling of held-out prompts (the sample stage's settings at a fixed gamma): the
-    verifier's acceptance statistics."""
-    settings = dataclasses.replace(sampling_settings(cfg.sample), gamma=gamma, adaptive=False)
-    sampler = Sampler(policy, settings, eos_ids, draft=ModelDraft(draft_model, head_token_ids=head_ids))
-    sampler.generate(prompt_ids, int(cfg.draft_model.eval_samples), seed=int(cfg.draft_model.eval_seed),
-                     progress=False)
+def measure_acceptance(policy, draft, prompt_ids, eos_ids, cfg: DictConfig, train: DictConfig) -> dict:
+    """Speculative sampling of held-out prompts with `draft` (a ModelDraft or FeatureDraft) at the
+    sample stage's settings and a fixed gamma (train.eval_gamma): the verifier's acceptance statistics."""
+    settings = dataclasses.replace(sampling_settings(cfg.sample), gamma=int(train.eval_gamma), adaptive=False)
+    sampler = Sampler(policy, settings, eos_ids, draft=draft)
+    sampler.generate(prompt_ids, int(train.eval_samples), seed=int(train.eval_seed), progress=False)
     return sampler.stats.summary()
+
+
+def trains_feature_draft(cfg: DictConfig) -> bool:
+    return cfg.draft.kind == "feature"
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
@@ -205,16 +277,40 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     out = paths.draft_output(int(cfg.round))
     sources = training_sources(cfg, paths)
     teacher_path = paths.draft_teacher(int(cfg.round))
-    # fingerprint: the draft settings, the seed, the policy it imitates (configured or an artifact),
-    # the sequences it trains on, and the sampling settings its acceptance is measured at
-    made = fingerprint(cfg, ("seed", "round", "draft_model", "policy", "data.system_prompt", *SAMPLING_KEYS,
-                             "sample.batch_rows"), [*sources, *([teacher_path] if teacher_path else [])])
+    # fingerprint: the draft's training settings, the seed, the policy it imitates (configured or an
+    # artifact), the sequences it trains on, and the sampling settings its acceptance is measured at
+    settings = ("draft.kind", "draft.train") if trains_feature_draft(cfg) else ("draft_model",)
+    extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
+    made = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
+                             "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
     if should_skip(out, cfg.overwrite, "draft", made):
         return out
-    if distributed.is_main():  # the hand-written distillation loop runs in one process; the others wait
-        distil(cfg, paths, sources, out, made, device, tracker)
+    if distributed.is_main():  # the hand-written training loops run in one process; the others wait
+        (train_feature_draft if trains_feature_draft(cfg) else distil)(cfg, paths, sources, out, made, device, tracker)
     distributed.barrier()
     return out
+
+
+def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:
+    """(held-out, train) sequences, shuffled with the run's seed."""
+    sequences = list(sequences)
+    random.Random(int(cfg.seed)).shuffle(sequences)
+    n_heldout = max(1, int(len(sequences) * float(train.heldout_fraction)))
+    return sequences[:n_heldout], sequences[n_heldout:]
+
+
+def _heldout_prompts(heldout, train: DictConfig) -> list[list[int]]:
+    return [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: int(train.eval_prompts)]]
+
+
+def _write_draft(cfg: DictConfig, out, made: dict, kind: str, metrics: dict, write_files, tracker) -> None:
+    with atomic_artifact(out, {"stage": "draft", "kind": kind, "round": int(cfg.round), "metrics": metrics,
+                               "config": OmegaConf.to_container(cfg, resolve=True)}, made) as tmp:
+        write_files(tmp)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    with stage_tracker(cfg, "draft", tracker) as tracker:
+        tracker.log({f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+                    step=max(int(cfg.round), 0))
 
 
 def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, device, tracker: Tracker | None):
@@ -231,29 +327,187 @@ def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, dev
     teacher.eval()
     training = train_draft(draft, teacher, train, heldout, head_ids, dcfg, tokenizer.pad_token_id, rng, device)
 
-    prompts = [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: int(dcfg.eval_prompts)]]
-    gamma = int(dcfg.eval_gamma)
+    prompts = _heldout_prompts(heldout, dcfg)
     eos_ids = eos_token_ids(teacher, tokenizer)
-    accept_trained = measure_acceptance(teacher, draft, head_ids, prompts, eos_ids, cfg, gamma)
-    accept_untrained = measure_acceptance(teacher, untrained, head_ids, prompts, eos_ids, cfg, gamma)
+    accept_trained = measure_acceptance(teacher, ModelDraft(draft, head_token_ids=head_ids), prompts, eos_ids, cfg,
+                                        dcfg)
+    accept_untrained = measure_acceptance(teacher, ModelDraft(untrained, head_token_ids=head_ids), prompts, eos_ids,
+                                          cfg, dcfg)
     metrics = {
-        "teacher": teacher_name, "train_sequences": len(train), "heldout_sequences": len(heldout),
+        "kind": "distilled", "teacher": teacher_name, "train_sequences": len(train), "heldout_sequences": len(heldout),
         "num_layers": int(dcfg.num_layers), "head_tokens": len(head_ids),
         "parameters": draft.num_parameters(), "policy_parameters": teacher.num_parameters(),
-        **training, "eval_gamma": gamma,
-        "acceptance_rate": accept_trained["acceptance_rate"], "alpha": accept_trained["alpha"],
-        "acceptance_per_position": accept_trained["acceptance_per_position"],
-        "tokens_per_target_forward": accept_trained["tokens_per_target_forward"],
-        "untrained_acceptance_rate": accept_untrained["acceptance_rate"],
+        **training, **_acceptance_metrics(int(dcfg.eval_gamma), accept_trained, accept_untrained),
     }
     log.info("draft: held-out loss %.3f -> %.3f, acceptance %.3f (untrained %.3f)", metrics["heldout_loss_before"],
              metrics["heldout_loss_after"], metrics["acceptance_rate"] or 0, metrics["untrained_acceptance_rate"] or 0)
-    with atomic_artifact(out, {"stage": "draft", "round": int(cfg.round), "metrics": metrics,
-                               "config": OmegaConf.to_container(cfg, resolve=True)}, made) as tmp:
+
+    def write_files(tmp):
         draft.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    with stage_tracker(cfg, "draft", tracker) as tracker:
-        tracker.log({f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-                    step=max(int(cfg.round), 0))
+
+    _write_draft(cfg, out, made, "distilled", metrics, write_files, tracker)
+
+
+def _acceptance_metrics(gamma: int, trained: dict, untrained: dict) -> dict:
+    return {"eval_gamma": gamma, "acceptance_rate": trained["acceptance_rate"], "alpha": trained["alpha"],
+            "acceptance_per_position": trained["acceptance_per_position"],
+            "tokens_per_target_forward": trained["tokens_per_target_forward"],
+            "untrained_acceptance_rate": untrained["acceptance_rate"],
+            "untrained_acceptance_per_position": untrained["acceptance_per_position"]}
+
+
+# ---- the feature draft ----
+
+@torch.no_grad()
+def policy_features(policy, sequences, batch_size: int, pad_id: int, device) -> list[torch.Tensor]:
+    """The policy's last-layer features (its final norm's output) of each sequence -> [len, hidden] each."""
+    out = []
+    for start in tqdm(range(0, len(sequences), batch_size), desc="policy features", unit="batch"):
+        chunk = sequences[start:start + batch_size]
+        width = max(len(p) + len(c) for p, c in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [batch, width] right-padded
+        attention = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, (p, c) in enumerate(chunk):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            attention[i, :len(p) + len(c)] = 1
+        hidden = policy.get_decoder()(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+        out.extend(hidden[i, :len(p) + len(c)].float().cpu() for i, (p, c) in enumerate(chunk))
+    return out
+
+
+def _feature_batches(examples, batch_size: int, rng: random.Random | None, whole_sequence: bool):
+    """examples: (prompt, completion, features [len, hidden]) -> right-padded batches of
+    ids [batch, width], the features of t - 1 at entry t [batch, width, hidden] (zeros at t = 0),
+    the policy's features [batch, width, hidden], and the positions scored: those whose next token
+    is a completion token, or with whole_sequence every position that has a next token."""
+    order = list(range(len(examples)))
+    if rng is not None:
+        rng.shuffle(order)
+    for start in range(0, len(order), batch_size):
+        chunk = [examples[i] for i in order[start:start + batch_size]]
+        width = max(len(p) + len(c) for p, c, _ in chunk)
+        hidden = chunk[0][2].shape[1]
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)  # [batch, width]
+        features = torch.zeros(len(chunk), width, hidden)  # [batch, width, hidden] policy feature at t
+        target_mask = torch.zeros(len(chunk), width, dtype=torch.bool)  # [batch, width]
+        for i, (p, c, f) in enumerate(chunk):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            features[i, :len(p) + len(c)] = f
+            target_mask[i, 0 if whole_sequence else len(p) - 1:len(p) + len(c) - 1] = True
+        previous = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], 1)  # [batch, width, hidden]
+        yield ids, previous, features, target_mask
+
+
+def feature_draft_loss(draft: FeatureDraftModel, ids, previous, features, target_mask, feature_weight: float,
+                       steps: int = 1, temperature: float = 1.0):
+    """KL(p_policy || q_draft) on the draft's head (p renormalised there, as for the distilled draft)
+    plus feature_weight x smooth L1 between the predicted and the policy's features, at the scored
+    positions (target_mask), averaged over draft positions 1..steps (FeatureDraftModel.unrolled:
+    positions 2+ read the draft's own predicted features, as when it drafts). p comes from the
+    policy's own head on its features; both sides are tempered by `temperature` (the sampler's:
+    acceptance is sum min(p, q) of the tempered distributions). -> (loss, KL of each position)."""
+    predictions = draft.unrolled(ids, previous, steps) if steps > 1 else [draft(ids, previous, logits_to_keep=1).features]
+    loss, kls = 0.0, []
+    for k, predicted in enumerate(predictions):
+        mask = target_mask.clone()
+        mask[:, :k] = False  # position k + 1 needs a true entry k positions back
+        predicted, true = predicted[mask], features[mask]  # [tokens, hidden]
+        log_q = F.log_softmax(draft.lm_head(predicted).float() / temperature, dim=-1)  # [tokens, head]
+        with torch.no_grad():
+            p = F.softmax(draft.lm_head(true).float() / temperature, dim=-1)  # [tokens, head]
+        kl = (p * (p.clamp_min(1e-12).log() - log_q)).sum(-1).mean()
+        loss = loss + (kl + feature_weight * F.smooth_l1_loss(predicted, true)) / len(predictions)
+        kls.append(kl)
+    return loss, kls
+
+
+def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | None, seed: int) -> FeatureDraftModel:
+    """A fresh feature draft for `policy` (same seed, same weights): its final norm starts as the policy's."""
+    with seeded(seed):
+        draft = FeatureDraftModel(feature_draft_config(policy.config, num_layers),
+                                  policy.get_input_embeddings().weight, policy.get_output_embeddings().weight,
+                                  head_token_ids)
+    with torch.no_grad():
+        draft.norm.weight.copy_(policy.get_decoder().norm.weight)
+    return draft.to(policy.device)
+
+
+def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, device,
+                        tracker: Tracker | None):
+    """Train a feature draft for the round's policy on its sequences, measure its acceptance, write it."""
+    train = cfg.draft.train
+    policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
+    policy.eval().requires_grad_(False)
+    heldout, training_set = _split(cfg, train, sequences)
+    held_keys = {(tuple(p), tuple(c)) for p, c in heldout}  # the held-out sequences stay out of training
+    training_set += [s for s in extra_sequences(tokenizer, cfg, policy.config, extra_feature_sources(cfg, paths))
+                     if (tuple(s[0]), tuple(s[1])) not in held_keys]
+    head_ids = (frequent_tokens(training_set, int(train.head_tokens), tokenizer.eos_token_id)
+                if int(train.head_tokens) > 0 else None)
+    draft = build_feature_draft(policy, int(train.num_layers), head_ids, int(cfg.seed))
+    untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
+    batch_size, weight = int(train.batch_size), float(train.feature_weight)
+    unroll, temperature = int(train.unroll_steps), float(train.kl_temperature)
+    started = time.perf_counter()
+    examples = [(p, c, f) for (p, c), f in zip(training_set, policy_features(policy, training_set, batch_size,
+                                                                            tokenizer.pad_token_id, device))]
+    held = [(p, c, f) for (p, c), f in zip(heldout, policy_features(policy, heldout, batch_size,
+                                                                    tokenizer.pad_token_id, device))]
+    feature_seconds = time.perf_counter() - started
+
+    def heldout_kl() -> float:
+        draft.eval()
+        with torch.no_grad():
+            kls = [float(feature_draft_loss(draft, *(t.to(device) for t in b), weight, temperature=temperature)[1][0])
+                   for b in _feature_batches(held, batch_size, None, whole_sequence=False)]
+        return sum(kls) / len(kls)
+
+    before = heldout_kl()
+    parameters = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=float(train.learning_rate), weight_decay=float(train.weight_decay))
+    steps = int(train.epochs) * math.ceil(len(examples) / batch_size)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
+    rng = random.Random(int(cfg.seed))
+    started = time.perf_counter()
+    with tqdm(total=steps, desc="training feature draft", unit="step") as bar:
+        for _ in range(int(train.epochs)):
+            draft.train()
+            for batch in _feature_batches(examples, batch_size, rng, whole_sequence=True):
+                loss, kls = feature_draft_loss(draft, *(t.to(device) for t in batch), weight, unroll, temperature)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, float(train.max_grad_norm))
+                optimizer.step()
+                schedule.step()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kls[0].item():.3f}")
+    train_seconds = time.perf_counter() - started
+    after = heldout_kl()
+    draft.eval()
+
+    prompts = _heldout_prompts(heldout, train)
+    eos_ids = eos_token_ids(policy, tokenizer)
+    accept_trained = measure_acceptance(policy, FeatureDraft(draft), prompts, eos_ids, cfg, train)
+    accept_untrained = measure_acceptance(policy, FeatureDraft(untrained), prompts, eos_ids, cfg, train)
+    metrics = {
+        "kind": "feature", "teacher": teacher_name, "train_sequences": len(examples), "heldout_sequences": len(held),
+        "num_layers": int(train.num_layers), "head_tokens": len(head_ids) if head_ids else policy.config.vocab_size,
+        "parameters": sum(p.numel() for p in parameters), "policy_parameters": policy.num_parameters(),
+        "heldout_kl_before": round(before, 4), "heldout_kl_after": round(after, 4),
+        "feature_seconds": round(feature_seconds, 1), "train_seconds": round(train_seconds, 1),
+        **_acceptance_metrics(int(train.eval_gamma), accept_trained, accept_untrained),
+    }
+    log.info("draft: feature draft, held-out KL %.3f -> %.3f, acceptance %.3f (untrained %.3f)", before, after,
+             metrics["acceptance_rate"] or 0, metrics["untrained_acceptance_rate"] or 0)
+
+    def write_files(tmp):
+        from safetensors.torch import save_file
+
+        draft.config.save_pretrained(tmp)
+        save_file({k: v.contiguous().cpu() for k, v in draft.saved_state_dict().items()}, str(tmp / FEATURE_DRAFT_WEIGHTS))
+        (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
+        tokenizer.save_pretrained(tmp)
+
+    _write_draft(cfg, out, made, "feature", metrics, write_files, tracker)

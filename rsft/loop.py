@@ -18,7 +18,7 @@ r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
     select  the best per prompt (select.*) -> selected/, pairs/
     sft     fine-tune on selected/ -> round_XX/policy (what round r + 1 samples from)
     dpo     (loop.dpo) DPO on pairs/ from round_XX/policy -> round_XX/dpo (then what round r + 1 samples from)
-    draft   (draft=distilled) distil the round's policy into round_XX/draft for round r + 1's sampler
+    draft   (draft=distilled or feature) train round_XX/draft on the round's policy for round r + 1's sampler
     eval    (loop.eval) the round's policy on held-out prompts -> round_XX/eval, scored by the run's
             reward/ in every round (one judge for all rounds, also with loop.refresh_reward)
 
@@ -39,13 +39,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import distributed, report
 from rsft.paths import RunPaths, copy_artifact, is_complete
+from rsft.sample import TRAINED_DRAFT_KINDS
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
 # The stages of one round, in order; refresh and dpo run only when their loop switch is on. With
-# draft=distilled, stage=draft follows: it distils round r's new policy into round_XX/draft, which
-# round r + 1's sampler loads.
+# draft=distilled or feature, stage=draft follows: it trains round_XX/draft on round r's new policy,
+# which round r + 1's sampler loads.
 ROUND_STAGES = ("sample", "refresh", "score", "select", "sft", "dpo")
 OPTIONAL_STAGES = {"refresh": "refresh_reward", "dpo": "dpo"}  # stage -> the loop.* switch that turns it on
 
@@ -83,13 +84,13 @@ def at_round(cfg: DictConfig, round_idx: int, stage: str) -> DictConfig:
 
 
 def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConfig:
-    """The sample stage's config for round r. With draft=distilled, round r uses the draft distilled
-    from round r - 1's policy (RunPaths.sampling_draft); before any exists (round 0 of a fresh run)
-    draft.fallback stands in (conf/draft/distilled.yaml composes the n-gram draft there)."""
+    """The sample stage's config for round r. With draft=distilled (or feature), round r uses the draft
+    trained for round r - 1's policy (RunPaths.sampling_draft); before any exists (round 0 of a fresh
+    run) draft.fallback stands in (conf/draft/distilled.yaml and feature.yaml compose the n-gram draft)."""
     stage_cfg = at_round(cfg, round_idx, "sample")
-    if cfg.draft.kind == "distilled" and not is_complete(paths.sampling_draft(round_idx)):
-        log.info("loop: no distilled draft yet (the first is distilled after round 0's SFT); round %d uses "
-                 "draft=%s", round_idx, cfg.draft.fallback.kind)
+    if cfg.draft.kind in TRAINED_DRAFT_KINDS and not is_complete(paths.sampling_draft(round_idx)):
+        log.info("loop: no %s draft yet (the first is trained after round 0's SFT); round %d uses draft=%s",
+                 cfg.draft.kind, round_idx, cfg.draft.fallback.kind)
         with open_dict(stage_cfg):
             stage_cfg.draft = OmegaConf.to_container(cfg.draft.fallback, resolve=True)
     return stage_cfg
@@ -112,7 +113,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             for name in round_stages(cfg):
                 run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
                                 tracker)
-            if cfg.draft.kind == "distilled" and r + 1 < rounds:  # the draft follows the policy
+            if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
                 run_named_stage("draft", at_round(cfg, r, "draft"), tracker)
             if cfg.loop.eval:
                 run_named_stage("eval", OmegaConf.merge(at_round(cfg, r, "eval"), {"eval": {"policy": "round"}}),

@@ -34,11 +34,12 @@ from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rsft import distributed
-from rsft.paths import atomic_artifact, is_complete, reading
+from rsft.paths import atomic_artifact, is_complete, read_meta, reading
 
 log = logging.getLogger(__name__)
 
-DRAFT_HEAD_FILE = "draft_head.json"  # a distilled draft's output-layer token ids
+DRAFT_HEAD_FILE = "draft_head.json"  # a trained draft's output-layer token ids
+FEATURE_DRAFT_WEIGHTS = "feature_draft.safetensors"  # a feature draft's own weights (fc, layers, norm)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -293,6 +294,7 @@ def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, A
     path = Path(path)
     if not is_complete(path):
         raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
+    _check_draft_kind(path, read_meta(path), "distilled")
     with reading(path):
         head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
@@ -301,6 +303,49 @@ def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, A
         tokenizer = AutoTokenizer.from_pretrained(path)
     log.info("loaded draft %s (%d parameters, head of %d tokens)", path, model.num_parameters(), len(head_ids))
     return model.to(device).eval(), tokenizer, head_ids
+
+
+def _check_draft_kind(path: Path, meta: dict, kind: str) -> None:
+    """A draft folder holds what stage=draft trained: a distilled model or a feature draft, not both."""
+    found = meta.get("kind", "distilled")  # drafts written before feature drafts existed were distilled
+    if found != kind:
+        raise ValueError(f"{path} holds a {found} draft (meta.json kind={found!r}) but draft={kind} was asked for; "
+                         f"sample with draft={found}, or train a {kind} draft there with "
+                         f"`python -m rsft.run stage=draft draft={kind} overwrite=true`")
+
+
+def load_feature_draft(path: str | Path, policy, device: torch.device):
+    """A feature draft stage=draft saved, on `policy`'s embeddings and output head: (model, tokenizer)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from rsft.sampling.feature_model import FeatureDraftModel
+
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"draft=feature needs a trained feature draft at {path}; run "
+                                f"`python -m rsft.run stage=draft draft=feature`")
+    _check_draft_kind(path, read_meta(path), "feature")
+    with reading(path):
+        config = AutoConfig.from_pretrained(path)
+        head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
+        state = load_file(str(path / FEATURE_DRAFT_WEIGHTS))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    policy_hidden, policy_vocab = policy.config.hidden_size, policy.get_output_embeddings().weight.shape[0]
+    if config.hidden_size != policy_hidden:
+        raise ValueError(f"{path / 'config.json'}: the feature draft has hidden_size={config.hidden_size}, the "
+                         f"policy {policy_hidden}; a feature draft reads the features of the policy it was trained "
+                         f"for: retrain it for this policy (`python -m rsft.run stage=draft draft=feature`)")
+    if head_ids is not None and max(head_ids) >= policy_vocab:
+        raise ValueError(f"{path / DRAFT_HEAD_FILE}: token id {max(head_ids)} is outside the policy's "
+                         f"{policy_vocab}-token output layer")
+    config._attn_implementation = "sdpa"
+    model = FeatureDraftModel(config, policy.get_input_embeddings().weight, policy.get_output_embeddings().weight,
+                              head_ids)
+    model.load_saved_state_dict(state, str(path / FEATURE_DRAFT_WEIGHTS))
+    log.info("loaded feature draft %s (%d layer(s), head of %s tokens)", path, config.num_hidden_layers,
+             len(head_ids) if head_ids else "all")
+    return model.to(device).eval(), tokenizer
 
 
 def training_arguments(section: DictConfig, group: str, device: torch.device) -> dict[str, Any]:

@@ -3,11 +3,11 @@
     python -m rsft.run stage=sample [round=0] [draft=ngram] [sample.num_samples=8]
 
 Reads the prompt set (conf/data) and the round's policy (RunPaths.sampling_policy: round 0
-conf/policy, round r the policy SFT wrote in round r - 1) and, with draft=distilled, its draft
-(RunPaths.sampling_draft); writes runs/<run_name>/round_XX/samples/ with one row per completion:
-prompt_id, prompt, sample_idx, completion, completion_ids, num_tokens, finish_reason, seed, round,
-policy, sampler settings and acceptance counts, plus the prompt set's other columns. meta.json
-carries the acceptance statistics and throughput.
+conf/policy, round r the policy SFT wrote in round r - 1) and, with draft=distilled or
+draft=feature, its draft (RunPaths.sampling_draft); writes runs/<run_name>/round_XX/samples/ with
+one row per completion: prompt_id, prompt, sample_idx, completion, completion_ids, num_tokens,
+finish_reason, seed, round, policy, sampler settings and acceptance counts, plus the prompt set's
+other columns. meta.json carries the acceptance statistics and throughput.
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ from rsft.models import (
     eos_token_ids,
     load_causal_lm,
     load_distilled_draft,
+    load_feature_draft,
     load_policy,
     resolve_device,
 )
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
-from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-DRAFT_KINDS = ("none", "ngram", "model", "distilled")  # what build_draft builds
+DRAFT_KINDS = ("none", "ngram", "model", "distilled", "feature")  # what build_draft builds
+TRAINED_DRAFT_KINDS = ("distilled", "feature")  # stage=draft trains them; the loop refreshes them every round
 
 
 def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> SamplingSettings:
@@ -74,6 +76,11 @@ def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
         model, tokenizer, head = load_distilled_draft(path, device)
         check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
         return ModelDraft(model, head_token_ids=head)
+    if kind == "feature":
+        path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+        model, tokenizer = load_feature_draft(path, policy_model, device)
+        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, policy_model, str(path))
+        return FeatureDraft(model)
     raise ValueError(f"draft.kind={kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
 
 
@@ -162,7 +169,7 @@ def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
     forward gives every row a plain forward's logits), threads, device, logger, progress."""
     round_idx = int(cfg.round)
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
-    if cfg.draft.kind == "distilled":
+    if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
     made = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train"), "sample", "draft"), inputs,
                        prompt_files(cfg.data, "train"))

@@ -8,13 +8,26 @@ max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offl
 - `plain`: rsft's sampler without a draft (one policy forward per token);
 - `ngram`: the model-free n-gram draft at a fixed gamma (`--gammas`), and `ngram-adaptive`;
 - `model`: a distilled draft folder (`--draft PATH`: runs/<run>/draft from stage=draft), at fixed
-  gammas and `model-adaptive`.
+  gammas and `model-adaptive`;
+- `feature`: a feature draft folder (`--feature-draft PATH`: runs/<run>/draft from
+  `stage=draft draft=feature`; it must have been trained for the policy benchmarked), at fixed
+  gammas and `feature-adaptive`.
 Real tokens are counted up to and including EOS. Peak memory is the largest resident set size seen
 while the method ran (sampled every 10 ms), minus the resident size before it started.
 The methods run round-robin, --repeats times (a shared CPU drifts 10% or more between identical
 runs); the table shows the median tokens/s and the ratios of medians. "policy forwards" is the
 number of policy forward passes (deterministic for a given seed), the machine-independent part.
-Prints one JSON object per measurement and, at the end, a Markdown table for the README.
+Prints one JSON object per measurement and, at the end, a Markdown table for the README: besides
+tokens/s, the acceptance per draft position, tokens per policy forward against the
+(1 - a^(gamma+1)) / (1 - a) that the measured a gives, and "draft cost": the draft's seconds per
+draft token (proposal forwards only) as a fraction of one policy step (a plain step's median seconds
+at the same rows, from the `plain` runs; the speculative run's own verification steps where there is
+no plain run).
+
+The issue-13 table (the feature draft at 8, 16 and 64 rows, 5 round-robin repeats):
+
+    python scripts/bench_sampling.py --prompts 16 --batch-rows 8 16 64 --gammas 1 2 3 \
+        --methods hf plain feature feature-adaptive --feature-draft runs/<run>/draft --repeats 5
 
     python scripts/bench_sampling.py --forward-cost --batch-rows 8 16 64
 
@@ -35,8 +48,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from rsft.data import load_prompts, prompt_token_ids
-from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, load_saved_causal_lm
-from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, load_feature_draft, load_saved_causal_lm
+from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.sampler import Sampler, SamplingSettings
 
@@ -93,20 +106,23 @@ def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature
     completions = sampler.generate(prompt_ids, k, seed, progress=False)
     summary = sampler.summary()
     steps = max(summary.get("num_verify_calls") or 0, 1)
-    drafted_steps = sum(1 for g in sampler.controller.history if g > 0)
+    history = sampler.controller.history
+    draft_tokens_asked = sum(history) if draft is not None else 0  # draft forwards (one per draft position)
     return {
         "steps": steps,
         "policy_seconds_per_step": (summary.get("target_seconds") or 0) / steps,
-        "draft_seconds_per_token": (summary.get("draft_seconds") or 0) / max(drafted_steps * (gamma or 1), 1)
-        if drafted_steps else None,
+        "draft_seconds_per_token": (summary.get("draft_seconds") or 0) / draft_tokens_asked
+        if draft_tokens_asked else None,
         "tokens": sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions),
         "acceptance_rate": summary.get("acceptance_rate"),
+        "alpha": summary.get("alpha"),
         "acceptance_per_position": summary.get("acceptance_per_position"),
         "tokens_per_target_forward": summary.get("tokens_per_target_forward"),
         "theoretical_tokens_per_forward": summary.get("theoretical_tokens_per_forward"),
         "gamma_chosen_mean": summary.get("gamma_chosen_mean"),
         "target_seconds": summary.get("target_seconds"),
         "draft_seconds": summary.get("draft_seconds"),
+        "draft_catch_up_seconds": summary.get("draft_catch_up_seconds"),
         "num_drafted": summary.get("num_drafted"),
     }
 
@@ -154,6 +170,8 @@ def main():
     parser.add_argument("--min-ngram", type=int, default=cfg.draft.min_ngram, help="default: draft=ngram's min_ngram")
     parser.add_argument("--repeats", type=int, default=3, help="round-robin repetitions; the table shows medians")
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
+    parser.add_argument("--feature-draft", default=None,
+                        help="a feature draft folder (stage=draft draft=feature) for the `feature` methods")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=cfg.seed)
@@ -177,15 +195,16 @@ def main():
     prompts = load_prompts(cfg.data, "train")
     prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]
     draft_model, draft_head = load_distilled_draft(args.draft, device)[::2] if args.draft else (None, None)
+    feature_model = load_feature_draft(args.feature_draft, model, device)[0] if args.feature_draft else None
 
     plans = []
     for rows in args.batch_rows:
         for method in args.methods:
             if method in ("hf", "plain"):
                 plans.append((rows, method, None, False))
-            elif method in ("ngram", "model"):
+            elif method in ("ngram", "model", "feature"):
                 plans.extend((rows, method, g, False) for g in args.gammas)
-            elif method in ("ngram-adaptive", "model-adaptive"):
+            elif method in ("ngram-adaptive", "model-adaptive", "feature-adaptive"):
                 plans.append((rows, method.split("-")[0], max(args.gammas), True))
             else:
                 raise SystemExit(f"--methods: unknown method {method!r}")
@@ -196,6 +215,8 @@ def main():
         for rows, method, gamma, adaptive in plans:
             if method == "model" and draft_model is None:
                 raise SystemExit("--methods model needs --draft PATH")
+            if method == "feature" and feature_model is None:
+                raise SystemExit("--methods feature needs --feature-draft PATH")
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 if method == "hf":
@@ -203,7 +224,8 @@ def main():
                                       args.temperature, args.seed)
                 else:
                     draft = {"plain": None, "ngram": NgramDraft(args.max_ngram, args.min_ngram),
-                             "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None}[method]
+                             "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None,
+                             "feature": FeatureDraft(feature_model) if feature_model else None}[method]
                     out = rsft_sample(model, eos_token_ids(model, tokenizer), prompt_ids, args.k, rows,
                                       args.max_new_tokens, args.temperature, args.seed, draft, gamma or 0, adaptive)
                 seconds = time.perf_counter() - started
@@ -223,9 +245,11 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         groups.setdefault((r["batch_rows"], r["method"]), []).append(r)
     median = {key: statistics.median(r["tokens_per_second"] for r in runs) for key, runs in groups.items()}
+    plain_step = {rows: statistics.median(r["policy_seconds_per_step"] for r in runs)
+                  for (rows, method), runs in groups.items() if method == "plain"}
     print("\n| rows | method | tokens/s, median (min-max) | vs HF generate | vs plain | acceptance per position "
-          "| tokens per policy forward (theory) | policy forwards | peak MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| tokens per policy forward (theory) | draft cost per token / policy step | policy forwards | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (rows, method), runs in groups.items():
         speeds = [r["tokens_per_second"] for r in runs]
         first = runs[0]
@@ -237,10 +261,14 @@ def print_table(results: list[dict]) -> None:
         tpf = "-" if method in ("hf", "plain") or first.get("tokens_per_target_forward") is None else (
             f"{first['tokens_per_target_forward']:.2f} ({first['theoretical_tokens_per_forward'] or 0:.2f})"
             + (f", mean gamma {first['gamma_chosen_mean']:.2f}" if "adaptive" in method else ""))
+        draft_costs = [r["draft_seconds_per_token"] for r in runs if r.get("draft_seconds_per_token")]
+        step = plain_step.get(rows) or statistics.median(r["policy_seconds_per_step"] for r in runs)
+        cost = f"{statistics.median(draft_costs) / step:.3f}" if draft_costs and step else "-"
         steps = "-" if method == "hf" else first["steps"]
         peak = max(r["peak_mb"] for r in runs)
         print(f"| {rows} | {method} | {median[rows, method]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {vs_hf} "
-              f"| {vs_plain} | {acc} | {tpf} | {steps} | {peak} |")
+              f"| {vs_plain} | {acc} | {tpf} | {cost} | {steps} | {peak} |")
+
 
 if __name__ == "__main__":
     main()

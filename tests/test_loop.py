@@ -113,3 +113,18 @@ def test_reward_from_a_run_whose_reward_model_was_trained_on_user_pairs(tmp_path
         (tmp / "weights.bin").write_bytes(b"w")
     share_judge(source, target)
     assert is_complete(target.reward) and not target.prefs.exists() and not target.initial_eval.exists()
+
+
+def test_loop_refreshes_the_feature_draft_after_each_rounds_sft(make_cfg):
+    from rsft.paths import read_meta
+
+    cfg = make_cfg(*LOOP, "run_name=featured", "draft=feature", "loop.eval=false", "draft.train.epochs=2",
+                   "draft.train.eval_prompts=2", "draft.train.eval_samples=2")
+    paths = RunPaths(run_stage(cfg))
+    assert read_meta(paths.samples(0))["config"]["draft"]["kind"] == "ngram"  # no feature draft before round 0
+    draft_meta = read_meta(paths.round_draft(0))
+    assert draft_meta["kind"] == "feature" and draft_meta["metrics"]["teacher"] == str(paths.policy(0))
+    assert read_meta(paths.samples(1))["config"]["draft"]["kind"] == "feature"
+    assert read_meta(paths.samples(1))["sampling"]["num_drafted"] > 0  # round 1 drafted with round 0's draft
+    assert "round_00/draft" in read_meta(paths.samples(1))["fingerprint"]["inputs"]
+    assert not is_complete(paths.round_draft(1))  # no round 2 to draft for

@@ -17,6 +17,20 @@
   `--forward-cost`): hence min_ngram=2. The
   proposals of row i depend only on tokens that are already fixed, so the verifier's guarantee
   holds per row, and sibling rows stay independent samples.
+- `FeatureDraft`: EAGLE's draft (rsft.sampling.feature_model): one decoder layer that reads the
+  policy's own last-layer features and reuses its output head. See its docstring.
+
+The interface the sampler uses (each row's `gammas[r]` is its own cap: a row never drafts past its
+own token budget, whatever its neighbours have left):
+  admit(prefixes, copies, rows, target)   new rows (target: the policy's KVBatch, already admitted)
+  catch_up()                              feed what the policy emitted during steps without drafts
+  propose(last, gammas, uniforms, sampling, rows) -> (tokens [rows, G], q [rows, G, vocab] or None,
+                                          num [rows] <= gammas), G = max(gammas); row r's draft i
+                                          uses only uniforms[r, i]
+  after_step(draft_tokens, num_drafts, num_accepted, emitted, rows, fed_last)
+  keep_rows(index)
+`catch_up` exists so that the work of catching up after plain steps is not charged to the step
+that drafts again (rsft.sampling.sampler.GammaController).
 """
 
 from __future__ import annotations
@@ -29,6 +43,23 @@ from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.processing import greedy_probs, probs_from_logits, sample_from_probs
 
 
+def _sample_drafts(logits: torch.Tensor, uniforms: torch.Tensor, sampling, head: torch.Tensor | None,
+                   vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [rows, head or vocab], uniforms [rows] -> (draft token ids [rows], q [rows, vocab]): the
+    draft's processed distribution (the policy's temperature / top-k / top-p), zero off the head."""
+    if sampling.strategy == "greedy":
+        q = greedy_probs(logits)  # [rows, head or vocab]
+        x = q.argmax(-1)  # [rows]
+    else:
+        q = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        x = sample_from_probs(q, uniforms)
+    if head is not None:  # back to vocabulary ids; q is zero off the head
+        full = torch.zeros(q.shape[0], vocab_size, dtype=q.dtype, device=q.device)  # [rows, vocab]
+        q = full.index_copy_(1, head, q)
+        x = head[x]
+    return x, q
+
+
 class ModelDraft:
     def __init__(self, model, head_token_ids: list[int] | None = None, vocab_size: int | None = None):
         """head_token_ids: the draft's output layer covers only these tokens (q is 0 elsewhere)."""
@@ -38,7 +69,7 @@ class ModelDraft:
         self.pending: list[list[int]] = []  # per row: tokens emitted but not yet fed to the draft model
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] pending tokens fed in this step's first forward
 
-    def admit(self, prefixes: list[list[int]], copies: list[int], rows) -> None:
+    def admit(self, prefixes: list[list[int]], copies: list[int], rows, target=None) -> None:
         self.kv.admit(prefixes, copies)
         self.pending.extend([] for _ in range(sum(copies)))
 
@@ -47,8 +78,25 @@ class ModelDraft:
         self.pending = [self.pending[i] for i in index.tolist()]
 
     @torch.no_grad()
-    def propose(self, last: torch.Tensor, gamma: int, uniforms: torch.Tensor, sampling, rows):
-        """last [rows], uniforms [rows, gamma] -> (tokens [rows, gamma], q [rows, gamma, vocab], num [rows])."""
+    def catch_up(self) -> None:
+        """Feed the tokens emitted during steps without drafts (all pending tokens) in one forward."""
+        counts = [len(p) for p in self.pending]
+        if not any(counts):
+            return
+        width = max(counts)
+        ids = torch.zeros(len(counts), width, dtype=torch.long)  # [rows, width] left-aligned
+        valid = torch.zeros(len(counts), width, dtype=torch.bool)  # [rows, width]
+        for i, p in enumerate(self.pending):
+            ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+            valid[i, :len(p)] = True
+        self.kv.forward(ids.to(self.kv.device), valid.to(self.kv.device), logits_to_keep=1)
+        self.kv.commit(torch.tensor(counts, device=self.kv.device))
+        self.pending = [[] for _ in self.pending]
+
+    @torch.no_grad()
+    def propose(self, last: torch.Tensor, gammas: torch.Tensor, uniforms: torch.Tensor, sampling, rows):
+        """last [rows], gammas [rows], uniforms [rows, G] -> (tokens [rows, G], q [rows, G, vocab], gammas)."""
+        gamma = int(gammas.max())
         feed = [p + [t] for p, t in zip(self.pending, last.tolist())]
         width = max(len(f) for f in feed)
         first = torch.zeros(len(feed), width, dtype=torch.long)  # [rows, width] right-aligned
@@ -60,32 +108,24 @@ class ModelDraft:
         logits = self.kv.forward(first.to(last.device), valid.to(last.device), logits_to_keep=1)[:, -1]
         tokens, probs = [], []
         for i in range(gamma):
-            if sampling.strategy == "greedy":
-                q = greedy_probs(logits)  # [rows, head or vocab]
-                x = q.argmax(-1)  # [rows]
-            else:
-                q = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                x = sample_from_probs(q, uniforms[:, i])
-            if self.head is not None:  # back to vocabulary ids; q is zero off the head
-                full = torch.zeros(q.shape[0], self.vocab_size, dtype=q.dtype, device=q.device)  # [rows, vocab]
-                q = full.index_copy_(1, self.head, q)
-                x = self.head[x]
+            x, q = _sample_drafts(logits, uniforms[:, i], sampling, self.head, self.vocab_size)
             tokens.append(x)
             probs.append(q)
-            if i + 1 < gamma:
-                logits = self.kv.forward(x[:, None])[:, -1]
-        return torch.stack(tokens, 1), torch.stack(probs, 1), torch.full_like(last, gamma)
+            if i + 1 < gamma:  # only rows that draft another token feed this one
+                logits = self.kv.forward(x[:, None], (gammas > i + 1)[:, None], logits_to_keep=1)[:, -1]
+        return torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone()
 
-    def after_step(self, draft_tokens, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
+    def after_step(self, draft_tokens, num_drafts, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
         if draft_tokens is None:  # no speculation this step: the token the policy consumed waits for the draft
             for pending, token in zip(self.pending, fed_last.tolist()):
                 pending.append(token)
             return
-        gamma = draft_tokens.shape[1]
-        # cache now holds: the fed tokens (pending + last), then drafts d1..d(gamma-1)
-        self.kv.commit(self._fed + num_accepted.clamp(max=gamma - 1))
-        carried = draft_tokens[:, -1].tolist()
-        self.pending = [[carried[i]] if int(n) >= gamma else [] for i, n in enumerate(num_accepted.tolist())]
+        # row r's cache now holds: the fed tokens (pending + last), then its drafts d1..d(n_r - 1)
+        fed_drafts = (num_drafts - 1).clamp(min=0)  # [rows]
+        self.kv.commit(self._fed + torch.minimum(num_accepted, fed_drafts))
+        all_accepted = (num_drafts > 0) & (num_accepted >= num_drafts)  # [rows] its last draft was never fed
+        carried = draft_tokens.gather(1, fed_drafts[:, None])[:, 0].tolist()
+        self.pending = [[carried[i]] if bool(a) else [] for i, a in enumerate(all_accepted.tolist())]
 
 
 class NgramDraft:
@@ -108,7 +148,7 @@ class NgramDraft:
                 if len(hits) > 4:
                     del hits[0]
 
-    def admit(self, prefixes: list[list[int]], copies: list[int], rows) -> None:
+    def admit(self, prefixes: list[list[int]], copies: list[int], rows, target=None) -> None:
         for row in rows:
             if (row.group, -1) not in self.sequences:
                 self._extend(row.group, -1, row.prompt_ids)
@@ -132,16 +172,121 @@ class NgramDraft:
                 return max(reversed(continuations), key=lambda c: votes[c[0]])
         return []
 
-    def propose(self, last: torch.Tensor, gamma: int, uniforms: torch.Tensor, sampling, rows):
+    def catch_up(self) -> None:
+        pass  # after_step indexes every emitted token, drafting or not
+
+    def propose(self, last: torch.Tensor, gammas: torch.Tensor, uniforms: torch.Tensor, sampling, rows):
+        gamma = int(gammas.max())
         tokens = torch.zeros(len(rows), gamma, dtype=torch.long)  # [rows, gamma]
         num = torch.zeros(len(rows), dtype=torch.long)  # [rows]
-        for i, row in enumerate(rows):
-            proposal = self._lookup(row, gamma)
+        for i, (row, cap) in enumerate(zip(rows, gammas.tolist())):
+            proposal = self._lookup(row, cap) if cap else []
             tokens[i, :len(proposal)] = torch.tensor(proposal, dtype=torch.long)
             num[i] = len(proposal)
         return tokens.to(last.device), None, num.to(last.device)
 
-    def after_step(self, draft_tokens, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
+    def after_step(self, draft_tokens, num_drafts, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
         for row, tokens in zip(rows, emitted):
             self._extend(row.group, row.member, tokens)
 
+
+
+class FeatureDraft:
+    """EAGLE's draft: proposes from the policy's own last-layer features (rsft.sampling.feature_model).
+
+    Its entry t pairs token t with the policy's feature at t - 1, which the policy's KVBatch keeps
+    (`keep_features=True`: the sampler asks for it through `needs_policy_features`) from the same
+    packed forward that verified the tokens. Each step it first feeds the entries the policy has
+    completed since the last step (1 + the drafts accepted, up to the row's `last` token, whose
+    entry needs only the feature of the position before it), then drafts one token at a time,
+    feeding its own predicted feature ĥ in place of the policy's (entry t+1 = (ĥ_t, d_1), ...).
+
+    Its own state is a small KV cache (a KVBatch over its one decoder layer, same positions as the
+    policy's), not a recomputation: with the cache each step costs 1 + gamma draft entries per row;
+    recomputing the layer over the whole context would cost the context's length every step (the
+    prompt alone is 30-100 tokens here). After verification it keeps only the entries built from
+    the policy's true features (`commit(fed)`); the drafted entries, built from its own
+    predictions, are overwritten next step by the true ones. After steps without drafts it does
+    nothing: `catch_up` (or the next proposal) feeds the missed entries from the policy's cache in
+    one forward. A prompt's prefix is prefilled once and copied to its K rows, as for the policy.
+    """
+
+    needs_policy_features = True
+
+    def __init__(self, model):
+        self.model = model
+        self.kv = KVBatch(model, keep_features=True)
+        self.head = None if model.head_token_ids is None else torch.tensor(model.head_token_ids, device=self.kv.device)
+        self.vocab_size = model.vocab_size
+        self.target = None  # the policy's KVBatch (set at admission)
+        self._fed = torch.zeros(0, dtype=torch.long)  # [rows] true entries fed in this step's first forward
+
+    def admit(self, prefixes: list[list[int]], copies: list[int], rows, target) -> None:
+        if not target.keep_features:
+            raise ValueError("FeatureDraft needs the policy's KVBatch built with keep_features=True")
+        self.target = target
+
+        def prefix_features(keys: list[list[int]]) -> dict[str, torch.Tensor]:
+            """Entry t of a prefix: the policy's feature at t - 1 (zeros for t = 0) -> [sum of lengths, hidden]."""
+            out = []
+            for key in keys:
+                held = target.features[target.holder(key), :len(key)]  # [len, hidden]
+                out.append(torch.cat([torch.zeros_like(held[:1]), held[:-1]]))
+            return {"features": torch.cat(out)}
+
+        self.kv.admit(prefixes, copies, prefill_inputs=prefix_features)
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.kv.keep_rows(index)
+
+    def _entries(self, last: torch.Tensor | None):
+        """The entries the policy has completed and the draft has not fed, up to `last`'s (or the one
+        before it when last is None): (ids [rows, n], features [rows, n, hidden], valid [rows, n])."""
+        target, device = self.target, self.kv.device
+        start = self.kv.length[self.kv.slot]  # [rows] entries the draft holds
+        end = target.length[target.slot] - (1 if last is None else 0)  # [rows] last entry to feed
+        count = (end - start + 1).clamp(min=0)  # [rows]
+        width = max(int(count.max()), 1)
+        position = start[:, None] + torch.arange(width, device=device)[None, :]  # [rows, n]
+        valid = position <= end[:, None]  # [rows, n]
+        at = torch.minimum(position, (target.length[target.slot] - 1).clamp(min=0)[:, None])  # [rows, n] in range
+        buffer_row = target.slot[:, None]  # [rows, 1]
+        ids = target.tokens[buffer_row, at]  # [rows, n]
+        if last is not None:  # `last` is not in the policy's cache yet: it sits at position length
+            ids = torch.where(position == target.length[target.slot][:, None], last[:, None], ids)
+        features = target.features[buffer_row, (position - 1).clamp(min=0).clamp(max=target.capacity - 1)]
+        features = features * (position > 0)[..., None]  # [rows, n, hidden]; entry 0 has no feature before it
+        return ids, features, valid
+
+    def _last_feature(self) -> torch.Tensor:
+        """ĥ at each row's newest entry -> [rows, hidden]."""
+        return self.kv.features[self.kv.slot, self.kv.length[self.kv.slot] - 1]
+
+    @torch.no_grad()
+    def catch_up(self) -> None:
+        ids, features, valid = self._entries(last=None)
+        if valid.any():
+            self.kv.forward(ids, valid, logits_to_keep=1, features=features)
+            self.kv.commit(valid.long().sum(1))
+
+    @torch.no_grad()
+    def propose(self, last: torch.Tensor, gammas: torch.Tensor, uniforms: torch.Tensor, sampling, rows):
+        """last [rows], gammas [rows], uniforms [rows, G] -> (tokens [rows, G], q [rows, G, vocab], gammas)."""
+        gamma = int(gammas.max())
+        ids, features, valid = self._entries(last)
+        self._fed = valid.long().sum(1)  # [rows]
+        logits = self.kv.forward(ids, valid, logits_to_keep=1, features=features)[:, -1]  # [rows, head]
+        tokens, probs = [], []
+        for i in range(gamma):
+            x, q = _sample_drafts(logits, uniforms[:, i], sampling, self.head, self.vocab_size)
+            tokens.append(x)
+            probs.append(q)
+            if i + 1 < gamma:  # entry (ĥ, d_i) for the rows that draft another token
+                more = (gammas > i + 1)[:, None]  # [rows, 1]
+                logits = self.kv.forward(x[:, None], more, logits_to_keep=1,
+                                         features=self._last_feature()[:, None])[:, -1]
+        return torch.stack(tokens, 1), torch.stack(probs, 1), gammas.clone()
+
+    def after_step(self, draft_tokens, num_drafts, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
+        if draft_tokens is not None:  # keep the entries built from the policy's features, drop the drafted ones
+            self.kv.commit(self._fed)

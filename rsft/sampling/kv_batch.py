@@ -24,6 +24,16 @@ row b holds one sequence's tokens at positions 0 .. length[b] - 1, contiguous, n
   admitted earlier: K completions of a prompt often join in several steps) is copied from that row;
   the others are prefilled together in one packed forward and copied to their other rows.
 
+Features (`KVBatch(model, keep_features=True)`, for rsft.sampling.drafts.FeatureDraft): the batch
+also keeps, per buffer row and position, the token fed there and the model's last-layer feature
+(the output of its final norm, what the output head reads), written by every forward through a
+hook on the final norm that is attached only while the batch's own forward runs: the feature draft
+reads the policy's features from the same forward that gave the logits, never from a second pass.
+They follow the rows exactly like the keys and values (overwritten after rejections, copied with
+a shared prefix). Extra per-token model inputs (the feature draft's `features`) are packed like
+the token ids: `forward(ids, valid, features=[rows, n, hidden])`, and `admit` takes a
+`prefill_inputs` callback that gives them for the prefixes it prefills.
+
 It works for models whose attention layers call `past_key_values.update(...)` and then the
 AttentionInterface function named by `config._attn_implementation`, with explicit position_ids:
 the Llama family in transformers 5 (Llama, SmolLM, Mistral, Qwen2/3, ...). Sliding-window layers
@@ -112,8 +122,9 @@ def _packed_attention_on(model):
 
 
 class KVBatch:
-    def __init__(self, model):
+    def __init__(self, model, keep_features: bool = False):
         self.model = model
+        self.keep_features = keep_features
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
@@ -128,6 +139,14 @@ class KVBatch:
         self.slot = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] caller's row -> buffer row
         self.key_length = 0  # keys handed to attention this forward
         self._cache = _BufferCache(self)
+        if keep_features:
+            self.hidden_size = config.hidden_size
+            self.final_norm = getattr(model.get_decoder(), "norm", None)
+            if self.final_norm is None:
+                raise ValueError(f"{type(model).__name__}: keep_features needs the decoder's final norm at "
+                                 f"model.get_decoder().norm (the Llama family's layout)")
+        self.features = torch.zeros(0, 0, 0, device=self.device)  # [buffer_rows, capacity, hidden] final-norm output
+        self.tokens = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [buffer_rows, capacity] token fed
 
     # ---- buffers ----
     @property
@@ -159,6 +178,13 @@ class KVBatch:
             grown_k.append(k)
             grown_v.append(v)
         self.keys, self.values = grown_k, grown_v
+        if self.keep_features:
+            features = torch.zeros(rows, capacity, self.hidden_size, dtype=self.dtype, device=self.device)
+            tokens = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
+            if old_rows:
+                features[:old_rows, :old_capacity] = self.features
+                tokens[:old_rows, :old_capacity] = self.tokens
+            self.features, self.tokens = features, tokens
         zeros = torch.zeros(rows - old_rows, dtype=torch.long, device=self.device)
         self.length = torch.cat([self.length, zeros])
         self.committed = torch.cat([self.committed, zeros])
@@ -170,26 +196,39 @@ class KVBatch:
 
     # ---- the model ----
     def _run(self, input_ids: torch.Tensor, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor,
-             logits_index: torch.Tensor | None) -> torch.Tensor:
-        """One packed forward: input_ids [T] for buffer rows [T] at positions [T]; logits [T or kept, vocab]."""
+             logits_index: torch.Tensor | None, **inputs: torch.Tensor) -> torch.Tensor:
+        """One packed forward: input_ids [T] for buffer rows [T] at positions [T], extra per-token
+        inputs [T, ...]; logits [T or kept, vocab]."""
         needed = int(position.max()) + 1
         if needed > self.capacity:
             self._allocate(self.buffer_rows, max(needed, 2 * self.capacity, 64))
         self.key_length = max(needed, int(self.length.max()))
         _current.append(_Plan(buffer_row, column, position, self.buffer_rows, self.key_length))
+        hook = None
+        if self.keep_features:
+            self.tokens[buffer_row, position] = input_ids
+
+            def record(module, args, output):  # output [1, T, hidden]: what the output head reads
+                self.features[buffer_row, position] = output[0].to(self.features.dtype)
+
+            hook = self.final_norm.register_forward_hook(record)
         try:
             with _packed_attention_on(self.model):
                 out = self.model(input_ids=input_ids[None], position_ids=position[None], past_key_values=self._cache,
-                                 use_cache=True, logits_to_keep=0 if logits_index is None else logits_index)
+                                 use_cache=True, logits_to_keep=0 if logits_index is None else logits_index,
+                                 **{name: value[None] for name, value in inputs.items()})
         finally:
             _current.pop()
+            if hook is not None:
+                hook.remove()
         return out.logits[0]
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0):
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0,
+                **inputs: torch.Tensor):
         """Append input_ids [rows, n] (only where valid [rows, n]) to each row; return logits
         [rows, n, vocab] (zeros where not valid), or with logits_to_keep=1 [rows, 1, vocab] at each
-        row's last valid token."""
+        row's last valid token. inputs: extra per-token model inputs [rows, n, ...], packed alike."""
         rows, n = input_ids.shape
         if valid is None:
             valid = torch.ones(rows, n, dtype=torch.bool, device=self.device)  # [rows, n]
@@ -206,7 +245,8 @@ class KVBatch:
             return out
         has_tokens = counts > 0  # [rows]
         keep_index = (counts.cumsum(0) - 1)[has_tokens] if logits_to_keep else None  # each row's last packed token
-        logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index)
+        logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index,
+                           **{name: value[row, col] for name, value in inputs.items()})
         self.length[self.slot] += counts
         if logits_to_keep:
             out[has_tokens, 0] = logits.to(out.dtype)  # [rows with tokens, vocab]
@@ -220,9 +260,19 @@ class KVBatch:
         self.length[self.slot] = start + torch.minimum(keep.to(self.device), self.length[self.slot] - start)
         self.committed = self.length.clone()
 
+    def holder(self, prefix) -> int:
+        """A buffer row that holds `prefix` (a row admitted with it), e.g. to read its features."""
+        key = tuple(prefix)
+        for b, held in enumerate(self.prefix):
+            if held == key and self.length[b] >= len(key):
+                return b
+        raise KeyError(f"no buffer row holds a prefix of {len(key)} tokens starting {list(key[:5])}")
+
     @torch.no_grad()
-    def admit(self, prefixes: list[list[int]], copies: list[int]) -> None:
-        """Add rows after the existing ones: prefix i is held by copies[i] new rows."""
+    def admit(self, prefixes: list[list[int]], copies: list[int], prefill_inputs=None) -> None:
+        """Add rows after the existing ones: prefix i is held by copies[i] new rows. prefill_inputs:
+        prefixes -> {name: [sum of their lengths, ...]}, the extra model inputs of the prefixes this
+        call prefills (packed in order), for a model that takes more than token ids."""
         live = set(self.slot.tolist())
         held = {}  # prefix -> a buffer row holding it, live rows first
         for b in sorted(range(self.buffer_rows), key=lambda b: b not in live):
@@ -251,7 +301,8 @@ class KVBatch:
             buffer_row = torch.tensor([b for key, b in fresh for _ in key], dtype=torch.long, device=self.device)
             column = torch.tensor([i for key, _ in fresh for i in range(len(key))], dtype=torch.long, device=self.device)
             last = torch.tensor([len(key) for key, _ in fresh], device=self.device).cumsum(0) - 1
-            self._run(ids, buffer_row, column, column, logits_index=last)
+            extra = prefill_inputs([list(key) for key, _ in fresh]) if prefill_inputs is not None else {}
+            self._run(ids, buffer_row, column, column, logits_index=last, **extra)
             for key, b in fresh:
                 sources.setdefault(key, b)
         for key, rows in groups:
@@ -263,6 +314,9 @@ class KVBatch:
                 for layer in range(self.num_layers):  # clone: source and targets share the buffer
                     self.keys[layer][index, :, :length] = self.keys[layer][source, :, :length].clone()
                     self.values[layer][index, :, :length] = self.values[layer][source, :, :length].clone()
+                if self.keep_features:
+                    self.features[index, :length] = self.features[source, :length].clone()
+                    self.tokens[index, :length] = self.tokens[source, :length].clone()
             for b in rows:
                 self.length[b] = length
                 self.prefix[b] = key

@@ -13,17 +13,34 @@ prompt's rows are admitted together where they fit and share one prefill of the 
 
 Randomness: every completion has its own `torch.Generator`, seeded from (seed, prompt index,
 sample index); all the uniforms a row consumes (draft samples, acceptance tests, the emitted token)
-come from it, drawn in a fixed order. A completion's randomness does not depend on which rows share
-its batch.
+come from it, drawn in a fixed order: each step, row r draws 2 g_r + 1 (`row_uniforms`), where g_r
+is the step's gamma capped by the row's *own* remaining budget (never the batch's longest). So:
+- plain sampling, and a model draft (`ModelDraft`, distilled) or a feature draft (`FeatureDraft`)
+  at a fixed gamma: a completion's tokens do not depend on which rows share its batch; the same
+  seed gives the same completions at any batch_rows (tests: batch_rows 1, 3 and 8). The one caveat
+  is float rounding: the packed forward's sums depend on the batch's shape, so a draw that falls
+  within rounding of a boundary can flip (README, "Scale out": 191 of 192 on SmolLM2).
+- the n-gram draft: not batch-invariant. It looks up the sibling completions sampled so far, and
+  how far a sibling has got depends on which rows ran together, so the proposals (and with them
+  which uniforms decide what) differ with batch_rows. Every completion is still an exact sample.
+- adaptive gamma (`draft.adaptive=true`): not reproducible token for token on a real machine. The
+  gamma of a step follows measured time (the wall clock, or the `clock` a caller injects), and the
+  gamma changes how many uniforms each row draws. Again every completion is an exact sample: the
+  verifier's guarantee holds for any gamma chosen from the past.
 
 Adaptive gamma (`GammaController`): a row that drafts g tokens gains a + a^2 + ... + a^g tokens
 per policy forward for acceptance rate a (Leviathan et al. 2022), but on a CPU every verified
 token costs compute. The controller measures the acceptance rate, the fraction of the g draft
 slots the draft actually fills (the n-gram draft proposes only where it finds a match; the packed
-forward charges only for real tokens), and the wall time of policy forwards per width and of draft
+forward charges only for real tokens), and the time of policy forwards per width and of draft
 proposals, and picks the g in 0..gamma_max with the highest expected tokens per second; g = 0
 means "do not speculate". It re-probes neighbouring values now and then so its estimates stay
-current.
+current. After steps at g = 0 a model or feature draft is behind: it has not seen the tokens the
+policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
+(`draft_catch_up_seconds`) and not charged to the draft tokens: it is what switching back costs,
+once, not what drafting costs per token, and charging it to the probe step made a probe after 16
+plain steps look ~16 tokens' worth too dear, which kept gamma at 0 for good. Time comes from
+`clock` (default `time.perf_counter`; the tests inject a simulated clock and costs).
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -94,6 +112,21 @@ class _Row:
     completion: Completion
 
 
+def row_uniforms(generators: list[torch.Generator], gammas: list[int]):
+    """Row r draws 2 gammas[r] + 1 uniforms from its own generator, in one call: gammas[r] for its
+    drafts, gammas[r] for their acceptance tests, 1 for the token it emits. Returns
+    (draft [rows, G], accept [rows, G], emit [rows]), G = max(gammas); slots past a row's own gamma
+    hold 0.5 and are never used. What a row draws depends only on its own cap."""
+    width = max(gammas) if gammas else 0
+    draft = torch.full((len(gammas), width), 0.5, dtype=torch.float64)  # [rows, G]
+    accept = torch.full((len(gammas), width), 0.5, dtype=torch.float64)  # [rows, G]
+    emit = torch.empty(len(gammas), dtype=torch.float64)  # [rows]
+    for r, (generator, g) in enumerate(zip(generators, gammas)):
+        u = draw_uniforms([generator], 2 * g + 1)[0]  # [2g + 1]
+        draft[r, :g], accept[r, :g], emit[r] = u[:g], u[g:2 * g], u[2 * g]
+    return draft, accept, emit
+
+
 def completion_seed(seed: int, prompt_index: int, sample_idx: int) -> int:
     """A 63-bit seed per completion, stable across runs, batch sizes and Python versions."""
     digest = hashlib.sha256(f"{seed}/{prompt_index}/{sample_idx}".encode()).digest()
@@ -149,13 +182,17 @@ class GammaController:
         return gamma
 
     def observe(self, gamma: int, drafted: int, accepted: int, target_s: float, draft_s: float,
-                rows: int = 1, asked: int | None = None) -> None:
+                rows: int = 1, asked: int | None = None, slots: int | None = None) -> None:
         """gamma: positions verified beyond the first (the widest row's drafts); asked: the gamma the
-        draft was asked for (default gamma), so steps where no row found a draft count as empty."""
+        draft was asked for (default gamma), so steps where no row found a draft count as empty;
+        slots: the draft slots the rows could fill (default rows x asked; fewer where a row's own
+        budget capped it). draft_s is the proposal alone: the catch-up after plain steps is a cost
+        of switching back to drafting, not of drafting (see the module docstring)."""
         decay = 0.9
         asked = gamma if asked is None else asked
-        if asked:
-            self.slots = decay * self.slots + rows * asked
+        slots = rows * asked if slots is None else slots
+        if asked and slots:
+            self.slots = decay * self.slots + slots
             self.filled = decay * self.filled + drafted
             self.coverage = self.filled / self.slots
         if drafted:
@@ -165,22 +202,26 @@ class GammaController:
         old = self.target_seconds.get(gamma + 1)
         self.target_seconds[gamma + 1] = target_s if old is None else decay * old + (1 - decay) * target_s
         if asked:
-            per_token = draft_s / asked
+            per_token = draft_s / asked  # the draft runs `asked` forwards, one per draft position
             self.draft_seconds = decay * self.draft_seconds + (1 - decay) * per_token if self.draft_seconds else per_token
 
 
 class Sampler:
     """Generates completions from `target`; with `draft` (ModelDraft / NgramDraft), speculatively."""
 
-    def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None):
+    def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None,
+                 clock: Callable[[], float] = time.perf_counter):
+        """clock: what the controller's costs are measured with (tests inject a simulated one)."""
         settings.check()
         if draft is not None:
             check_gamma(settings.gamma)
-        self.target, self.settings, self.draft = target, settings, draft
+        self.target, self.settings, self.draft, self.clock = target, settings, draft, clock
         self.eos = set(int(t) for t in eos_token_ids)
         self.stats = AcceptanceStats()
         self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
-        self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "prefill_seconds": 0.0}
+        self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
+                        "prefill_seconds": 0.0}
+        self._draft_behind = False  # a step ran without the draft: it has tokens to catch up on
 
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
         s = self.settings
@@ -207,7 +248,7 @@ class Sampler:
         waiting = [(p, k) for p in range(len(prompts)) for k in range(num_samples)]
         waiting.reverse()  # pop() from the end takes them in prompt order
         done: list[Completion] = []
-        target = KVBatch(self.target)
+        target = KVBatch(self.target, keep_features=getattr(self.draft, "needs_policy_features", False))
         rows: list[_Row] = []
         last = torch.zeros(0, dtype=torch.long)  # [rows] the token each row feeds next
         with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
@@ -228,7 +269,7 @@ class Sampler:
     def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], indices: list[int],
                seed: int) -> list[_Row]:
         """New rows for (prompt, sample) pairs, each with its own generator; a prompt's rows share one prefill."""
-        started = time.perf_counter()
+        started = self.clock()
         groups: dict[int, list[int]] = {}
         for p, k in admitted:
             groups.setdefault(p, []).append(k)
@@ -242,56 +283,68 @@ class Sampler:
         copies = [len(m) for m in groups.values()]
         target.admit(prefixes, copies)
         if self.draft is not None:
-            self.draft.admit(prefixes, copies, new_rows)
-        self.timings["prefill_seconds"] += time.perf_counter() - started
+            self.draft.admit(prefixes, copies, new_rows, target)
+        self.timings["prefill_seconds"] += self.clock() - started
         return new_rows
 
     def _step(self, target: KVBatch, rows: list[_Row], last: torch.Tensor) -> list[list[int]]:
         """One draft-and-verify step (a plain step when gamma is 0): the tokens each row emits."""
-        s, device = self.settings, target.device
+        s, device, clock = self.settings, target.device, self.clock
         remaining = torch.tensor([s.max_new_tokens - len(r.completion.token_ids) for r in rows])  # [rows]
-        gamma = min(self.controller.choose(), int(remaining.max()) - 1)
-        uniforms = draw_uniforms([r.generator for r in rows], 2 * gamma + 1).to(device)  # [rows, 2g+1]
+        chosen = self.controller.choose()
+        # each row's own cap: it never drafts past its own budget, whatever its neighbours have left
+        gammas = (remaining - 1).clamp(min=0, max=chosen)  # [rows]
+        gamma = int(gammas.max()) if self.draft is not None else 0  # draft positions any row may use
+        draft_u, accept_u, emit_u = row_uniforms([r.generator for r in rows], gammas.tolist() if gamma else
+                                                 [0] * len(rows))
+        draft_u, accept_u, emit_u = draft_u.to(device), accept_u.to(device), emit_u.to(device)
         draft_tokens = draft_probs = None
         num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
         draft_s = 0.0
         width = 0
         if gamma > 0:
-            started = time.perf_counter()
-            draft_tokens, draft_probs, num_drafts = self.draft.propose(last, gamma, uniforms[:, :gamma], s, rows)
-            num_drafts = torch.minimum(num_drafts, (remaining.to(device) - 1).clamp(min=0))
-            draft_s = time.perf_counter() - started
+            if self._draft_behind:  # the switch from plain steps back to drafting: not this gamma's cost
+                started = clock()
+                self.draft.catch_up()
+                self.timings["draft_catch_up_seconds"] += clock() - started
+                self._draft_behind = False
+            started = clock()
+            draft_tokens, draft_probs, num_drafts = self.draft.propose(last, gammas.to(device), draft_u, s, rows)
+            num_drafts = torch.minimum(num_drafts, gammas.to(device))  # [rows]
+            draft_s = clock() - started
             self.timings["draft_seconds"] += draft_s
             width = int(num_drafts.max())  # no row drafted more: verify only that many positions
-            draft_tokens = draft_tokens[:, :width]  # [rows, width]
-            draft_probs = None if draft_probs is None else draft_probs[:, :width]  # [rows, width, vocab]
-        started = time.perf_counter()
-        inputs = last[:, None] if width == 0 else torch.cat([last[:, None], draft_tokens], 1)  # [rows, 1+w]
+        elif self.draft is not None:
+            self._draft_behind = True
+        started = clock()
+        verified = None if width == 0 else draft_tokens[:, :width]  # [rows, width]
+        inputs = last[:, None] if width == 0 else torch.cat([last[:, None], verified], 1)  # [rows, 1+w]
         valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None]  # [rows, 1+w]
         logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
         check_finite(logits, row_ids=[f"prompt {r.group} sample {r.member}" for r in rows], where="policy logits")
         target_probs = self._processed(logits.float())  # [rows, 1+w, vocab]
         empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # [rows, 0]
         result = verify(
-            draft_tokens if width else empty,
-            draft_probs,
+            empty if width == 0 else verified,
+            None if draft_probs is None else draft_probs[:, :width],  # [rows, width, vocab]
             target_probs,
-            uniforms[:, gamma:gamma + width],
-            uniforms[:, 2 * gamma],
+            accept_u[:, :width],
+            emit_u,
             num_drafts=num_drafts,
             strategy=s.strategy,
             leniency=s.leniency,
         )
         target.commit(1 + result.num_accepted)
-        target_s = time.perf_counter() - started
+        target_s = clock() - started
         self.timings["target_seconds"] += target_s
         self.stats.update(result, num_drafts)
-        self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()),
-                                target_s, draft_s, rows=len(rows), asked=gamma)
+        self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()), target_s, draft_s,
+                                rows=len(rows), asked=gamma, slots=int(gammas.sum()) if gamma else 0)
         tokens = result.tokens.cpu()
         emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]
         if self.draft is not None:
-            self.draft.after_step(draft_tokens if width else None, result.num_accepted, emitted, rows, last)
+            self.draft.after_step(draft_tokens if gamma else None, num_drafts, result.num_accepted, emitted, rows,
+                                  last)
         for i, row in enumerate(rows):
             row.completion.num_target_forwards += 1
             row.completion.num_drafted += int(num_drafts[i])

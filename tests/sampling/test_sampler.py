@@ -8,7 +8,6 @@ have to be to fail one of them).
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -16,9 +15,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
+from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.processing import probs_from_logits
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.sampler import GammaController, Sampler, SamplingSettings
 
 ALPHA = 1e-3
 
@@ -31,6 +31,33 @@ def tiny_lm(vocab: int, seed: int, layers: int = 2, hidden: int = 16) -> LlamaFo
     with torch.no_grad():  # sharpen the random logits a little so distributions are not near-uniform
         model.lm_head.weight.mul_(8.0)
     return model
+
+
+def feature_draft(target, seed: int = 1, head_token_ids: list[int] | None = None) -> FeatureDraft:
+    """An untrained feature draft for `target` (random layer; the target's embeddings and head)."""
+    torch.manual_seed(seed)
+    model = FeatureDraftModel(feature_draft_config(target.config, 1), target.get_input_embeddings().weight,
+                              target.get_output_embeddings().weight, head_token_ids).eval()
+    return FeatureDraft(model)
+
+
+class SimulatedClock:
+    """A clock that only moves when a model runs: each forward of a charged model costs
+    base + per_token x (its packed tokens) simulated seconds. Costs are injected, never measured,
+    so the controller's decisions do not depend on how busy the machine is."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charge(self, model, base: float, per_token: float):
+        def advance(module, args, kwargs):
+            self.now += base + per_token * kwargs["input_ids"].shape[-1]
+
+        model.register_forward_pre_hook(advance, with_kwargs=True)
+        return model
 
 
 @torch.no_grad()
@@ -70,7 +97,8 @@ PROMPTS = [[1, 2, 3, 4, 1], [2, 0]]
 
 @pytest.mark.parametrize(
     "draft_kind,gamma,temperature,top_k",
-    [("none", 0, 1.0, 0), ("model", 3, 1.0, 0), ("model", 2, 0.7, 4), ("ngram", 3, 1.0, 0)],
+    [("none", 0, 1.0, 0), ("model", 3, 1.0, 0), ("model", 2, 0.7, 4), ("ngram", 3, 1.0, 0), ("feature", 3, 1.0, 0),
+     ("feature-head", 2, 0.7, 4)],
 )
 def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temperature, top_k):
     vocab, length, n = 5, 3, 3000
@@ -78,7 +106,10 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
     settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, batch_rows=96,
                                 gamma=gamma, adaptive=False)
     draft = {"none": None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
-             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1)}[draft_kind]
+             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1),
+             "feature": lambda: feature_draft(target),
+             # a head over 3 of the 5 tokens: q = 0 on the others, which are still emitted as often as p says
+             "feature-head": lambda: feature_draft(target, head_token_ids=[0, 2, 3])}[draft_kind]
     sampler = Sampler(target, settings, eos_token_ids=[], draft=draft() if draft else None)
     completions = sampler.generate(PROMPTS, num_samples=n, seed=123, progress=False)
     for p, prompt in enumerate(PROMPTS):
@@ -152,19 +183,104 @@ def test_a_rows_randomness_does_not_depend_on_its_batch():
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.parametrize("draft_kind", ["model", "feature"])
+def test_a_fixed_gamma_model_or_feature_draft_gives_the_same_completions_at_any_batch_rows(draft_kind):
+    """EOS ends rows early, so rows near their own budget share batches with fresh ones: each row's
+    gamma is capped by its own remaining budget, and it draws 2 gamma_r + 1 uniforms per step."""
+    target = tiny_lm(9, seed=0)
+    prompts = [[1, 2, 3, 4, 1], [2, 0], [5, 5, 6], [7]]
+    outputs = []
+    for batch_rows in (1, 3, 8):
+        draft = ModelDraft(tiny_lm(9, seed=5, layers=1)) if draft_kind == "model" else feature_draft(target)
+        settings = SamplingSettings(max_new_tokens=11, temperature=1.0, batch_rows=batch_rows, gamma=3)
+        sampler = Sampler(target, settings, eos_token_ids=[2], draft=draft)
+        completions = sampler.generate(prompts, num_samples=3, seed=4, progress=False)
+        outputs.append([(c.token_ids, c.finish_reason) for c in completions])
+        assert sampler.stats.summary()["num_drafted"] > 0
+    assert {reason for _, reason in outputs[0]} == {"eos", "length"}  # both ways of ending occur
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_ngram_proposals_depend_on_the_batch_but_the_distribution_does_not():
+    """The n-gram draft looks up the sibling completions sampled so far, and how far a sibling has
+    got depends on which rows ran together: the same seed gives other proposals (hence other
+    acceptance draws, other completions) at another batch_rows. Each completion is still an exact
+    sample (test_joint_of_first_three_tokens_matches_enumeration, with batch_rows=96)."""
+    target = tiny_lm(9, seed=0)
+    drafted = []
+    for batch_rows in (1, 8):
+        settings = SamplingSettings(max_new_tokens=16, temperature=1.0, batch_rows=batch_rows, gamma=2)
+        sampler = Sampler(target, settings, eos_token_ids=[], draft=NgramDraft(max_ngram=2, min_ngram=1))
+        completions = sampler.generate([[1, 2, 3, 1, 2, 3]], num_samples=4, seed=2, progress=False)
+        drafted.append([c.num_drafted for c in completions])
+    # batch_rows=1: each completion runs alone, after its siblings finished: it finds more matches
+    assert drafted[0] != drafted[1]
+
+
+def test_adaptive_gamma_depends_on_the_measured_costs_so_completions_do_too():
+    """With draft.adaptive, gamma follows measured time: the same seed under other costs chooses
+    other gammas (and draws other uniforms). Costs are injected here; on a real machine they are the
+    wall clock, so adaptive runs are reproducible in distribution, not token for token."""
+    target = tiny_lm(9, seed=0)
+    histories = []
+    for draft_cost in (0.001, 0.2):
+        clock = SimulatedClock()
+        clock.charge(target, base=0.01, per_token=0.001)
+        draft_model = clock.charge(tiny_lm(9, seed=5, layers=1), base=draft_cost, per_token=0.0)
+        settings = SamplingSettings(max_new_tokens=24, temperature=1.0, batch_rows=4, gamma=3, adaptive=True)
+        sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(draft_model), clock=clock)
+        sampler.generate(PROMPTS, num_samples=2, seed=0, progress=False)
+        histories.append(sampler.controller.history)
+    assert histories[0] != histories[1]
+
+
 def test_adaptive_gamma_stops_speculating_when_the_draft_is_useless():
     target = tiny_lm(50, seed=0)
+    clock = SimulatedClock()
+    clock.charge(target, base=0.010, per_token=0.001)
+    # an unrelated random model (rarely accepted) whose every forward costs 20 ms
+    slow = clock.charge(tiny_lm(50, seed=9, layers=1), base=0.020, per_token=0.0)
     settings = SamplingSettings(max_new_tokens=40, temperature=1.0, batch_rows=4, gamma=4, adaptive=True)
-
-    class SlowDraft(ModelDraft):  # an unrelated random model that also takes 20 ms per proposal
-        def propose(self, *args, **kwargs):
-            time.sleep(0.02)
-            return super().propose(*args, **kwargs)
-
-    sampler = Sampler(target, settings, eos_token_ids=[], draft=SlowDraft(tiny_lm(50, seed=9, layers=1)))
+    sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(slow), clock=clock)
     sampler.generate([[1, 2, 3]], num_samples=4, seed=0, progress=False)
     history = sampler.controller.history
     assert history.count(0) > len(history) / 2
+
+
+def test_adaptive_gamma_speculates_when_the_draft_pays():
+    target = tiny_lm(9, seed=0)
+    clock = SimulatedClock()
+    clock.charge(target, base=0.010, per_token=0.001)
+    # the target drafting for itself (every draft accepted) at a tenth of its cost per forward
+    twin = clock.charge(tiny_lm(9, seed=0), base=0.001, per_token=0.0)
+    settings = SamplingSettings(max_new_tokens=40, temperature=1.0, batch_rows=4, gamma=3, adaptive=True)
+    sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(twin), clock=clock)
+    sampler.generate(PROMPTS, num_samples=2, seed=0, progress=False)
+    history = sampler.controller.history
+    assert sum(history) / len(history) > 2
+    assert sampler.stats.summary()["tokens_per_target_forward"] > 2.5
+
+
+def test_the_catch_up_after_plain_steps_is_not_charged_to_the_draft_tokens():
+    """After plain steps the draft has the policy's tokens to catch up on (a model draft: one forward
+    over all of them). That is the price of switching back, paid once; it used to be measured as
+    part of the next proposal, so a probe at gamma=1 after 16 plain steps looked 16x too costly
+    per draft token and kept gamma at 0."""
+    target = tiny_lm(9, seed=0)
+    clock = SimulatedClock()
+    clock.charge(target, base=0.010, per_token=0.001)
+    # the draft's forward costs 1 ms plus 10 ms per token fed: a catch-up over many tokens is dear
+    draft_model = clock.charge(tiny_lm(9, seed=5, layers=1), base=0.001, per_token=0.010)
+    settings = SamplingSettings(max_new_tokens=30, temperature=1.0, batch_rows=2, gamma=1, adaptive=True)
+    sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(draft_model), clock=clock)
+    script = iter([0] * 12 + [1] * 100)  # 12 plain steps, then drafting at gamma=1
+    sampler.controller.choose = lambda: next(script)
+    sampler.generate([[1, 2, 3]], num_samples=2, seed=0, progress=False)
+    # one catch-up over the 12 tokens each row emitted meanwhile (2 rows): 1 ms + 24 x 10 ms
+    assert sampler.timings["draft_catch_up_seconds"] == pytest.approx(0.001 + 0.24)
+    # a proposal at gamma=1 feeds 1 or 2 tokens per row (last, and the previous draft when it was
+    # accepted): 1 ms + 2-4 x 10 ms per draft token, nothing of the catch-up's 241 ms
+    assert 0.021 - 1e-9 <= sampler.controller.draft_seconds <= 0.041 + 1e-9
 
 
 @pytest.mark.parametrize(
@@ -192,8 +308,6 @@ def test_nan_logits_name_the_row():
 
 
 def test_gamma_controller_counts_only_the_draft_slots_that_were_filled():
-    from rsft.sampling.sampler import GammaController
-
     sparse = GammaController(gamma_max=2, adaptive=True)
     sparse.observe(0, 0, 0, target_s=1.0, draft_s=0.0, rows=16)
     # 3 of 16 x 2 slots filled, 2 accepted; the packed forward cost 5% more than a plain one
