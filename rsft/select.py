@@ -84,10 +84,16 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
     return rows
 
 
+def scored_by(row: dict) -> str:
+    """Which reward model scored a row: the `reward_model` column stage=score writes (relative to the run
+    directory); a scored set written before that column existed was scored by the run's reward/."""
+    return row.get("reward_model") or "reward"
+
+
 def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
-    newest_model = max(candidates, key=lambda c: c["round"]).get("reward_model")
-    comparable = [c for c in candidates if c.get("reward_model") == newest_model]
+    newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
+    comparable = [c for c in candidates if scored_by(c) == newest_model]
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
     last = bool(s.get("prefer_complete", True)) and not s.drop_truncated  # kept truncated ones rank last
     ranked = sorted(comparable, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
@@ -233,6 +239,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if capped:
         log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
                  "(select.max_opening_share=%s)", len(capped), cap, s.max_opening_share)
+
+    if cap is not None:  # the cap's visiting order decides who keeps what, not the order of the output
+        position = {prompt_id: i for i, prompt_id in enumerate(by_prompt)}
+        selected.sort(key=lambda c: position[c["prompt_id"]])  # stable: ranks stay in order within a prompt
+        pairs.sort(key=lambda p: position[p["prompt_id"]])
 
     if not selected:
         raise ValueError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "

@@ -181,3 +181,18 @@ def test_no_pair_to_make_still_writes_a_loadable_empty_pairs_set(make_cfg):
     write_scored(cfg, [row("a", 0, "one", 1.0), row("a", 1, "two", 1.0)])
     run_stage(cfg)
     assert len(load_from_disk(str(RunPaths(cfg.paths.run_dir).pairs(0)))) == 0
+
+
+def test_a_cap_that_does_not_bind_changes_nothing_and_legacy_scores_pool(make_cfg):
+    rows = [row(p, i, f"{p} answer {i}", float(i) + ord(p)) for p in "dcba" for i in range(3)]
+    plain, capped = make_cfg("stage=select"), make_cfg("stage=select", "select.max_opening_share=1.0", "run_name=cap")
+    for cfg in (plain, capped):
+        write_scored(cfg, rows)
+    assert selected_of(run_stage(plain)) == selected_of(run_stage(capped))  # same rows, same order (SFT's data)
+    # round 0 scored before the reward_model column existed, round 1 by the run's reward/: one model, pooled
+    pooled = make_cfg("stage=select", "round=1", "run_name=pooled")
+    write_scored(pooled, rows, round_idx=0)
+    write_scored(pooled, [{**r, "round": 1, "reward": r["reward"] - 100, "reward_model": "reward"} for r in rows],
+                 round_idx=1)
+    out = run_stage(pooled)
+    assert {r["round"] for r in selected_of(out)} == {0} and read_meta(out)["counts"]["dropped_other_reward_model"] == 0
