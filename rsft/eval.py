@@ -171,7 +171,7 @@ def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None)
     inputs = [paths.reward] + [p for p in (judge,) if p is not None]
     if policy_path is not None:
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
-    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *prompt_keys("eval")), inputs,
+    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *prompt_keys("eval", cfg.data.kind)), inputs,
                        prompt_files(cfg.data, "eval"))
 
 

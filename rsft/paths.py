@@ -85,7 +85,7 @@ class RunPaths:
                                       round so far, with loop.refresh_reward; else the run's reward/
       ... which trains on             refresh_labels(r): prefs/ (unless the user's pairs stand in) and
                                       round_00/prefs .. round_XX/prefs
-      eval (every round) judges with  judge: the run's reward/, the same for every round and the initial
+      eval (every round) scores with  eval_reward: the run's reward/, the same for every round and the initial
                                       policy, so their numbers stay comparable when scoring follows the policy
       stage=draft round r imitates    draft_teacher(r): round r's policy, the configured one before any
       ... and writes                  draft_output(r): round_XX/draft (serves round r+1), else draft/
@@ -125,7 +125,7 @@ class RunPaths:
         return self.policy(round_idx)
 
     @property
-    def judge(self) -> Path:
+    def eval_reward(self) -> Path:
         """The reward model eval scores every policy with: the run's reward/, whatever scored the rounds."""
         return self.reward
 

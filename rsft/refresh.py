@@ -25,7 +25,7 @@ after round r's sampling and round r is scored by the model it writes (RunPaths.
    `previous` (continue training the reward model that scored round r - 1, reward/ for round 0, for
    refresh.epochs epochs: cheaper, and it keeps what it learned).
 
-Eval keeps scoring every policy with the run's reward/ (RunPaths.judge), so that rounds scored by
+Eval keeps scoring every policy with the run's reward/ (RunPaths.eval_reward), so that rounds scored by
 different reward models are still compared on one scale.
 """
 

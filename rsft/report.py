@@ -165,8 +165,11 @@ def paired_vs(mine: Path, theirs: Path, column: str) -> dict | None:
     a, b = load_dataset_artifact(mine), load_dataset_artifact(theirs)
     if column not in a.column_names or column not in b.column_names:
         return None
-    return stats.paired_difference(stats.keyed(a["prompt_id"], a["sample_idx"], a[column]),
-                                   stats.keyed(b["prompt_id"], b["sample_idx"], b[column]))
+    try:
+        return stats.paired_difference(stats.keyed(a["prompt_id"], a["sample_idx"], a[column]),
+                                       stats.keyed(b["prompt_id"], b["sample_idx"], b[column]))
+    except ValueError:  # not the same completions (another eval.num_samples or eval_limit): no pairing
+        return None
 
 
 def _interval(m: dict, key: str) -> str:
@@ -200,7 +203,8 @@ def evaluation_table(paths: RunPaths, rounds: int) -> list[dict]:
         row.update({"distinct-2": m.get("distinct_2"), "distinct-2 (all)": m.get("distinct_2_all"),
                     "top opening share": m.get("top_opening_share"), "mean tokens": m.get("mean_tokens")})
         rows.append(row)
-    return rows
+    columns = list(dict.fromkeys(k for row in rows for k in row))  # a judge may score only later policies
+    return [{c: row.get(c, "") for c in columns} for row in rows]
 
 
 def plot_acceptance(paths: RunPaths, rounds: int, out: Path) -> Path | None:

@@ -171,7 +171,7 @@ def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
-    made = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train"), "sample", "draft"), inputs,
+    made = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft"), inputs,
                        prompt_files(cfg.data, "train"))
     if cfg.draft.kind == "none":
         made["config"].pop("sample.batch_rows")

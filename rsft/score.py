@@ -12,7 +12,7 @@ learn) and `reward_model` (which one gave the score, relative to the run directo
 meta.json and, by its digest, in the fingerprint). The scorer sees the prompt as the user wrote it
 (the `prompt` column) and the completion text, as the reward model was trained.
 
-stage=eval scores with the run's reward/ (RunPaths.judge) in every round, refreshed or not: one
+stage=eval scores with the run's reward/ (RunPaths.eval_reward) in every round, refreshed or not: one
 fixed judge keeps the initial policy's and every round's numbers comparable.
 """
 
@@ -45,10 +45,10 @@ log = logging.getLogger(__name__)
 
 def reward_model(cfg: DictConfig, round_idx: int | None = None):
     """The reward model folder that scores round r (RunPaths.scoring_reward), or with round_idx=None
-    the run's judge, reward/, which stage=eval uses for every policy (score and eval check it before
+    the run's reward/, which stage=eval uses for every policy (score and eval check it before
     any work); a clear error when missing."""
     paths = RunPaths.from_config(cfg)
-    path = paths.judge if round_idx is None else paths.scoring_reward(round_idx)
+    path = paths.eval_reward if round_idx is None else paths.scoring_reward(round_idx)
     if not is_complete(path):
         if path != paths.reward:
             raise FileNotFoundError(
@@ -120,13 +120,16 @@ def judge_warnings(judge: Path, proxy: Path) -> list[str]:
     from rsft.reward import PAIR_HASHES_FILE
 
     hashes = [p / PAIR_HASHES_FILE for p in (judge, proxy)]
-    if all(h.is_file() for h in hashes):
-        judge_pairs, proxy_pairs = (set(json.loads(h.read_text())["train"]) for h in hashes)
-        shared = len(judge_pairs & proxy_pairs)
-        if shared:
-            return [f"{shared} of the judge's {len(judge_pairs)} training pairs are also training pairs of the proxy "
-                    f"reward model: the judge is not independent (train them on disjoint parts: "
-                    f"reward.data.parts=2, reward.data.part=0 / 1)"]
+    missing = [str(h.parent) for h in hashes if not h.is_file()]
+    if missing:
+        return [f"overlap of training pairs not checked: {' and '.join(missing)} has no {PAIR_HASHES_FILE} "
+                f"(trained before rsft recorded it)"]
+    judge_pairs, proxy_pairs = (set(json.loads(h.read_text())["train"]) for h in hashes)
+    shared = len(judge_pairs & proxy_pairs)
+    if shared:
+        return [f"{shared} of the judge's {len(judge_pairs)} training pairs are also training pairs of the proxy "
+                f"reward model: the judge is not independent (train them on disjoint parts: "
+                f"reward.data.parts=2, reward.data.part=0 / 1)"]
     return []
 
 

@@ -113,14 +113,13 @@ def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[s
     return kept, dropped
 
 
-def opening_cap(s: DictConfig, prompts: int) -> int | None:
+def opening_cap(s: DictConfig, keepable: int) -> int | None:
     """How many kept completions may share an opening (rsft.stats.opening): select.max_opening_share of
-    the most that could be kept (k per prompt; one per prompt for threshold), at least 1; None = no cap."""
+    what the strategy would keep without a cap, at least 1; None = no cap."""
     share = s.get("max_opening_share")
     if share is None:
         return None
-    per_prompt = int(s.k) if s.strategy in ("top_k", "random") else 1
-    return max(1, math.floor(float(share) * prompts * per_prompt))
+    return max(1, math.floor(float(share) * keepable))
 
 
 def claim(openings: Counter, key: str, cap: int) -> bool:
@@ -214,7 +213,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                         prompt_id, candidates[0]["prompt"][:80], dropped)
             continue
         ranked_by_prompt[prompt_id] = ranked
-    cap = opening_cap(s, len(by_prompt))
+    cap = opening_cap(s, sum(len(choose(ranked, s, int(cfg.seed), round_idx, prompt_id))
+                             for prompt_id, ranked in ranked_by_prompt.items()))
     openings: Counter = Counter()
     capped = []
     # with a cap, the prompts whose best survivor the reward model likes most claim their openings first

@@ -36,7 +36,8 @@ def pick_column(a, b, wanted: str | None) -> str:
     for column in ([wanted] if wanted else ["judge", "gold", "reward"]):
         if column in a.column_names and column in b.column_names:
             return column
-    raise SystemExit(f"column {wanted!r} is not in both evaluations (columns: {a.column_names})")
+    raise SystemExit(f"no score column {'(' + wanted + ') ' if wanted else ''}in both evaluations: A has "
+                     f"{a.column_names}, B has {b.column_names}")
 
 
 def fmt(d: dict, signed: bool = False) -> str:
@@ -62,6 +63,9 @@ def main(argv=None) -> None:
             column = pick_column(a, b, args.column)
             print(f"\n| policy | A {column} [95% CI] | B {column} [95% CI] | A - B (paired) | P(A beats B) |")
             print("|---|---|---|---|---|")
+        elif column not in a.column_names or column not in b.column_names:
+            print(f"| {name} | (no {column} column in both) | | | |")
+            continue
         mine = stats.keyed(a["prompt_id"], a["sample_idx"], a[column])
         theirs = stats.keyed(b["prompt_id"], b["sample_idx"], b[column])
         print(f"| {name} | {fmt(stats.bootstrap(stats.by_prompt(a['prompt_id'], a[column])))} | "
