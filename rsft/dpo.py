@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsft import distributed
 from rsft.models import load_policy, resolve_device, training_arguments
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
-from rsft.sft import LossHistory, lora_config
+from rsft.sft import LossHistory, lora_config, trained_policy
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -100,12 +100,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             peft_config=lora_config(cfg.dpo) if cfg.dpo.mode == "lora" else None, callbacks=[history],
         )
         result = trainer.train()
-    trained, state_dict = trainer.accelerator.unwrap_model(trainer.model), None
-    if cfg.dpo.mode == "lora":
-        trained = trained.merge_and_unload()
-    elif distributed.world_size() > 1:  # every process takes part: under FSDP this gathers the shards
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)
-    trained.eval()
+    trained, state_dict = trained_policy(trainer, cfg.dpo.mode)
 
     logged = [h for h in history.history if "loss" in h]
     stats = {

@@ -76,6 +76,18 @@ def lora_config(section: DictConfig):
                       target_modules=modules if isinstance(modules, str) else list(modules), task_type="CAUSAL_LM")
 
 
+def trained_policy(trainer, mode: str):
+    """(the model to save, its state dict or None) after a TRL trainer ran (SFT and DPO): LoRA merged into
+    the weights; under several processes every one takes part in gathering the state dict (FSDP shards)."""
+    trained, state_dict = trainer.accelerator.unwrap_model(trainer.model), None
+    if mode == "lora":
+        trained = trained.merge_and_unload()
+    elif distributed.world_size() > 1:
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+    trained.eval()
+    return trained, state_dict
+
+
 class LossHistory(TrainerCallback):
     """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker)."""
 
@@ -118,12 +130,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             callbacks=[history],
         )
         result = trainer.train()
-    trained, state_dict = trainer.accelerator.unwrap_model(trainer.model), None
-    if cfg.sft.mode == "lora":
-        trained = trained.merge_and_unload()
-    elif distributed.world_size() > 1:  # every process takes part: under FSDP this gathers the shards
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)
-    trained.eval()
+    trained, state_dict = trained_policy(trainer, cfg.sft.mode)
 
     losses = [h["loss"] for h in history.history if "loss" in h]
     stats = {
