@@ -35,8 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.models import load_policy, resolve_device, training_arguments
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
-from rsft.sft import LossHistory, lora_config, trained_policy
+from rsft.paths import RunPaths, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.sft import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "dpo", "round": round_idx, "trained_from": policy_source, "reference": policy_source,
             "pairs": str(source), "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.dpo, resolve=True)}
-    if distributed.is_main():  # every process trained the same (DDP) model; one saves it
-        with atomic_artifact(out, meta, made) as tmp:
-            trained.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-    distributed.barrier()
+    write_policy(out, meta, made, trained, state_dict, tokenizer)
     log.info("dpo: %d pairs, %d steps, loss %s -> %s; saved round %d's policy to %s", len(kept), stats["steps"],
              stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "dpo", tracker) as tracker:

@@ -88,6 +88,16 @@ def trained_policy(trainer, mode: str):
     return trained, state_dict
 
 
+def write_policy(out, meta: dict, made: dict, trained, state_dict, tokenizer) -> None:
+    """Save a trained policy and its tokenizer as a complete artifact: every process trained the same
+    (DDP) model, so one writes it while the others wait."""
+    if distributed.is_main():
+        with atomic_artifact(out, meta, made) as tmp:
+            trained.save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+    distributed.barrier()
+
+
 class LossHistory(TrainerCallback):
     """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker)."""
 
@@ -145,11 +155,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
-    if distributed.is_main():  # every process trained the same (DDP) model; one saves it
-        with atomic_artifact(out, meta, made) as tmp:
-            trained.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-    distributed.barrier()
+    write_policy(out, meta, made, trained, state_dict, tokenizer)
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "sft", tracker) as tracker:

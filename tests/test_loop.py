@@ -3,7 +3,6 @@ that ends with the same artifacts as a run that never crashed; wandb offline fil
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """Preference data: formats in, truncation counted, bad input named by column and row."""
 
-import json
 import math
 
 import pytest
