@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsft.data import check_limit
 from rsft.distributed import per_device_batch
 from rsft.models import resolve_device
+from rsft.paths import refresh_reward_on
 from rsft.sample import DRAFT_KINDS, sampling_settings
 from rsft.sampling.verifier import check_gamma
 from rsft.select import check_settings as check_select_settings
@@ -71,8 +72,10 @@ def check_config(cfg: DictConfig) -> None:
     _typed(cfg, "seed", int, "an integer")
     _at_least(cfg, "threads", 0, "(0 = torch's default)")
     _check_device(cfg)
-    for switch in ("loop.refresh_reward", "loop.dpo"):  # every stage's round table reads them (RunPaths.from_config)
-        _boolean(cfg, switch)
+    # every stage's round table reads them (RunPaths.from_config)
+    if OmegaConf.select(cfg, "loop.refresh_reward") != "auto":
+        _boolean(cfg, "loop.refresh_reward", "true, false or auto")
+    _boolean(cfg, "loop.dpo")
     for group in STAGE_READS[stage]:
         GROUP_CHECKS[group](cfg)
 
@@ -191,7 +194,7 @@ def _check_dpo(cfg: DictConfig) -> None:
 def _check_refresh(cfg: DictConfig) -> None:
     """loop.refresh_reward and the refresh group: read by stage=refresh and, through the round table
     (RunPaths.scoring_reward), by stage=score."""
-    if not _boolean(cfg, "loop.refresh_reward"):
+    if not refresh_reward_on(cfg):  # loop.refresh_reward: true | false | auto (checked by check_config)
         return
     _at_least(cfg, "refresh.samples_per_prompt", 2, "(pairs need two completions of a prompt)")
     _one_of(cfg, "refresh.init", ("scratch", "previous"))
@@ -240,11 +243,11 @@ def _typed(cfg: DictConfig, key: str, kind: type, expected: str):
     return kind(value)
 
 
-def _boolean(cfg: DictConfig, key: str) -> bool:
+def _boolean(cfg: DictConfig, key: str, expected: str = "true or false") -> bool:
     """A switch: true or false (a missing key is false), never a string such as 'no' that Python reads as true."""
     value = OmegaConf.select(cfg, key, default=False)
     if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r}: expected true or false")
+        raise ConfigError(f"{key}={value!r}: expected {expected}")
     return value
 
 

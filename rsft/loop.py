@@ -52,7 +52,8 @@ OPTIONAL_STAGES = {"refresh": "refresh_reward", "dpo": "dpo"}  # stage -> the lo
 
 
 def round_stages(cfg: DictConfig) -> list[str]:
-    return [name for name in ROUND_STAGES if name not in OPTIONAL_STAGES or cfg.loop[OPTIONAL_STAGES[name]]]
+    paths = RunPaths.from_config(cfg)  # its switches are loop.* resolved (refresh_reward may be auto)
+    return [name for name in ROUND_STAGES if name not in OPTIONAL_STAGES or getattr(paths, OPTIONAL_STAGES[name])]
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
@@ -98,6 +99,10 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
+    if cfg.loop.refresh_reward == "auto":
+        log.info("loop: loop.refresh_reward=auto -> %s", "on: each round's samples are labelled and its reward model "
+                 "retrained (stage=refresh)" if paths.refresh_reward else "off: no labels for the rounds' samples "
+                 "(data.kind=%s, refresh.pairs=%s) or select.strategy=random" % (cfg.data.kind, cfg.refresh.pairs))
     with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:  # the other run's reward model as it is: its settings are that run's
             if distributed.is_main():

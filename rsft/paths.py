@@ -70,6 +70,21 @@ class RunDirectoryBusy(RuntimeError):
     """Another live command holds the run directory's lock."""
 
 
+def refresh_reward_on(cfg) -> bool:
+    """Whether each round is scored by a reward model retrained on that round's labels
+    (loop.refresh_reward: true, false, or auto). `auto` (the default) turns it on where labels of the
+    round's samples can be had, the demo task's simulated annotators or the user's `refresh.pairs`,
+    and the selection reads the reward (a select.strategy=random baseline does not, so it skips the
+    retraining); elsewhere off, so a loop on the user's own prompts runs without labels."""
+    loop = cfg.get("loop") or {}
+    value = loop.get("refresh_reward", False)
+    if value != "auto":
+        return bool(value)
+    data, refresh, select = cfg.get("data") or {}, cfg.get("refresh") or {}, cfg.get("select") or {}
+    labelled = data.get("kind") == "demo" or refresh.get("pairs") is not None
+    return labelled and select.get("strategy") != "random"
+
+
 class RunPaths:
     """Where every artifact of one run lives, and which artifact a round reads.
 
@@ -103,8 +118,7 @@ class RunPaths:
     @classmethod
     def from_config(cls, cfg) -> "RunPaths":
         loop = cfg.get("loop") or {}
-        return cls(cfg.paths.run_dir, cfg.paths.runs_root, bool(loop.get("refresh_reward", False)),
-                   bool(loop.get("dpo", False)))
+        return cls(cfg.paths.run_dir, cfg.paths.runs_root, refresh_reward_on(cfg), bool(loop.get("dpo", False)))
 
     def other_run(self, run_name: str) -> "RunPaths":
         """Another run under the same runs root (loop.reward_from)."""

@@ -54,6 +54,31 @@ def test_rotated_samples_differ_by_round_and_the_switch_is_part_of_their_fingerp
         run_stage(make_cfg("stage=sample", "data.rotate=yes"))
 
 
+def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled(make_cfg, tmp_path):
+    """The shipped default (loop.refresh_reward=auto) refreshes on the demo task and with the user's
+    refresh.pairs, and stays off for a random baseline and for the user's prompts without labels,
+    where an explicit true is refused before any work."""
+    from rsft.checks import check_config
+    from rsft.loop import round_stages
+    from rsft.paths import refresh_reward_on
+
+    assert compose_cfg(tmp_path, "stage=loop", tiny=False).loop.refresh_reward == "auto"
+    demo = make_cfg("stage=loop", "loop.refresh_reward=auto")
+    assert refresh_reward_on(demo) and round_stages(demo) == ["sample", "refresh", "score", "select", "sft"]
+    random = make_cfg("stage=loop", "loop.refresh_reward=auto", "select.strategy=random")
+    assert not refresh_reward_on(random) and "refresh" not in round_stages(random)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n')
+    local = ["stage=loop", "data=local", f"data.path={prompts}", "loop.reward_from=base"]
+    check_config(make_cfg(*local, "loop.refresh_reward=auto"))  # no labels: off, not an error
+    assert not RunPaths.from_config(make_cfg(*local, "loop.refresh_reward=auto")).refresh_reward
+    assert refresh_reward_on(make_cfg(*local, "loop.refresh_reward=auto", f"refresh.pairs={tmp_path}"))
+    with pytest.raises(ConfigError, match=r"loop\.refresh_reward=true with data\.kind=local needs your labelled"):
+        check_config(make_cfg(*local, "loop.refresh_reward=true"))
+    with pytest.raises(ConfigError, match=r"loop\.refresh_reward='sometimes': expected true, false or auto"):
+        check_config(make_cfg("stage=loop", "loop.refresh_reward=sometimes"))
+
+
 # ---- stage=dpo ----
 
 CHOSEN, REJECTED = "Bees make honey.", "zzzz qqqq zzzz"
