@@ -27,7 +27,7 @@ no plain run).
 The issue-13 table (the feature draft at 8, 16 and 64 rows, 5 round-robin repeats):
 
     python scripts/bench_sampling.py --prompts 16 --batch-rows 8 16 64 --gammas 1 2 3 \
-        --methods hf plain feature feature-adaptive --feature-draft runs/<run>/draft --repeats 5
+        --methods hf plain feature feature-adaptive --feature-draft runs/<run>/draft --repeats 5 --split eval
 
     python scripts/bench_sampling.py --forward-cost --batch-rows 8 16 64
 
@@ -159,6 +159,9 @@ def main():
         cfg = compose("config", overrides=["stage=sample", "draft=ngram"])  # the defaults below come from conf/
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--split", choices=("train", "eval"), default="train",
+                        help="the first --prompts demo prompts of the train split, or of the held-out split "
+                             "(use eval for a trained draft: stage=draft trains on train prompts' samples)")
     parser.add_argument("--k", type=int, default=cfg.sample.num_samples, help="default: sample.num_samples")
     parser.add_argument("--max-new-tokens", type=int, default=cfg.sample.max_new_tokens,
                         help="default: sample.max_new_tokens")
@@ -182,7 +185,7 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg.data.limit = args.prompts
+    cfg.data.limit = cfg.data.eval_limit = args.prompts
     device = torch.device("cpu")
     if args.policy:
         model, tokenizer = load_saved_causal_lm(args.policy, device)
@@ -192,7 +195,7 @@ def main():
         for rows in args.batch_rows:
             forward_cost(model, rows, [0, rows // 4, rows // 2, rows])
         return
-    prompts = load_prompts(cfg.data, "train")
+    prompts = load_prompts(cfg.data, args.split)
     prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]
     draft_model, draft_head = load_distilled_draft(args.draft, device)[::2] if args.draft else (None, None)
     feature_model = load_feature_draft(args.feature_draft, model, device)[0] if args.feature_draft else None
