@@ -34,8 +34,11 @@ token costs compute. The controller measures the acceptance rate, the fraction o
 slots the draft actually fills (the n-gram draft proposes only where it finds a match; the packed
 forward charges only for real tokens), and the time of policy forwards per width and of draft
 proposals, and picks the g in 0..gamma_max with the highest expected tokens per second; g = 0
-means "do not speculate". It re-probes neighbouring values now and then so its estimates stay
-current. After steps at g = 0 a model or feature draft is behind: it has not seen the tokens the
+means "do not speculate". Its first step is plain, so the cost of every wider forward is measured
+against a measured plain one from the start: on the prior slope alone (0.3 of a step per extra
+position, right for 8-32 rows on this CPU) it speculated for the first 32 steps at 64 rows, where a
+verified position costs ~0.5, and ran at 0.94x plain. It re-probes neighbouring values now and then
+so its estimates stay current. After steps at g = 0 a model or feature draft is behind: it has not seen the tokens the
 policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
 (`draft_catch_up_seconds`) and not charged to the draft tokens: it is what switching back costs,
 once, not what drafting costs per token, and charging it to the probe step made a probe after 16
@@ -173,6 +176,8 @@ class GammaController:
         self.steps += 1
         if not self.adaptive or self.gamma_max == 0:
             gamma = self.gamma_max
+        elif 1 not in self.target_seconds:  # a plain step first: what a verified position costs is judged
+            gamma = 0                        # against it, not against the prior slope (see the module docstring)
         else:
             best = max(range(self.gamma_max + 1), key=self.expected_rate)
             if self.steps % self.probe_every == 0:  # re-measure a neighbour (and acceptance when at 0)

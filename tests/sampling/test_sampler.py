@@ -307,6 +307,22 @@ def test_nan_logits_name_the_row():
         sampler.generate([[1, 2]], num_samples=1, seed=0, progress=False)
 
 
+def test_gamma_controller_measures_a_plain_step_first_and_judges_drafts_against_it():
+    """At 64 rows on a CPU a verified position costs about half a plain step; the prior slope (0.3)
+    said less, so before a plain step was measured a 0.43-accepted draft looked worth it and the
+    controller speculated until its first probe. Now its first step is plain; with both costs
+    measured it stops where verification eats the gain and keeps going where it does not."""
+    for cost_of_one_more_position, speculates in ((1.5, False), (1.05, True)):  # compute- / latency-bound
+        controller = GammaController(gamma_max=2, adaptive=True)
+        assert controller.choose() == 0
+        controller.observe(0, 0, 0, target_s=1.0, draft_s=0.0, rows=64)
+        gamma = controller.choose()
+        assert gamma == 1  # the prior acceptance (0.5) against the measured plain cost: try drafting
+        # every row drafted 1, 43% were accepted; the draft costs 3% of a plain step per token
+        controller.observe(1, drafted=64, accepted=27, target_s=cost_of_one_more_position, draft_s=0.03, rows=64)
+        assert (controller.choose() > 0) == speculates
+
+
 def test_gamma_controller_counts_only_the_draft_slots_that_were_filled():
     sparse = GammaController(gamma_max=2, adaptive=True)
     sparse.observe(0, 0, 0, target_s=1.0, draft_s=0.0, rows=16)
