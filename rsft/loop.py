@@ -100,9 +100,8 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
     if cfg.loop.refresh_reward == "auto":
-        log.info("loop: loop.refresh_reward=auto -> %s", "on: each round's samples are labelled and its reward model "
-                 "retrained (stage=refresh)" if paths.refresh_reward else "off: no labels for the rounds' samples "
-                 "(data.kind=%s, refresh.pairs=%s) or select.strategy=random" % (cfg.data.kind, cfg.refresh.pairs))
+        log.info("loop: loop.refresh_reward=auto -> %s (data.kind=%s, refresh.pairs=%s, select.strategy=%s)",
+                 "on" if paths.refresh_reward else "off", cfg.data.kind, cfg.refresh.pairs, cfg.select.strategy)
     with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:  # the other run's reward model as it is: its settings are that run's
             if distributed.is_main():
