@@ -240,14 +240,17 @@ class KVBatch:
         if logits_to_keep not in (0, 1):
             raise ValueError(f"logits_to_keep={logits_to_keep}: KVBatch.forward supports 0 (all) or 1 (last)")
         vocab = self.model.get_output_embeddings().out_features
-        out = torch.zeros(rows, 1 if logits_to_keep else n, vocab, device=self.device)  # zeros where nothing ran
+        shape = (rows, 1 if logits_to_keep else n, vocab)
         if row.numel() == 0:  # no real token anywhere: nothing to run
-            return out
+            return torch.zeros(shape, device=self.device)
         has_tokens = counts > 0  # [rows]
         keep_index = (counts.cumsum(0) - 1)[has_tokens] if logits_to_keep else None  # each row's last packed token
         logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index,
                            **{name: value[row, col] for name, value in inputs.items()})
         self.length[self.slot] += counts
+        if row.numel() == rows * n:  # every slot held a real token (a plain step): packed order is row-major
+            return logits.to(torch.get_default_dtype()).reshape(shape)  # [rows, n or 1, vocab], no copy
+        out = torch.zeros(shape, device=self.device)  # zeros where nothing ran
         if logits_to_keep:
             out[has_tokens, 0] = logits.to(out.dtype)  # [rows with tokens, vocab]
         else:

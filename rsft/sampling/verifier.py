@@ -192,7 +192,8 @@ def verify(
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [batch] length of the leading run of acceptances
 
     rows = torch.arange(batch, device=device)  # [batch]
-    next_p = target_probs[rows, num_accepted]  # [batch, vocab] p at the first slot not accepted
+    # p at the first slot not accepted [batch, vocab]; with no drafts, slot 0 of every row (a view, no copy)
+    next_p = target_probs[:, 0] if gamma == 0 else target_probs[rows, num_accepted]
     rejected = num_accepted < num_drafts  # [batch] stopped at a rejected draft (else: bonus)
     if strategy == "greedy":
         extra = next_p.argmax(-1)  # [batch]

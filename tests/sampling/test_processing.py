@@ -140,6 +140,17 @@ def test_check_finite_names_the_first_bad_row():
         check_finite(all_masked, where="draft logits")
 
 
+def test_check_finite_fast_path_agrees_with_the_full_check():
+    check_finite(torch.randn(3, 2, 7))  # all finite: one reduction decides
+    huge = torch.full((2, 1, 4), 3e38)  # finite, but their sum overflows: the full check must still pass them
+    check_finite(huge)
+    for bad_value in (float("nan"), float("inf"), float("-inf")):
+        bad = torch.randn(3, 1, 6)
+        bad[1, 0] = bad_value  # a whole position: -inf everywhere is as bad as NaN
+        with pytest.raises(ValueError, match="row 1"):
+            check_finite(bad)
+
+
 def test_inverse_cdf_boundaries():
     probs = torch.tensor([[0.25, 0.25, 0.5]] * 6)
     uniforms = torch.tensor([0.0, 0.2499, 0.25, 0.4999, 0.5, 0.9999])
