@@ -24,6 +24,10 @@ row b holds one sequence's tokens at positions 0 .. length[b] - 1, contiguous, n
   admitted earlier: K completions of a prompt often join in several steps) is copied from that row;
   the others are prefilled together in one packed forward and copied to their other rows.
 
+The output head: on a CPU in float32 it runs through oneDNN instead of MKL for the batch's own
+forwards (`onednn_head`: 1.07-1.17x per policy forward, logits equal to ~1e-6); the model itself
+is not changed.
+
 Features (`KVBatch(model, keep_features=True)`, for rsft.sampling.drafts.FeatureDraft): the batch
 also keeps, per buffer row and position, the token fed there and the model's last-layer feature
 (the output of its final norm, what the output head reads), written by every forward through a
@@ -121,10 +125,49 @@ def _packed_attention_on(model):
         config._attn_implementation = before
 
 
+def onednn_head(model) -> torch.nn.Module | None:
+    """The model's output head as a oneDNN linear layer, where that is faster: float32 on a CPU.
+
+    Why: nn.Linear calls MKL's sgemm, which runs the output head's [tokens, hidden] x [hidden, vocab]
+    product at about half the speed of oneDNN's at the sampler's row counts (SmolLM2's 49k-token
+    head, a 113 MB weight, 2 threads: 21.7 -> 12.2 ms at 16 rows, 43 -> 33 ms at 64; a whole policy
+    forward 1.07-1.17x faster at 1-64 rows, alternated in one process). Every other linear layer of the model is as fast either way, so only the head
+    changes. torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight,
+    dense tensors in and out). The same products summed in another order: logits agree to ~1e-6.
+    None where it does not apply (another device or dtype, no oneDNN, a head that is not an
+    nn.Linear at model.lm_head)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if (not isinstance(head, torch.nn.Linear) or getattr(model, "lm_head", None) is not head
+            or head.weight.device.type != "cpu" or head.weight.dtype != torch.float32
+            or not torch.backends.mkldnn.is_available()):
+        return None
+    from torch.utils.mkldnn import MkldnnLinear
+
+    with torch.no_grad():
+        return MkldnnLinear(head, torch.float32)
+
+
+@contextmanager
+def _head_swapped(model, head):
+    """model.lm_head is `head` inside the block (nothing changes for head=None); restored on any exit."""
+    if head is None:
+        yield
+        return
+    original = model.lm_head
+    model.lm_head = head
+    try:
+        yield
+    finally:
+        model.lm_head = original
+
+
 class KVBatch:
-    def __init__(self, model, keep_features: bool = False):
+    def __init__(self, model, keep_features: bool = False, fast_head: bool = True):
+        """fast_head: run the output head through oneDNN where that is faster (`onednn_head`); the
+        weights are copied once here, so a model trained after this batch was made needs a new one."""
         self.model = model
         self.keep_features = keep_features
+        self.head = onednn_head(model) if fast_head else None
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
@@ -213,7 +256,7 @@ class KVBatch:
 
             hook = self.final_norm.register_forward_hook(record)
         try:
-            with _packed_attention_on(self.model):
+            with _packed_attention_on(self.model), _head_swapped(self.model, self.head):
                 out = self.model(input_ids=input_ids[None], position_ids=position[None], past_key_values=self._cache,
                                  use_cache=True, logits_to_keep=0 if logits_index is None else logits_index,
                                  **{name: value[None] for name, value in inputs.items()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -95,3 +96,23 @@ def test_rows_without_tokens_get_zero_logits_and_keep_their_cache():
     after = batch.forward(torch.tensor([[8], [9]]))[:, -1]
     torch.testing.assert_close(after[0], reference(model, [1, 2, 8])[-1], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(after[1], reference(model, [3, 6, 7, 9])[-1], atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_plain_step_with_the_onednn_head_matches_full_forwards_and_restores_the_head():
+    model = tiny()
+    head = model.lm_head
+    fast, mkl = KVBatch(model), KVBatch(model, fast_head=False)
+    assert fast.head is not None and mkl.head is None  # float32 on a CPU: the head runs through oneDNN
+    for batch in (fast, mkl):
+        batch.admit([[1, 2, 3], [4]], [2, 1])
+    ids = torch.tensor([[5, 6], [7, 8], [9, 10]])
+    logits = fast.forward(ids)  # every slot a real token: the packed logits are returned as they are
+    for r, history in enumerate([[1, 2, 3, 5, 6], [1, 2, 3, 7, 8], [4, 9, 10]]):
+        torch.testing.assert_close(logits[r], reference(model, history)[-2:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, mkl.forward(ids), atol=1e-5, rtol=1e-5)
+    assert model.lm_head is head  # swapped in only for the batch's own forward
+    with pytest.raises(IndexError):
+        fast.forward(torch.full((3, 1), 99))  # a token outside the vocabulary fails inside the model
+    assert model.lm_head is head and model.config._attn_implementation != ATTENTION_NAME
+    assert KVBatch(tiny().to(torch.bfloat16)).head is None  # only float32 on a CPU
