@@ -29,10 +29,16 @@ The issue-13 table (the feature draft at 8, 16 and 64 rows, 5 round-robin repeat
     python scripts/bench_sampling.py --prompts 16 --batch-rows 8 16 64 --gammas 1 2 3 \
         --methods hf plain feature feature-adaptive --feature-draft runs/<run>/draft --repeats 5 --split eval
 
-    python scripts/bench_sampling.py --forward-cost --batch-rows 8 16 64
+    python scripts/bench_sampling.py --forward-cost --batch-rows 8 16 64 --draft-cost 0.06
 
-only times one packed policy forward with 0, 1/4, 1/2 and all rows verifying one extra token:
-the cost of a draft token, in ms and relative to one row's share of a plain step.
+only times one packed policy forward with 0, 1/4, 1/2 and all rows verifying one extra token, and
+all rows verifying 2 and 3: the cost of a draft token, in ms and relative to one row's share of a
+plain step. From those costs it prints the acceptance rate a draft must reach on this machine for
+the speculative sampler to match the plain one and to be 1.25x faster, at gamma 1, 2 and 3: with
+per-position acceptance a (independent positions, Leviathan et al. 2022), a step where every row
+drafts gamma tokens emits (1 - a^(gamma+1)) / (1 - a) tokens per row and costs the measured forward
+over rows x (1 + gamma) tokens plus gamma draft forwards of --draft-cost plain steps each (0.06: the
+feature draft's, measured in the issue-13 table).
 """
 
 from __future__ import annotations
@@ -129,17 +135,20 @@ def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature
 
 def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: int = 12) -> list[dict]:
     """Median seconds of one packed policy forward with `rows` rows at `context` cached tokens,
-    when `extra` of them carry one more (draft) token: what verifying a draft token costs."""
+    when `extra` draft tokens ride along (column by column: rows // 4 fills a quarter of the rows'
+    first draft slot, 2 * rows every row's first two): what verifying draft tokens costs."""
     out = []
     for extra in extras:
         batch = KVBatch(model)
         batch.admit([list(range(100, 100 + context))], [rows])
+        width = 1 + -(-extra // rows)  # columns: the token every row feeds, then the draft slots
+        valid = torch.zeros(rows, width, dtype=torch.bool)  # [rows, width]
+        valid[:, 0] = True
+        for k in range(extra):
+            valid[k % rows, 1 + k // rows] = True
         times = []
         for _ in range(reps):
-            ids = torch.randint(100, 1000, (rows, 2))  # [rows, 2]
-            valid = torch.zeros(rows, 2, dtype=torch.bool)  # [rows, 2]
-            valid[:, 0] = True
-            valid[:extra, 1] = True
+            ids = torch.randint(100, 1000, (rows, width))  # [rows, width]
             started = time.perf_counter()
             batch.forward(ids, valid)
             times.append(time.perf_counter() - started)
@@ -152,6 +161,49 @@ def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: i
         record["extra_token_vs_row_share"] = round((record["seconds"] - base) / extra / (base / rows), 2) if extra else None
         print(json.dumps({"forward_cost": record}), flush=True)
     return out
+
+
+def speculative_speedup(acceptance: float, gamma: int, plain_s: float, verify_s: float, draft_cost: float) -> float:
+    """Tokens/s of speculative over plain sampling when every row drafts gamma tokens with independent
+    per-position acceptance `acceptance`: emitted tokens per row per step over the step's cost
+    (a forward over rows x (1 + gamma) tokens taking verify_s, plus gamma draft forwards of
+    draft_cost plain steps each), against one token per plain step of plain_s."""
+    a = acceptance
+    tokens = gamma + 1 if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
+    return tokens * plain_s / (verify_s + gamma * draft_cost * plain_s)
+
+
+def acceptance_needed(target: float, gamma: int, plain_s: float, verify_s: float, draft_cost: float) -> float | None:
+    """The per-position acceptance at which speculative_speedup reaches `target` (bisection; the
+    speedup grows with acceptance), or None where even a draft that is always right falls short."""
+    if speculative_speedup(1.0, gamma, plain_s, verify_s, draft_cost) < target:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if speculative_speedup(mid, gamma, plain_s, verify_s, draft_cost) < target else (low, mid)
+    return high
+
+
+def print_acceptance_needed(costs: dict[int, list[dict]], draft_cost: float, gammas=(1, 2, 3)) -> None:
+    """A Markdown table: per rows, the forward costs and the acceptance needed for 1.0x and 1.25x."""
+    print(f"\n| rows | plain step ms | ms per verified draft token (vs a row's share of a step) "
+          f"| acceptance for 1.0x, gamma {'/'.join(map(str, gammas))} | for 1.25x |")
+    print("|---|---|---|---|---|")
+    for rows, records in costs.items():
+        by_extra = {r["extra_tokens"]: r["seconds"] for r in records}
+        plain_s = by_extra[0]
+        full = by_extra.get(rows)
+        per_token = "-" if full is None else (f"{1000 * (full - plain_s) / rows:.2f} "
+                                             f"({(full - plain_s) / rows / (plain_s / rows):.2f})")
+        needed = {}
+        for target in (1.0, 1.25):
+            cells = []
+            for g in gammas:
+                a = acceptance_needed(target, g, plain_s, by_extra[g * rows], draft_cost) if g * rows in by_extra else None
+                cells.append("-" if a is None else f"{a:.2f}")
+            needed[target] = " / ".join(cells)
+        print(f"| {rows} | {1000 * plain_s:.1f} | {per_token} | {needed[1.0]} | {needed[1.25]} |")
 
 
 def main():
@@ -181,7 +233,11 @@ def main():
     parser.add_argument("--out", default=None, help="also write the JSON results here")
     parser.add_argument("--forward-cost", action="store_true",
                         help="only time one packed policy forward per --batch-rows with 0, 1/4, 1/2 and all rows "
-                             "verifying one extra token, and exit")
+                             "verifying one extra token and all rows verifying 2 and 3, print the acceptance a "
+                             "draft needs for 1.0x and 1.25x, and exit")
+    parser.add_argument("--draft-cost", type=float, default=0.06,
+                        help="--forward-cost: one draft forward's cost as a fraction of a plain policy step "
+                             "(default 0.06, the feature draft's measured cost)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -192,8 +248,9 @@ def main():
     else:
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
     if args.forward_cost:
-        for rows in args.batch_rows:
-            forward_cost(model, rows, [0, rows // 4, rows // 2, rows])
+        costs = {rows: forward_cost(model, rows, [0, rows // 4, rows // 2, rows, 2 * rows, 3 * rows])
+                 for rows in args.batch_rows}
+        print_acceptance_needed(costs, args.draft_cost)
         return
     prompts = load_prompts(cfg.data, args.split)
     prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]

@@ -116,3 +116,15 @@ def test_plain_step_with_the_onednn_head_matches_full_forwards_and_restores_the_
         fast.forward(torch.full((3, 1), 99))  # a token outside the vocabulary fails inside the model
     assert model.lm_head is head and model.config._attn_implementation != ATTENTION_NAME
     assert KVBatch(tiny().to(torch.bfloat16)).head is None  # only float32 on a CPU
+
+
+def test_no_onednn_head_through_a_wrapper():
+    from peft import LoraConfig, get_peft_model
+
+    from rsft.sampling.kv_batch import onednn_head
+
+    wrapped = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"]))
+    before = set(dict(wrapped.named_modules()))
+    assert onednn_head(wrapped) is None  # its lm_head lives in the wrapped model, not on the wrapper
+    assert onednn_head(wrapped.get_base_model()) is not None
+    assert set(dict(wrapped.named_modules())) == before
