@@ -133,11 +133,13 @@ def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature
     }
 
 
-def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: int = 12) -> list[dict]:
+def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: int = 15) -> list[dict]:
     """Median seconds of one packed policy forward with `rows` rows at `context` cached tokens,
     when `extra` draft tokens ride along (column by column: rows // 4 fills a quarter of the rows'
-    first draft slot, 2 * rows every row's first two): what verifying draft tokens costs."""
-    out = []
+    first draft slot, 2 * rows every row's first two): what verifying draft tokens costs. The
+    settings take turns, rep after rep, so a drifting CPU shifts them all alike; medians of all
+    but the first two reps."""
+    setups = []
     for extra in extras:
         batch = KVBatch(model)
         batch.admit([list(range(100, 100 + context))], [rows])
@@ -146,14 +148,16 @@ def forward_cost(model, rows: int, extras: list[int], context: int = 64, reps: i
         valid[:, 0] = True
         for k in range(extra):
             valid[k % rows, 1 + k // rows] = True
-        times = []
-        for _ in range(reps):
-            ids = torch.randint(100, 1000, (rows, width))  # [rows, width]
+        setups.append((extra, batch, valid, []))
+    for _ in range(reps):
+        for extra, batch, valid, times in setups:
+            ids = torch.randint(100, 1000, valid.shape)  # [rows, width]
             started = time.perf_counter()
             batch.forward(ids, valid)
             times.append(time.perf_counter() - started)
-            batch.commit(torch.ones(rows, dtype=torch.long))
-        out.append({"rows": rows, "extra_tokens": extra, "seconds": statistics.median(times[2:])})
+            batch.commit(torch.ones(rows, dtype=torch.long))  # one token kept: the context grows by one a rep
+    out = [{"rows": rows, "extra_tokens": extra, "seconds": statistics.median(times[2:])}
+           for extra, _, _, times in setups]
     base = out[0]["seconds"]
     for record in out:
         extra = record["extra_tokens"]
