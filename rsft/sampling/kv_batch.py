@@ -129,10 +129,10 @@ def onednn_head(model) -> torch.nn.Module | None:
     """The model's output head as a oneDNN linear layer, where that is faster: float32 on a CPU.
 
     Why: nn.Linear calls MKL's sgemm, which runs the output head's [tokens, hidden] x [hidden, vocab]
-    product at about half the speed of oneDNN's at the sampler's row counts (SmolLM2's 49k-token
-    head, a 113 MB weight, 2 threads: 21.7 -> 12.2 ms at 16 rows, 43 -> 33 ms at 64; a whole policy
-    forward 1.07-1.17x faster at 1-64 rows, alternated in one process). Every other linear layer of the model is as fast either way, so only the head
-    changes. torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight,
+    product 1.3-1.8x slower than oneDNN at the sampler's row counts (SmolLM2's 49k-token head, a 113 MB
+    weight, 2 threads: 21.7 -> 12.2 ms at 16 rows, 43 -> 33 ms at 64; a whole policy forward 1.07-1.17x
+    faster at 1-64 rows, the two alternated in one process). Every other linear layer of the model is
+    as fast either way, so only the head changes. torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight,
     dense tensors in and out). The same products summed in another order: logits agree to ~1e-6.
     None where it does not apply (another device or dtype, no oneDNN, a head that is not an
     nn.Linear child of the model named lm_head)."""
