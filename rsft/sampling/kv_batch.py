@@ -134,14 +134,14 @@ def onednn_head(model) -> torch.nn.Module | None:
     faster at 1-64 rows, the two alternated in one process). Every other linear layer of the model is
     as fast either way, so only the head changes. torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight,
     dense tensors in and out). The same products summed in another order: logits agree to ~1e-6.
-    None where it does not apply (another device or dtype, no oneDNN, a head that is not an
-    nn.Linear child of the model named lm_head)."""
+    None where it does not apply (another device or dtype, no oneDNN or `torch.backends.mkldnn.enabled`
+    turned off, a head that is not an nn.Linear child of the model named lm_head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     # the head must be the model's own `lm_head` child (not reached through a wrapper such as a PEFT model,
     # where assigning lm_head would register a new submodule on the wrapper instead of replacing the head)
     if (not isinstance(head, torch.nn.Linear) or model._modules.get("lm_head") is not head
             or head.weight.device.type != "cpu" or head.weight.dtype != torch.float32
-            or not torch.backends.mkldnn.is_available()):
+            or not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)):
         return None
     from torch.utils.mkldnn import MkldnnLinear
 

@@ -116,6 +116,8 @@ def test_plain_step_with_the_onednn_head_matches_full_forwards_and_restores_the_
         fast.forward(torch.full((3, 1), 99))  # a token outside the vocabulary fails inside the model
     assert model.lm_head is head and model.config._attn_implementation != ATTENTION_NAME
     assert KVBatch(tiny().to(torch.bfloat16)).head is None  # only float32 on a CPU
+    with torch.backends.mkldnn.flags(enabled=False):  # the user turned oneDNN off: MKL as before
+        assert KVBatch(model).head is None
 
 
 def test_no_onednn_head_through_a_wrapper():
