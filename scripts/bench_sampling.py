@@ -58,6 +58,7 @@ from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, loa
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.verifier import expected_tokens_per_forward
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -172,8 +173,7 @@ def speculative_speedup(acceptance: float, gamma: int, plain_s: float, verify_s:
     per-position acceptance `acceptance`: emitted tokens per row per step over the step's cost
     (a forward over rows x (1 + gamma) tokens taking verify_s, plus gamma draft forwards of
     draft_cost plain steps each), against one token per plain step of plain_s."""
-    a = acceptance
-    tokens = gamma + 1 if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
+    tokens = expected_tokens_per_forward(acceptance, gamma)
     return tokens * plain_s / (verify_s + gamma * draft_cost * plain_s)
 
 
@@ -197,9 +197,8 @@ def print_acceptance_needed(costs: dict[int, list[dict]], draft_cost: float, gam
     for rows, records in costs.items():
         by_extra = {r["extra_tokens"]: r["seconds"] for r in records}
         plain_s = by_extra[0]
-        full = by_extra.get(rows)
-        per_token = "-" if full is None else (f"{1000 * (full - plain_s) / rows:.2f} "
-                                             f"({(full - plain_s) / rows / (plain_s / rows):.2f})")
+        full = next((r for r in records if r["extra_tokens"] == rows), None)  # every row verifying one token
+        per_token = "-" if full is None else f"{full['ms_per_extra_token']:.2f} ({full['extra_token_vs_row_share']:.2f})"
         needed = {}
         for target in (1.0, 1.25):
             cells = []

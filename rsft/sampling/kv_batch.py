@@ -132,8 +132,9 @@ def onednn_head(model) -> torch.nn.Module | None:
     product 1.3-1.8x slower than oneDNN at the sampler's row counts (SmolLM2's 49k-token head, a 113 MB
     weight, 2 threads: 21.7 -> 12.2 ms at 16 rows, 43 -> 33 ms at 64; a whole policy forward 1.07-1.17x
     faster at 1-64 rows, the two alternated in one process). Every other linear layer of the model is
-    as fast either way, so only the head changes. torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight,
-    dense tensors in and out). The same products summed in another order: logits agree to ~1e-6.
+    as fast either way, so only the head changes. torch.utils.mkldnn.MkldnnLinear is torch's own
+    wrapper (a oneDNN copy of the weight, dense tensors in and out). The same products summed in
+    another order: logits agree to ~1e-6.
     None where it does not apply (another device or dtype, no oneDNN or `torch.backends.mkldnn.enabled`
     turned off, a head that is not an nn.Linear child of the model named lm_head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

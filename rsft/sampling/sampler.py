@@ -38,8 +38,8 @@ means "do not speculate". Its first step is plain, so the cost of every wider fo
 against a measured plain one from the start: on the prior slope alone (0.3 of a step per extra
 position, right for 8-32 rows on this CPU) it speculated for the first 32 steps at 64 rows, where a
 verified position costs ~0.5, and ran at 0.94x plain. It re-probes neighbouring values now and then
-so its estimates stay current. After steps at g = 0 a model or feature draft is behind: it has not seen the tokens the
-policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
+so its estimates stay current. After steps at g = 0 a model or feature draft is behind: it has not
+seen the tokens the policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
 (`draft_catch_up_seconds`) and not charged to the draft tokens: it is what switching back costs,
 once, not what drafting costs per token, and charging it to the probe step made a probe after 16
 plain steps look ~16 tokens' worth too dear, which kept gamma at 0 for good. Time comes from

@@ -300,7 +300,7 @@ class StreamingVerifier:
         return list(self.tokens), list(self.kinds)
 
 
-def _expected_tokens_per_forward(alpha: float, gamma: int) -> float:
+def expected_tokens_per_forward(alpha: float, gamma: int) -> float:
     """(1 - alpha^(gamma+1)) / (1 - alpha): expected emitted tokens per verify with i.i.d. acceptance."""
     if alpha >= 1.0:
         return float(gamma + 1)  # the limit of the geometric sum as alpha -> 1
@@ -383,7 +383,7 @@ class AcceptanceStats:
         theoretical = None
         if self.num_target_forwards:
             expected = sum(
-                rows * _expected_tokens_per_forward(alpha or 0.0, d)
+                rows * expected_tokens_per_forward(alpha or 0.0, d)
                 for d, rows in self.rows_by_num_drafts.items()
             )
             theoretical = expected / self.num_target_forwards
