@@ -25,23 +25,15 @@ import math
 import random
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset
 from omegaconf import DictConfig
 
-from rsft.data import check_jsonl
+from rsft.tables import looks_local, read_table
 
 log = logging.getLogger(__name__)
 
 LABEL_COLUMN = "label_prob"
 ASSISTANT_TURN = "\n\nAssistant:"
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-def _looks_local(path: str) -> bool:
-    """A path, not a hub name: it starts like one or ends in a known file suffix."""
-    file = Path(path).expanduser()
-    suffix = file.suffixes[-2] if file.suffix == ".gz" and len(file.suffixes) > 1 else file.suffix
-    return path.startswith((".", "/", "~")) or suffix in FILE_BUILDERS
 
 
 def pair_files(cfg: DictConfig) -> list[str]:
@@ -54,7 +46,7 @@ def pair_files(cfg: DictConfig) -> list[str]:
             continue
         if Path(str(path)).expanduser().exists():
             files.append(str(path))
-        elif _looks_local(str(path)):
+        elif looks_local(str(path)):
             raise FileNotFoundError(f"reward.data.{setting}={path!r}: no such file or folder")
     return files
 
@@ -62,29 +54,7 @@ def pair_files(cfg: DictConfig) -> list[str]:
 def load_raw(cfg: DictConfig, setting: str = "reward.data.path") -> tuple[Dataset, str]:
     """The user's rows as stored (`path`: a file, a datasets folder or a hub name with `split` and
     optionally `data_dir`, e.g. Anthropic/hh-rlhf + harmless-base); `setting` names it in errors."""
-    path = str(cfg.path)
-    file = Path(path).expanduser()
-    source = f"{setting}={path!r}"
-    if file.is_dir():
-        loaded = load_from_disk(str(file))
-        if isinstance(loaded, DatasetDict):
-            if cfg.split not in loaded:
-                raise KeyError(f"{source} holds splits {list(loaded)}, not {cfg.split!r} (reward.data.split)")
-            loaded = loaded[cfg.split]
-        return loaded, source
-    suffix = file.suffixes[-2] if file.suffix == ".gz" and len(file.suffixes) > 1 else file.suffix
-    if file.exists():
-        if suffix not in FILE_BUILDERS:
-            raise ValueError(f"{source}: unknown file type {suffix!r}; expected {sorted(FILE_BUILDERS)} (optionally "
-                             f".gz) or a datasets folder")
-        if file.suffix == ".jsonl":  # a bad line is named by its number, not by datasets' generation error
-            check_jsonl(setting, path, file)
-        return load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train"), source
-    if _looks_local(path):
-        raise FileNotFoundError(f"{source}: no such file or folder")
-    data_dir = cfg.get("data_dir")
-    where = f"{path}" + (f", data_dir {data_dir}" if data_dir else "")
-    return load_dataset(path, data_dir=data_dir, split=cfg.split), f"hub dataset {where} (split {cfg.split})"
+    return read_table(setting, cfg.path, "preference pairs, one per row", split=cfg.split, data_dir=cfg.get("data_dir"))
 
 
 def messages_to_text(messages) -> str:

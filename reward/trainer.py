@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import DataCollatorForPreference
 
-from rsft.models import training_arguments
+from rsft.training import training_arguments
 from reward.formats import LABEL_COLUMN
 from reward.loss import bradley_terry_loss
 from reward.model import reward_forward

@@ -8,7 +8,7 @@ meets `select.pairs=true` with one completion per prompt. Each message names the
 and what was expected, e.g. `sample.temperature='hot': expected a number > 0`.
 
 Which settings: the top-level ones every command reads (stage, run_name, round, seed, threads,
-device), and the config groups the stage reads, as STAGE_READS lists them; stage=loop reads every
+device), and the config groups the stage reads, as rsft.stages lists them; stage=loop reads every
 group its stages read. A group a stage does not read is not checked (stage=reward does not fail on
 sample.top_p=7), so a stage can be run with any leftovers of another experiment on the command line.
 
@@ -28,34 +28,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rsft.data import check_limit
+from rsft.errors import ConfigError
 from rsft.distributed import per_device_batch
 from rsft.models import resolve_device
 from rsft.paths import refresh_reward_on
+from rsft.stages import groups_read
 from rsft.sample import DRAFT_KINDS, sampling_settings
 from rsft.sampling.verifier import check_gamma
 from rsft.select import check_settings as check_select_settings
 
 
-class ConfigError(ValueError):
-    """A setting the command cannot run with. Its message is one line; the entry point prints it and exits 1."""
-
-
-# stage -> the config groups it reads that have rules here (stage=loop: those of every stage it runs).
-# prefs.* takes its sampling settings from sample.* by interpolation: sample is checked first, so that
-# a message names the key the user set.
-STAGE_READS = {
-    "prefs": ("sample", "prefs", "data"),
-    "reward": ("reward",),
-    "sample": ("sample", "draft", "data"),
-    "refresh": ("refresh", "prefs", "reward", "data"),
-    "draft": ("sample", "data", "draft"),
-    "score": ("refresh",),
-    "select": ("select", "data"),
-    "sft": ("sft", "data"),
-    "dpo": ("dpo",),
-    "eval": ("eval", "sample", "data"),
-    "loop": ("loop", "sample", "prefs", "reward", "refresh", "draft", "data", "select", "sft", "dpo", "eval"),
-}
 SAMPLING_TYPES = (("max_new_tokens", int, "an integer >= 1"), ("temperature", float, "a number > 0"),
                   ("top_k", int, "an integer >= 0 (0 = off)"), ("top_p", float, "a number in (0, 1]"),
                   ("leniency", float, "a number in (0, 1]"), ("batch_rows", int, "an integer >= 1"))
@@ -65,7 +47,7 @@ def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first setting the command cannot run with. The stage itself is
     rsft.run.run_stage's to check (it owns the stage table); this reads a valid cfg.stage."""
     stage = cfg.stage
-    _check_required(cfg, ("policy", *STAGE_READS[stage]))
+    _check_required(cfg, ("policy", *groups_read(stage)))
     _check_run_dir(cfg)
     _at_least(cfg, "round", -1 if stage == "draft" else 0,
               "(stage=draft: -1 = before any SFT)" if stage == "draft" else "")
@@ -76,7 +58,7 @@ def check_config(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "loop.refresh_reward") != "auto":
         _boolean(cfg, "loop.refresh_reward", "true, false or auto")
     _boolean(cfg, "loop.dpo")
-    for group in STAGE_READS[stage]:
+    for group in groups_read(stage):
         GROUP_CHECKS[group](cfg)
 
 

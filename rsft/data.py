@@ -11,18 +11,17 @@ system turn), cut from the left when the policy's context cannot hold it and the
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
-from datasets.exceptions import DatasetGenerationError
+from datasets import Dataset
 from omegaconf import DictConfig
+
+from rsft.tables import read_table
 
 log = logging.getLogger(__name__)
 
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 DUPLICATE_EXAMPLES = 3  # groups of prompt ids shown for repeated prompt texts
 
 
@@ -31,59 +30,6 @@ def check_limit(setting: str, limit) -> None:
     that later stages would take for a finished one."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"{setting}={limit!r}: expected a positive integer or null (null = all rows)")
-
-
-def check_jsonl(path_setting: str, path: str, file: Path) -> None:
-    """Every non-blank line of a JSONL file is a JSON object; else name the first bad line.
-
-    datasets' JSON reader reports a bad line as DatasetGenerationError without its number; this
-    streaming pass reads each line once and costs little next to loading the file.
-    """
-    with file.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            where = f"{path_setting}={path!r}, line {number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); "
-                                 f"expected one JSON object per line") from None
-            if not line.strip():
-                continue  # datasets skips blank lines too
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); "
-                                 f"expected one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: a JSON {type(row).__name__}, expected a JSON object "
-                                 f"such as {{\"prompt\": \"...\"}}")
-
-
-def _load_local(path_setting: str, path: str, split: str) -> Dataset:
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise FileNotFoundError(f"{path_setting}={path!r}: no such file or folder; expected a JSONL, JSON, "
-                                f"parquet or CSV file, or a datasets.save_to_disk folder")
-    if file.is_dir():
-        loaded = load_from_disk(str(file))
-        if isinstance(loaded, DatasetDict):
-            if split not in loaded:
-                raise KeyError(f"{path_setting}={path!r} holds splits {list(loaded)}, not {split!r} (data.split)")
-            loaded = loaded[split]
-        return loaded
-    builder = LOCAL_FORMATS.get(file.suffix)
-    if builder is None:
-        raise ValueError(f"{path_setting}={path!r}: unknown file type {file.suffix!r}; expected one of "
-                         f"{sorted(LOCAL_FORMATS)} or a datasets folder")
-    if file.stat().st_size == 0:
-        raise ValueError(f"{path_setting}={path!r} is empty; expected one prompt per row")
-    if file.suffix == ".jsonl":
-        check_jsonl(path_setting, path, file)
-    try:
-        return load_dataset(builder, data_files=str(file), split="train")
-    except DatasetGenerationError as e:  # its own message names neither the setting nor the file
-        raise ValueError(f"{path_setting}={path!r}: could not be read as a {file.suffix} table "
-                         f"({e.__cause__ or e})") from e
 
 
 def rotation_rows(num_rows: int, limit: int | None, round_idx: int) -> list[int]:
@@ -125,6 +71,27 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     return ds
 
 
+def demo_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
+    from rsft.demo_prompts import build_demo_prompts
+
+    return Dataset.from_list(build_demo_prompts(split)), f"demo prompts (split {split})"
+
+
+def local_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
+    """data.path (train) or data.eval_path (held out): a file or datasets folder (rsft.tables)."""
+    setting = "data.path" if which == "train" else "data.eval_path"
+    path = cfg.path if which == "train" else cfg.get("eval_path")
+    if path is None:
+        raise ValueError(f"{setting} is not set; held-out evaluation needs its own prompt file")
+    return read_table(setting, path, "one prompt per row", split=split)
+
+
+def hub_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
+    if split is None:
+        raise ValueError(f"data.{'split' if which == 'train' else 'eval_split'} is not set for hub dataset {cfg.name}")
+    return read_table("data.name", cfg.name, "one prompt per row", split=split, config_name=cfg.get("config_name"))
+
+
 def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> Dataset:
     """The prompt set for sampling (`which="train"`) or for held-out evaluation (`which="eval"`).
 
@@ -136,25 +103,9 @@ def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> D
     split = cfg.split if which == "train" else cfg.get("eval_split")
     limit = cfg.limit if which == "train" else cfg.get("eval_limit")
     check_limit("data.limit" if which == "train" else "data.eval_limit", limit)
-    if cfg.kind == "demo":
-        from rsft.demo_prompts import build_demo_prompts
-
-        ds, source = Dataset.from_list(build_demo_prompts(split)), f"demo prompts (split {split})"
-    elif cfg.kind == "local":
-        path = cfg.path if which == "train" else cfg.get("eval_path")
-        setting = "data.path" if which == "train" else "data.eval_path"
-        if path is None:
-            raise ValueError(f"{setting} is not set; held-out evaluation needs its own prompt file")
-        ds, source = _load_local(setting, path, split), f"{setting}={path!r}"
-    elif cfg.kind == "hh_rlhf":
-        ds, source = hh_rlhf_prompts(cfg, which)
-    elif cfg.kind == "hub":
-        if split is None:
-            raise ValueError(f"data.{'split' if which == 'train' else 'eval_split'} is not set for hub dataset {cfg.name}")
-        ds = load_dataset(cfg.name, cfg.get("config_name"), split=split)
-        source = f"hub dataset {cfg.name} (split {split})"
-    else:
-        raise ValueError(f"data.kind={cfg.kind!r}: expected demo, local, hub or hh_rlhf")
+    if cfg.kind not in PROMPT_SOURCES:
+        raise ValueError(f"data.kind={cfg.kind!r}: expected one of {', '.join(PROMPT_SOURCES)}")
+    ds, source = PROMPT_SOURCES[cfg.kind](cfg, which, split)
     rotate = which == "train" and bool(cfg.get("rotate", False))
     ds = _normalise(ds, cfg, source, None if rotate else limit)
     if rotate:
@@ -185,19 +136,17 @@ def first_human_turn(transcript: str) -> str | None:
     return turn if end >= 0 and turn else None
 
 
-def hh_rlhf_prompts(cfg: DictConfig, which: str) -> tuple[Dataset, str]:
+def hh_rlhf_prompts(cfg: DictConfig, which: str, split: str | None = None) -> tuple[Dataset, str]:
     """Prompts from HH-RLHF transcripts: the first human turn of each dialogue, once per distinct text.
 
     data.path is a local file or folder of transcripts (`chosen`/`rejected` columns, as Anthropic ships
     them) or a hub name (Anthropic/hh-rlhf with data.data_dir, e.g. harmless-base), read by the reward
-    stage's own reader (reward.formats.load_raw). A prompt is held out for evaluation when a seeded hash of
+    same reader as the reward stage's pairs (rsft.tables). A prompt is held out for evaluation when a seeded hash of
     its text falls below data.eval_fraction, so the split never depends on the file's order and the two
     sets never share a prompt; ids are hashes of the text. Both sets keep the file's order of first
     appearance (data.limit / data.eval_limit take the first ones).
     """
     import hashlib
-
-    from reward.formats import load_raw
 
     fraction = cfg.get("eval_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
@@ -206,8 +155,8 @@ def hh_rlhf_prompts(cfg: DictConfig, which: str) -> tuple[Dataset, str]:
     if cfg.get("path") is None:
         raise ValueError("data.path is not set: expected an HH-RLHF transcript file or folder, or a hub name "
                          "such as Anthropic/hh-rlhf (with data.data_dir=harmless-base)")
-    raw, source = load_raw(DictConfig({"path": cfg.path, "split": cfg.split, "data_dir": cfg.get("data_dir")}),
-                           setting="data.path")
+    raw, source = read_table("data.path", cfg.path, "HH-RLHF transcripts, one dialogue pair per row",
+                             split=cfg.split, data_dir=cfg.get("data_dir"))
     if "chosen" not in raw.column_names:
         raise KeyError(f"{source}: missing column 'chosen' (HH-RLHF transcripts); its columns are {raw.column_names}")
     seen, rows = set(), []
@@ -331,3 +280,7 @@ def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
         return []
     path = cfg.path if which == "train" else cfg.get("eval_path")
     return [path] if path is not None else []
+
+
+# data.kind -> the function that loads its prompts: (cfg, "train" | "eval", split) -> (rows, source)
+PROMPT_SOURCES = {"demo": demo_prompts, "local": local_prompts, "hub": hub_prompts, "hh_rlhf": hh_rlhf_prompts}

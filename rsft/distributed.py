@@ -24,6 +24,8 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rsft.errors import ConfigError
+
 _STATE = None
 
 
@@ -96,8 +98,6 @@ def same_config(cfg: DictConfig) -> None:
     digest = hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
     digests = gather_each(digest)
     if len(set(digests)) > 1:
-        from rsft.checks import ConfigError
-
         raise ConfigError(f"the {len(digests)} ranks were started with different configs (hashes by rank: "
                           f"{digests}); launch every rank with the same command and overrides")
 

@@ -22,7 +22,7 @@ Reads round_XX/policy (RunPaths.dpo_init_policy) and round_XX/pairs/; writes rou
   the adapter switched off as the reference (no second copy in memory), merged before saving;
   dpo.mode=full trains every weight against a second, frozen copy of the SFT policy.
 - DPOConfig, like SFTConfig, defaults to bf16 and gradient checkpointing, chosen for GPUs: precision
-  and checkpointing come from the device (rsft.models.training_arguments), fp32 without checkpointing
+  and checkpointing come from the device (rsft.training.training_arguments), fp32 without checkpointing
   on a CPU.
 """
 
@@ -34,7 +34,8 @@ import tempfile
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
-from rsft.models import load_policy, resolve_device, training_arguments
+from rsft.models import load_policy, resolve_device
+from rsft.training import training_arguments
 from rsft.paths import RunPaths, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.sft import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker

@@ -86,9 +86,8 @@ from rsft.models import (
     restrict_head,
     seeded,
 )
-from rsft.eval import SAMPLING_KEYS
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
-from rsft.sample import sampling_settings
+from rsft.sample import SAMPLING_KEYS, sampling_settings
 from rsft.sampling.drafts import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.sampler import Sampler

@@ -46,122 +46,18 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import statistics
-from collections import defaultdict
 
-from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed, score, stats
+from rsft import distributed, score
 from rsft.data import load_prompts, prompt_files, prompt_keys
+from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
-from rsft.sample import sample_dataset, sampling_settings
+from rsft.sample import SAMPLING_KEYS, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.json"
-
-
-def expected_best_of_n(rewards: list[float], values: list[float], n: int) -> float:
-    """E[value of the highest-reward item among n drawn without replacement from these K]: unbiased.
-
-    Item of reward rank i (1 = lowest) is the best of a random n-subset with probability
-    C(i-1, n-1) / C(K, n). Ties in reward are ranked by position (the earlier item counts as higher),
-    matching a deterministic tie-break.
-    """
-    k = len(rewards)
-    if not 1 <= n <= k:
-        raise ValueError(f"best-of-{n} needs 1 <= N <= K={k}")
-    order = sorted(range(k), key=lambda i: (rewards[i], -i))  # ascending reward
-    total = math.comb(k, n)
-    return sum(math.comb(i, n - 1) / total * values[order[i]] for i in range(n - 1, k))
-
-
-def best_of_n_kl_bound(n: int) -> float:
-    return math.log(n) - (n - 1) / n
-
-
-def best_of_n_curve(scored: Dataset, gold: list[float] | None = None) -> dict:
-    """Expected max reward (and gold of the reward-best) vs N = 1..K, averaged over prompts."""
-    groups = defaultdict(list)
-    for i, prompt_id in enumerate(scored["prompt_id"]):
-        groups[prompt_id].append(i)
-    k = min(len(v) for v in groups.values())  # a prompt with fewer samples caps K for all
-    rows = [v[:k] for v in groups.values()]
-    all_rewards = list(scored["reward"])
-    rewards = [[all_rewards[i] for i in r] for r in rows]  # [prompts][K]
-    golds = None if gold is None else [[gold[i] for i in r] for r in rows]  # [prompts][K]
-    ns = list(range(1, k + 1))
-    curve = {"n": ns, "kl_bound": [best_of_n_kl_bound(n) for n in ns],
-             "expected_max_reward": [statistics.fmean(expected_best_of_n(r, r, n) for r in rewards) for n in ns],
-             "expected_gold": None}
-    if golds is not None:
-        curve["expected_gold"] = [statistics.fmean(expected_best_of_n(r, g, n) for r, g in zip(rewards, golds))
-                                  for n in ns]
-    return curve
-
-
-def gold_scores(ds: Dataset) -> list[float] | None:
-    """The oracle's score of every row, or None when the prompt set has no `task` column."""
-    if "task" not in ds.column_names:
-        return None
-    from reward.gold import gold_score
-
-    return [gold_score(t, c, f) for t, c, f in zip(ds["task"], ds["completion"], ds["finish_reason"])]
-
-
-def score_columns(ds: Dataset) -> list[str]:
-    """The per-completion scores an evaluation holds: reward (the proxy), gold (demo oracle), judge."""
-    return [c for c in ("reward", "gold", "judge") if c in ds.column_names]
-
-
-def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
-    """Every headline number of one evaluation, each mean with its 95% bootstrap interval over prompts
-    (rsft.stats); with the initial policy's evaluation, paired differences and win rates against it."""
-    completions = ds["completion"]
-    texts = defaultdict(list)  # prompt_id -> row indices
-    for i, prompt_id in enumerate(ds["prompt_id"]):
-        texts[prompt_id].append(i)
-    metrics = {
-        "reward_normalised_mean": statistics.fmean(ds["reward_normalised"]),
-        "mean_tokens": statistics.fmean(ds["num_tokens"]),
-        "mean_words": statistics.fmean(len(c.split()) for c in completions),
-        "eos_fraction": statistics.fmean(f == "eos" for f in ds["finish_reason"]),
-    }
-    intervals = {}
-    for column in score_columns(ds):
-        interval = stats.bootstrap(stats.by_prompt(ds["prompt_id"], ds[column]))
-        metrics[f"{column}_mean"] = interval["mean"]
-        intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
-    for n in (1, 2):
-        values = [v for v in (stats.distinct_n([completions[i] for i in rows], n) for rows in texts.values())
-                  if v is not None]
-        metrics[f"distinct_{n}"] = statistics.fmean(values) if values else 0.0
-        metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n) or 0.0
-    metrics["top_opening"], metrics["top_opening_share"] = stats.top_opening(completions)
-    if baseline is not None:
-        metrics["vs_initial"] = {}
-        for column in score_columns(ds):
-            if column not in baseline.column_names:
-                continue
-            mine = stats.keyed(ds["prompt_id"], ds["sample_idx"], ds[column])
-            theirs = stats.keyed(baseline["prompt_id"], baseline["sample_idx"], baseline[column])
-            win = stats.paired_win_rate(mine, theirs)
-            metrics["vs_initial"][column] = stats.paired_difference(mine, theirs)
-            name = "win_rate_vs_initial" if column == "reward" else f"{column}_win_rate_vs_initial"
-            metrics[name] = win["mean"]
-            intervals[name] = [win["low"], win["high"]]
-    metrics["intervals"] = intervals
-    return metrics
-
-
-# the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
-SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
-                 "sample.leniency")
-
 
 def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
     """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured
@@ -237,19 +133,3 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         prefix = "eval_initial" if initial else "eval"
         tracker.log({f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()}, step=0 if initial else round_idx)
     return out
-
-
-def flat_metrics(metrics: dict) -> dict[str, float]:
-    """The scalar metrics, each interval as <name>_low / <name>_high, each paired difference to the initial
-    policy as <column>_diff_vs_initial (+ _low / _high): what wandb and the round table show."""
-    flat = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    for name, (low, high) in metrics.get("intervals", {}).items():
-        flat[f"{name}_low"], flat[f"{name}_high"] = low, high
-    for column, diff in metrics.get("vs_initial", {}).items():
-        flat[f"{column}_diff_vs_initial"] = diff["mean"]
-        flat[f"{column}_diff_vs_initial_low"], flat[f"{column}_diff_vs_initial_high"] = diff["low"], diff["high"]
-    return flat
-
-
-def read_metrics(path) -> dict:
-    return json.loads((path / METRICS_FILE).read_text())

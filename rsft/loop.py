@@ -37,32 +37,24 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rsft import distributed, report
+from rsft import distributed, report, stages
 from rsft.paths import RunPaths, copy_artifact, is_complete
 from rsft.sample import TRAINED_DRAFT_KINDS
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-# The stages of one round, in order; refresh and dpo run only when their loop switch is on. With
-# draft=distilled or feature, stage=draft follows: it trains round_XX/draft on round r's new policy,
-# which round r + 1's sampler loads.
-ROUND_STAGES = ("sample", "refresh", "score", "select", "sft", "dpo")
-OPTIONAL_STAGES = {"refresh": "refresh_reward", "dpo": "dpo"}  # stage -> the loop.* switch that turns it on
-
-
 def round_stages(cfg: DictConfig) -> list[str]:
-    paths = RunPaths.from_config(cfg)  # its switches are loop.* resolved (refresh_reward may be auto)
-    return [name for name in ROUND_STAGES if name not in OPTIONAL_STAGES or getattr(paths, OPTIONAL_STAGES[name])]
+    """This round's stages, in rsft.stages order: the round steps whose loop switch is on (RunPaths
+    resolves the switches; loop.refresh_reward may be auto). With draft=distilled or feature, stage=draft
+    follows them (run() below): it trains round_XX/draft on the new policy for round r + 1's sampler."""
+    paths = RunPaths.from_config(cfg)
+    return [step.name for step in stages.ROUND_STEPS if not step.loop_switch or getattr(paths, step.loop_switch)]
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
-    from rsft.run import STAGES
-
-    if name not in STAGES:
-        raise RuntimeError(f"stage={name} is not in rsft.run.STAGES ({', '.join(sorted(STAGES))}); the loop needs it")
     log.info("loop: round %s, stage=%s", cfg.round, name)
-    return importlib.import_module(STAGES[name]).run(cfg, tracker)
+    return importlib.import_module(stages.get(name).module).run(cfg, tracker)
 
 
 def share_judge(source: RunPaths, paths: RunPaths) -> None:

@@ -46,28 +46,14 @@ from typing import Any, Iterable, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rsft.errors import ArtifactError, DamagedArtifact, RunDirectoryBusy, StaleArtifact
+
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 # Config leaves that cannot change an artifact's content: never part of a fingerprint.
 IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size"}
-
-
-class ArtifactError(RuntimeError):
-    """An artifact that must not be used as it is; the message says what to do."""
-
-
-class StaleArtifact(ArtifactError):
-    """A complete artifact made from other settings or inputs than the ones asked for now."""
-
-
-class DamagedArtifact(ArtifactError):
-    """A complete artifact whose meta.json or files do not match what was written."""
-
-
-class RunDirectoryBusy(RuntimeError):
-    """Another live command holds the run directory's lock."""
 
 
 def refresh_reward_on(cfg) -> bool:

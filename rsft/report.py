@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from rsft import stats
-from rsft.eval import best_of_n_curve, flat_metrics, gold_scores, read_metrics, score_columns
+from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, read_metrics, score_columns
 from rsft.paths import RunPaths, is_complete, load_dataset_artifact, read_meta
 
 

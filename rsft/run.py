@@ -1,10 +1,8 @@
-"""`python -m rsft.run stage=<name> [overrides]`: the Hydra entry point and the table of stages."""
+"""`python -m rsft.run stage=<name> [overrides]`: the Hydra entry point (the stages: rsft.stages)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
 import logging
 import os
 import sys
@@ -13,50 +11,25 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed
-from rsft.paths import ArtifactError, RunDirectoryBusy, run_lock
-
-# stage name -> module exposing run(cfg); imported on use so `stage=sample` does not load TRL.
-STAGES = {
-    "prefs": "rsft.prefs",
-    "reward": "rsft.reward",
-    "sample": "rsft.sample",
-    "refresh": "rsft.refresh",
-    "draft": "rsft.draft",
-    "score": "rsft.score",
-    "select": "rsft.select",
-    "sft": "rsft.sft",
-    "dpo": "rsft.dpo",
-    "eval": "rsft.eval",
-    "loop": "rsft.loop",
-}
+from rsft import distributed, stages
+from rsft.errors import USER_ERRORS, ConfigError
+from rsft.paths import run_lock
 
 log = logging.getLogger("rsft")
 
 
-def stage_lines() -> str:
-    """One line per stage for `--help`: the first line of its module's docstring ("stage=x: what it
-    does"), read from the source without importing the module (importing them would load TRL)."""
-    lines = []
-    for name, module in STAGES.items():
-        source = importlib.util.find_spec(module).origin
-        with open(source) as handle:
-            summary = ast.get_docstring(ast.parse(handle.read())).splitlines()[0]
-        lines.append(f"  {name:<8}{summary.split(':', 1)[1].strip()}")
-    return "\n".join(lines)
-
-
-OmegaConf.register_new_resolver("rsft_stage_lines", stage_lines, replace=True)
+OmegaConf.register_new_resolver("rsft_stage_lines", stages.help_lines, replace=True)
 
 
 def run_stage(cfg: DictConfig):
     """Check the stage and the whole config (ConfigError), hold the run directory, run the stage (also
     the entry point tests use with a composed cfg). Nothing is read, loaded or written before the checks."""
-    valid = ", ".join(sorted(STAGES))
     if OmegaConf.is_missing(cfg, "stage"):
-        raise SystemExit(f"no stage given: add stage=<name> to the command; valid stages: {valid}")
-    if cfg.stage not in STAGES:
-        raise SystemExit(f"stage={cfg.stage!r} is not a stage; valid stages: {valid}")
+        raise SystemExit(f"no stage given: add stage=<name> to the command; valid stages: {', '.join(stages.BY_NAME)}")
+    try:
+        stage = stages.get(cfg.stage)
+    except KeyError as error:
+        raise SystemExit(error.args[0]) from None
     from rsft.checks import check_config  # imports torch and transformers: not needed for --help
 
     distributed.init(str(cfg.device))  # a world of one unless started by accelerate launch / torchrun
@@ -69,7 +42,7 @@ def run_stage(cfg: DictConfig):
     log.info("stage=%s run_dir=%s round=%s (process %d of %d)", cfg.stage, cfg.paths.run_dir, cfg.round,
              distributed.rank(), distributed.world_size())
     with distributed.on_main(lambda: run_lock(cfg.paths.run_dir, f"stage={cfg.stage}")):
-        return importlib.import_module(STAGES[cfg.stage]).run(cfg)
+        return importlib.import_module(stage.module).run(cfg)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -79,13 +52,11 @@ def main(cfg: DictConfig) -> None:
     rsft's own messages for bad settings, files and artifacts (ValueError, KeyError, TypeError,
     FileNotFoundError and rsft's error classes) name the setting or file; RSFT_TRACEBACK=1 shows the
     traceback as well, for a bug report."""
-    from rsft.checks import ConfigError
-
     try:
         run_stage(cfg)
     except KeyboardInterrupt:
         raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
-    except (ConfigError, ArtifactError, RunDirectoryBusy, FileNotFoundError, ValueError, KeyError, TypeError) as error:
+    except USER_ERRORS as error:
         if os.environ.get("RSFT_TRACEBACK"):
             raise
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
@@ -95,7 +66,7 @@ def main(cfg: DictConfig) -> None:
 def check_command_line(argv: list[str]) -> None:
     """Hydra creates its log folder under paths.run_dir before main() runs: a run_name that would
     put it outside the runs root (`..`, absolute, empty) must stop before Hydra starts."""
-    from rsft.checks import ConfigError, check_run_name
+    from rsft.checks import check_run_name
 
     for arg in argv:
         if arg.startswith(("run_name=", "+run_name=", "++run_name=")):

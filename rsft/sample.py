@@ -39,6 +39,9 @@ from rsft.tracking import Tracker, stage_tracker
 log = logging.getLogger(__name__)
 
 DRAFT_KINDS = ("none", "ngram", "model", "distilled", "feature")  # what build_draft builds
+# the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
+SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
+                 "sample.leniency")
 TRAINED_DRAFT_KINDS = ("distilled", "feature")  # stage=draft trains them; the loop refreshes them every round
 
 

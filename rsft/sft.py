@@ -37,7 +37,8 @@ from transformers import TrainerCallback
 
 from rsft import distributed
 from rsft.data import chat_messages
-from rsft.models import load_policy, resolve_device, training_arguments
+from rsft.models import load_policy, resolve_device
+from rsft.training import training_arguments
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
 

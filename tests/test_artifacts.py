@@ -15,9 +15,10 @@ import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
-from rsft.checks import ConfigError
+from rsft.errors import ConfigError
 from rsft.models import load_causal_lm, load_saved_causal_lm
-from rsft.paths import DamagedArtifact, RunDirectoryBusy, RunPaths, StaleArtifact, atomic_artifact, run_lock
+from rsft.errors import DamagedArtifact, RunDirectoryBusy, StaleArtifact
+from rsft.paths import RunPaths, atomic_artifact, run_lock
 from rsft.run import run_stage
 from tests.conftest import REPO
 

@@ -12,7 +12,7 @@ import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
-from rsft.eval import best_of_n_kl_bound, expected_best_of_n, read_metrics
+from rsft.metrics import best_of_n_kl_bound, expected_best_of_n, read_metrics
 from rsft.models import load_policy
 from rsft.paths import RunPaths, atomic_artifact, read_meta
 from rsft.run import run_stage
@@ -117,7 +117,7 @@ def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, m
     metrics = read_metrics(out)
     assert 0 <= metrics["judge_win_rate_vs_initial"] <= 1 and "judge" in metrics["vs_initial"]
     # a different judge makes the evaluations stale, never silently reused
-    from rsft.paths import StaleArtifact
+    from rsft.errors import StaleArtifact
 
     make_reward_folder(make_cfg(), "judge-two", weights=b"w2")
     with pytest.raises(StaleArtifact, match="eval.judge"):

@@ -9,7 +9,7 @@ import torch
 from datasets import load_from_disk
 
 import rsft.sft
-from rsft.eval import read_metrics
+from rsft.metrics import read_metrics
 from rsft.models import load_saved_causal_lm
 from rsft.paths import RunPaths, is_complete
 from rsft.run import run_stage

@@ -14,11 +14,12 @@ from omegaconf import OmegaConf
 
 import rsft.refresh
 from reward.scoring import load_scorer
-from rsft.checks import ConfigError
+from rsft.errors import ConfigError
 from rsft.data import load_prompts, rotation_rows
 from rsft.demo_prompts import build_demo_prompts
 from rsft.models import load_causal_lm, load_saved_causal_lm
-from rsft.paths import RunPaths, StaleArtifact, atomic_artifact, is_complete, read_meta
+from rsft.errors import StaleArtifact
+from rsft.paths import RunPaths, atomic_artifact, is_complete, read_meta
 from rsft.run import run_stage
 from tests.conftest import compose_cfg
 

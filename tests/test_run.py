@@ -8,7 +8,8 @@ import sys
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from rsft.run import STAGES, run_stage
+from rsft.run import run_stage
+from rsft.stages import STAGES
 from tests.conftest import CONF_DIR, REPO
 
 GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml") if not p.stem.startswith("_"))
@@ -63,8 +64,8 @@ def test_unknown_and_missing_stage_list_the_valid_ones(make_cfg):
 def test_stage_table_names_only_importable_stages():
     import importlib
 
-    for name, module in STAGES.items():
-        assert callable(importlib.import_module(module).run), name
+    for stage in STAGES:
+        assert callable(importlib.import_module(stage.module).run), stage.name
 
 
 def test_command_line_reports_a_bad_stage(tmp_path):
@@ -78,7 +79,7 @@ def test_help_lists_every_stage_and_no_private_config(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rsft.run", "--help"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     stages = done.stdout.split("Stages:")[1].split("Config groups")[0]
-    assert [line.split()[0] for line in stages.strip().splitlines()] == list(STAGES)
+    assert [line.split()[0] for line in stages.strip().splitlines()] == [stage.name for stage in STAGES]
     groups = done.stdout.split("Config groups (group=option):")[1].split("Settings with their defaults")[0]
     assert "reward: hf, minilm, policy, tiny" in groups
     options = [o.strip() for line in groups.strip().splitlines() for o in line.split(":", 1)[1].split(",")]

@@ -1,0 +1,94 @@
+"""Dependencies point one way (../shared/DESIGN.md): the import graph of rsft/ and reward/ has no
+circle, counting imports inside functions too (a lazy import hides a circle, it does not remove it),
+and the ground-floor modules import nothing above them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("rsft", "reward")
+# modules every other may import: they import nothing of rsft or reward but what is listed here
+GROUND_FLOOR = {
+    "rsft.errors": set(),
+    "rsft.stages": set(),
+    "rsft.tables": set(),
+    "rsft.config": {"rsft.errors", "rsft.sampling"},
+}
+# what reward/ may import from rsft: the ground floor and the model/training helpers below the stages
+REWARD_MAY_IMPORT = {"rsft.errors", "rsft.tables", "rsft.training", "rsft.models", "rsft.paths", "rsft.distributed"}
+
+
+def module_files() -> dict[str, Path]:
+    files = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The project modules a file imports, anywhere in it (`from rsft import stats` is rsft.stats)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return {name for name in found if name.split(".")[0] in PACKAGES}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {name: imports_of(path, set(files)) - {name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_circle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_checker_finds_a_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_ground_floor_modules_import_nothing_above_them():
+    graph = import_graph()
+    for module, allowed in GROUND_FLOOR.items():
+        above = {m for m in graph[module] if not any(m == a or m.startswith(a + ".") for a in allowed)}
+        assert not above, f"{module} imports {sorted(above)}"
+
+
+def test_reward_imports_no_stage():
+    graph = import_graph()
+    for module, imported in graph.items():
+        if module.startswith("reward"):
+            from_rsft = {m for m in imported if m.startswith("rsft")}
+            assert from_rsft <= REWARD_MAY_IMPORT, f"{module} imports {sorted(from_rsft - REWARD_MAY_IMPORT)}"
