@@ -76,8 +76,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             raise FileNotFoundError(f"dpo needs round {round_idx}'s {needed.name} at {needed}; run "
                                     f"`python -m rsft.run stage={stage} round={round_idx}` first")
     # fingerprint: every dpo setting, the seed and round (the trainer's seed), the pairs and the SFT policy
-    made = fingerprint(cfg, ("seed", "round", "dpo"), [source, init_path])
-    if should_skip(out, cfg.overwrite, "dpo", made):
+    wanted = fingerprint(cfg, ("seed", "round", "dpo"), [source, init_path])
+    if should_skip(out, cfg.overwrite, "dpo", wanted):
         return out
     pairs = load_dataset_artifact(source)
     for column in ("chosen_reward_normalised", "rejected_reward_normalised"):
@@ -119,7 +119,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "dpo", "round": round_idx, "trained_from": policy_source, "reference": policy_source,
             "pairs": str(source), "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.dpo, resolve=True)}
-    write_policy(out, meta, made, trained, state_dict, tokenizer)
+    write_policy(out, meta, wanted, trained, state_dict, tokenizer)
     log.info("dpo: %d pairs, %d steps, loss %s -> %s; saved round %d's policy to %s", len(kept), stats["steps"],
              stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "dpo", tracker) as tracker:

@@ -40,20 +40,17 @@ over the data, kept in memory: ~2 KB per token for SmolLM2) and each epoch runni
 loss = KL(p_policy || q_draft) on the head + feature_weight * smooth L1(predicted, policy feature),
 EAGLE's two terms, at every position of the training sequences, prompts included: the draft
 learns the policy's step (h_{t-1}, x_t) -> h_t, which is the same computation on a prompt token,
-and the round's samples are small (SmolLM2, 173 training sequences of the demo's round 0: the
-acceptance given a draft was reached, alpha, rose from 0.21 with completions only and 10 epochs to
-0.29 with prompts scored and 20 epochs; 0.32 at the first position). The held-out KL is measured
-on completion positions only, where the draft is used.
+and the round's samples are small, so scoring the prompts too gives the draft more of the policy's
+steps to learn from (with more epochs, it raised the acceptance). The held-out KL is measured on
+completion positions only, where the draft is used.
 Options (draft.train): `unroll_steps` trains draft positions 2+ on the draft's own predicted
 features (HASS's training-time drafting, FeatureDraftModel.unrolled); `kl_temperature` tempers both
 sides of the KL; `more_samples` adds earlier rounds' samples and the prefs stage's completions to
-the training set (the held-out set stays the round's own samples). Measured on the demo's round 0
-with the offline acceptance (sum min(p, q) at T=0.7 on the held-out completions, teacher-forced,
-positions 1/2/3), 20 epochs: default 0.38/0.21/0.20; kl_temperature=0.7 0.35/0.15/0.13 (worse);
-unroll_steps=3 with kl_temperature=0.7 0.06/0.05/0.05 after 5 epochs (3x the time per epoch; cut).
-more_samples (default; 429 training sequences instead of 173, 2.5x the training time) measured by
-this stage's own acceptance (the sampler, gamma=3): 0.44/0.33/0.34 per position, 1.63 tokens per
-policy forward, against 0.33/0.24/0.11 and 1.41 without. Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
+the training set (the held-out set stays the round's own samples). `more_samples` is on by default
+(more of the policy's text is what raised the acceptance, at more training time); `unroll_steps`
+and `kl_temperature` stay off (both measured worse).
+Measured acceptance and costs: docs/benchmarks.md#training-the-feature-draft.
+Saved as a folder of its own weights only (config.json, feature_draft.safetensors,
 draft_head.json, the tokenizer); the embeddings and head are the policy's when it is loaded
 (rsft.models.load_feature_draft), which is why it is refreshed with every round's policy.
 """
@@ -280,12 +277,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     # artifact), the sequences it trains on, and the sampling settings its acceptance is measured at
     settings = ("draft.kind", "draft.train") if trains_feature_draft(cfg) else ("draft_model",)
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
-    made = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
+    wanted = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
                              "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
-    if should_skip(out, cfg.overwrite, "draft", made):
+    if should_skip(out, cfg.overwrite, "draft", wanted):
         return out
     if distributed.is_main():  # the hand-written training loops run in one process; the others wait
-        (train_feature_draft if trains_feature_draft(cfg) else distil)(cfg, paths, sources, out, made, device, tracker)
+        (train_feature_draft if trains_feature_draft(cfg) else distil)(cfg, paths, sources, out, wanted, device, tracker)
     distributed.barrier()
     return out
 
@@ -302,9 +299,9 @@ def _heldout_prompts(heldout, train: DictConfig) -> list[list[int]]:
     return [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: int(train.eval_prompts)]]
 
 
-def _write_draft(cfg: DictConfig, out, made: dict, kind: str, metrics: dict, write_files, tracker) -> None:
+def _write_draft(cfg: DictConfig, out, wanted: dict, kind: str, metrics: dict, write_files, tracker) -> None:
     with atomic_artifact(out, {"stage": "draft", "kind": kind, "round": int(cfg.round), "metrics": metrics,
-                               "config": OmegaConf.to_container(cfg, resolve=True)}, made) as tmp:
+                               "config": OmegaConf.to_container(cfg, resolve=True)}, wanted) as tmp:
         write_files(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
     with stage_tracker(cfg, "draft", tracker) as tracker:
@@ -312,7 +309,7 @@ def _write_draft(cfg: DictConfig, out, made: dict, kind: str, metrics: dict, wri
                     step=max(int(cfg.round), 0))
 
 
-def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, device, tracker: Tracker | None):
+def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, wanted: dict, device, tracker: Tracker | None):
     """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
     dcfg = cfg.draft_model
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
@@ -346,7 +343,7 @@ def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, dev
         tokenizer.save_pretrained(tmp)
         (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
 
-    _write_draft(cfg, out, made, "distilled", metrics, write_files, tracker)
+    _write_draft(cfg, out, wanted, "distilled", metrics, write_files, tracker)
 
 
 def _acceptance_metrics(gamma: int, trained: dict, untrained: dict) -> dict:
@@ -433,7 +430,7 @@ def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | Non
     return draft.to(policy.device)
 
 
-def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, made: dict, device,
+def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, wanted: dict, device,
                         tracker: Tracker | None):
     """Train a feature draft for the round's policy on its sequences, measure its acceptance, write it."""
     train = cfg.draft.train
@@ -509,4 +506,4 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, ma
         (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
         tokenizer.save_pretrained(tmp)
 
-    _write_draft(cfg, out, made, "feature", metrics, write_files, tracker)
+    _write_draft(cfg, out, wanted, "feature", metrics, write_files, tracker)

@@ -59,7 +59,7 @@ from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-def made_from(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
+def wanted_fingerprint(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
     """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured
     or an artifact), the reward model and the judge (eval.judge); a round's also the baseline and the round's scored samples
     (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples
@@ -86,8 +86,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
     curve_round = 0 if initial else round_idx
-    made = made_from(cfg, paths, policy_path, None if initial else paths.scored(curve_round), judge)
-    if should_skip(out, cfg.overwrite, "eval", made):
+    wanted = wanted_fingerprint(cfg, paths, policy_path, None if initial else paths.scored(curve_round), judge)
+    if should_skip(out, cfg.overwrite, "eval", wanted):
         return out
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
@@ -123,7 +123,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "eval", "policy": source, "round": provenance["round"], "num_prompts": len(prompts),
             "metrics": metrics}
     if distributed.is_main():
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             ds.save_to_disk(str(tmp))
             (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
     distributed.barrier()

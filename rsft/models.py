@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rsft import distributed
-from rsft.paths import atomic_artifact, is_complete, read_meta, reading
+from rsft.paths import atomic_artifact, is_complete, read_meta, loading_artifact
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def load_causal_lm(cfg: DictConfig, cache_dir: str | Path, device: torch.device)
 
 def load_saved_causal_lm(path: str | Path, device: torch.device) -> tuple[Any, Any]:
     """Load a policy this pipeline saved (an SFT output), checked first: a damaged one is a clear error."""
-    with reading(path):
+    with loading_artifact(path):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
@@ -295,7 +295,7 @@ def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, A
     if not is_complete(path):
         raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
     _check_draft_kind(path, read_meta(path), "distilled")
-    with reading(path):
+    with loading_artifact(path):
         head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
         restrict_head(model, head_ids)
@@ -326,7 +326,7 @@ def load_feature_draft(path: str | Path, policy, device: torch.device):
         raise FileNotFoundError(f"draft=feature needs a trained feature draft at {path}; run "
                                 f"`python -m rsft.run stage=draft draft=feature`")
     _check_draft_kind(path, read_meta(path), "feature")
-    with reading(path):
+    with loading_artifact(path):
         config = AutoConfig.from_pretrained(path)
         head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
         state = load_file(str(path / FEATURE_DRAFT_WEIGHTS))

@@ -280,7 +280,7 @@ def check_intact(path: str | os.PathLike) -> dict[str, Any]:
 
 
 @contextmanager
-def reading(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+def loading_artifact(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Check an input artifact, then turn any failure to load it into an error naming the folder."""
     path = Path(path)
     meta = check_intact(path)
@@ -297,7 +297,7 @@ def load_dataset_artifact(path: str | os.PathLike):
     """A `datasets` artifact (or DatasetDict), checked and loaded; a clear error when damaged."""
     from datasets import load_from_disk
 
-    with reading(path):
+    with loading_artifact(path):
         return load_from_disk(str(path))
 
 
@@ -434,12 +434,12 @@ def _move_into_place(tmp: Path, final: Path) -> None:
 
 @contextmanager
 def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
-                    made_from: dict[str, Any] | None = None) -> Iterator[Path]:
+                    wanted_fingerprint: dict[str, Any] | None = None) -> Iterator[Path]:
     """Yield a temporary folder to write the artifact into; on success write meta.json, rename.
 
     The caller may add entries to `meta` inside the block (counts, statistics); they are
     written with the config-independent fields (versions, timings) when the block ends, with
-    `made_from` (the fingerprint should_skip compares), each file's size and CRC-32, and a digest
+    `wanted_fingerprint` (the fingerprint should_skip compares), each file's size and CRC-32, and a digest
     of both that downstream fingerprints record. On an exception the temporary folder is removed
     and nothing at `final` changes.
     """
@@ -453,7 +453,7 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
         full_meta.setdefault("versions", library_versions())
         full_meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         full_meta["build_seconds"] = round(time.time() - started, 3)
-        full_meta["fingerprint"] = made_from or {}
+        full_meta["fingerprint"] = wanted_fingerprint or {}
         full_meta["files"] = {str(f.relative_to(tmp)): file_digest(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         full_meta["digest"] = hashlib.sha256(json.dumps([full_meta["fingerprint"], full_meta["files"]],
                                                         sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -79,12 +79,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     settings = sampling_settings(p)
     # fingerprint: the configured policy, the prompts and every prefs setting except batch_rows (plain
     # sampling does not depend on it)
-    made = fingerprint(cfg, ("policy", *prompt_keys("train", cfg.data.kind), "prefs"), (), prompt_files(cfg.data, "train"))
-    made["config"].pop("prefs.batch_rows")
-    made["config"].pop("data.rotate")  # prefs takes the first prompts of the split, rotating or not
+    wanted = fingerprint(cfg, ("policy", *prompt_keys("train", cfg.data.kind), "prefs"), (), prompt_files(cfg.data, "train"))
+    wanted["config"].pop("prefs.batch_rows")
+    wanted["config"].pop("data.rotate")  # prefs takes the first prompts of the split, rotating or not
     if p.num_prompts is not None:  # data.limit is read only when prefs.num_prompts is null
-        made["config"].pop("data.limit")
-    if should_skip(out, cfg.overwrite, "prefs", made):
+        wanted["config"].pop("data.limit")
+    if should_skip(out, cfg.overwrite, "prefs", wanted):
         return out
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
@@ -111,7 +111,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
             "counts": counts, "stats": stats, "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
     if distributed.is_main():
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             splits.save_to_disk(str(tmp))
     distributed.barrier()
     log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "

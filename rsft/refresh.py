@@ -46,7 +46,7 @@ from rsft import distributed
 from rsft.models import resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
 from rsft.prefs import label_pairs, split_by_prompt
-from rsft.reward import load_pairs, made_from as initial_reward_made_from, train_and_measure
+from rsft.reward import load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
 from rsft.sample import round_seed
 from rsft.tracking import Tracker, stage_tracker
 
@@ -73,7 +73,7 @@ def round_pairs_path(cfg: DictConfig, round_idx: int) -> str | None:
     return str(found[0])
 
 
-def labels_made_from(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
+def labels_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
     """round_XX/prefs/'s fingerprint: the round's samples and how they were labelled (or the user's file)."""
     user_file = round_pairs_path(cfg, round_idx)
     if user_file is None:
@@ -104,12 +104,12 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
 
 def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
     """The user's labelled pairs of the round, normalised by reward.formats, a held-out share by row."""
-    d = cfg.reward.data
-    raw, source = load_raw(OmegaConf.merge(d, {"path": path}), setting="refresh.pairs")
-    pairs = to_preference_pairs(raw, d.format, d.label_column, source).shuffle(seed=int(cfg.reward.seed))
+    pairs_cfg = cfg.reward.data
+    raw, source = load_raw(OmegaConf.merge(pairs_cfg, {"path": path}), setting="refresh.pairs")
+    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source).shuffle(seed=int(cfg.reward.seed))
     if len(pairs) < 2:
         raise ValueError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
-    n_test = min(max(1, round(float(d.eval_fraction) * len(pairs))), len(pairs) - 1)
+    n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)
     splits = DatasetDict({"train": pairs.select(range(n_test, len(pairs))), "test": pairs.select(range(n_test))})
     return splits, {"pairs": len(pairs), "source": source}
 
@@ -121,15 +121,15 @@ def pooled(parts: list[Dataset]) -> Dataset:
     return concatenate_datasets([p.select_columns(common) for p in parts])
 
 
-def reward_made_from(cfg: DictConfig, paths: RunPaths, round_idx: int, start_from: Path | None) -> dict:
+def reward_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int, start_from: Path | None) -> dict:
     """round_XX/reward/'s fingerprint: every reward setting, refresh.init / epochs, the initial labels
     (prefs/ or the user's pair files), every round's labels so far, and the model it continues."""
-    initial = initial_reward_made_from(cfg, paths)
+    initial = initial_reward_fingerprint(cfg, paths)
     inputs = ([paths.prefs] if cfg.reward.data.path is None else []) + paths.refresh_labels(round_idx)
     inputs += [start_from] if start_from is not None else []
-    made = fingerprint(cfg, ("round", "reward", "refresh.init", "refresh.epochs"), inputs)
-    made["user_files"] = initial["user_files"]
-    return made
+    wanted = fingerprint(cfg, ("round", "reward", "refresh.init", "refresh.epochs"), inputs)
+    wanted["user_files"] = initial["user_files"]
+    return wanted
 
 
 def start_model(cfg: DictConfig, paths: RunPaths, round_idx: int) -> Path | None:
@@ -145,8 +145,8 @@ def start_model(cfg: DictConfig, paths: RunPaths, round_idx: int) -> Path | None
 
 def write_labels(cfg: DictConfig, paths: RunPaths, round_idx: int, tracker: Tracker) -> Path:
     out = paths.round_prefs(round_idx)
-    made = labels_made_from(cfg, paths, round_idx)
-    if should_skip(out, cfg.overwrite, "refresh (labels)", made):
+    wanted = labels_fingerprint(cfg, paths, round_idx)
+    if should_skip(out, cfg.overwrite, "refresh (labels)", wanted):
         return out
     user_file = round_pairs_path(cfg, round_idx)
     if user_file is None:
@@ -160,7 +160,7 @@ def write_labels(cfg: DictConfig, paths: RunPaths, round_idx: int, tracker: Trac
     meta = {"stage": "refresh", "round": round_idx, "labels": "simulated" if user_file is None else user_file,
             "counts": counts}
     if distributed.is_main():
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             splits.save_to_disk(str(tmp))
     distributed.barrier()
     log.info("refresh: %d labelled pairs of round %d (%d train / %d held out) in %s", counts["pairs"], round_idx,
@@ -179,8 +179,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         for r in range(round_idx + 1):  # every round's labels so far: built, or reused when made the same way
             write_labels(OmegaConf.merge(cfg, {"round": r}), paths, r, tracker)
         start_from = start_model(cfg, paths, round_idx)
-        made = reward_made_from(cfg, paths, round_idx, start_from)
-        if should_skip(out, cfg.overwrite, "refresh (reward)", made):
+        wanted = reward_fingerprint(cfg, paths, round_idx, start_from)
+        if should_skip(out, cfg.overwrite, "refresh (reward)", wanted):
             return out
         initial_train, initial_test, source = load_pairs(cfg)
         rounds = [load_dataset_artifact(paths.round_prefs(r)) for r in range(round_idx + 1)]
@@ -197,7 +197,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         meta = {"stage": "refresh", "round": round_idx, "data": source, "metrics": metrics,
                 "backbone": str(cfg.reward.backbone.name_or_path), "config": OmegaConf.to_container(cfg, resolve=True)}
         if distributed.is_main():  # every process trained the same (DDP) model; one saves it
-            with atomic_artifact(out, meta, made) as tmp:
+            with atomic_artifact(out, meta, wanted) as tmp:
                 save_reward_model(model, tokenizer, tmp, stats)
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
         distributed.barrier()

@@ -14,7 +14,6 @@ Plots (PNG under runs/<run_name>/plots/, also logged to wandb by the loop):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rsft import stats
@@ -236,13 +235,13 @@ def write_plots(paths: RunPaths, rounds: int) -> dict[str, Path]:
 
     matplotlib.use("Agg")
     paths.plots.mkdir(parents=True, exist_ok=True)
-    made = {
+    plots = {
         "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png"),
         "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png"),
         "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png"),
         "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png"),
     }
-    return {k: v for k, v in made.items() if v is not None}
+    return {k: v for k, v in plots.items() if v is not None}
 
 
 def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
@@ -288,21 +287,41 @@ def recorded_settings(paths: RunPaths, round_idx: int) -> dict:
     return settings
 
 
+def reward_table(paths: RunPaths, rounds: int) -> list[dict]:
+    """One row per reward model of the run (reward/, then each round's refreshed one): what it was
+    trained on and how well it ranks held-out pairs, from each artifact's meta.json."""
+    models = [("reward/ (judges every eval)", paths.reward)]
+    models += [(f"round_{r:02d}/reward (scored round {r})", paths.round_reward(r)) for r in range(rounds)]
+    rows = []
+    for name, path in models:
+        metrics = _read_meta_if_complete(path).get("metrics")
+        if not metrics:
+            continue
+        accuracy = metrics.get("heldout_accuracy")
+        gold = metrics.get("gold_agreement")
+        rows.append({"reward model": name, "train pairs": metrics.get("train_pairs", ""),
+                     "held-out pairs": metrics.get("heldout_pairs", ""),
+                     "held-out accuracy": "" if accuracy is None else f"{accuracy:.3f}",
+                     "train accuracy": "" if metrics.get("train_accuracy") is None else f"{metrics['train_accuracy']:.3f}",
+                     "gold agreement": "" if gold is None else f"{gold:.3f}",
+                     "train loss": "" if metrics.get("train_loss") is None else f"{metrics['train_loss']:.4f}"})
+    return rows
+
+
 def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict]) -> Path:
     table = []  # the held-out numbers have their own table; this one is what each round did
     for r in range(rounds):
         table.append({"round": r, **{k: v for k, v in round_metrics(paths, r).items() if not k.startswith("eval/")}})
     columns = list(dict.fromkeys(k for row in table for k in row))
     rows = [{c: row.get(c, "") for c in columns} for row in table]
-    reward_meta = _read_meta_if_complete(paths.reward)
-    made = recorded_settings(paths, rounds - 1)
+    recorded = recorded_settings(paths, rounds - 1)
     text = [
         f"# rsft run `{paths.root.name}`",
         "",
-        f"{rounds} round(s) of sample -> score -> select ({made.get('select.strategy')}, k={made.get('select.k')}, "
-        f"pool_rounds={made.get('select.pool_rounds')}) -> sft ({made.get('sft.mode')} from the "
-        f"{made.get('sft.init')} policy, lr={made.get('sft.learning_rate')}, {made.get('sft.epochs')} epochs); "
-        f"policy `{made.get('policy.name_or_path')}`, K={made.get('sample.num_samples')}, {made.get('data.kind')} "
+        f"{rounds} round(s) of sample -> score -> select ({recorded.get('select.strategy')}, k={recorded.get('select.k')}, "
+        f"pool_rounds={recorded.get('select.pool_rounds')}) -> sft ({recorded.get('sft.mode')} from the "
+        f"{recorded.get('sft.init')} policy, lr={recorded.get('sft.learning_rate')}, {recorded.get('sft.epochs')} epochs); "
+        f"policy `{recorded.get('policy.name_or_path')}`, K={recorded.get('sample.num_samples')}, {recorded.get('data.kind')} "
         "prompts (as recorded by the last round's artifacts). Round r samples from the policy round r-1 trained "
         "(round 0: the initial policy); the `round r` row evaluates the policy round r trained, on held-out prompts.",
         "",
@@ -319,9 +338,12 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         markdown_table(rows),
         "",
     ]
-    if reward_meta:
-        metrics = {k: v for k, v in reward_meta.items() if k in ("metrics", "eval", "heldout", "stats")}
-        text += ["## Reward model", "", f"`{paths.reward}`: `{json.dumps(metrics, default=str)[:800]}`", ""]
+    reward_rows = reward_table(paths, rounds)
+    if reward_rows:
+        text += ["## Reward models", "",
+                 "The run's reward model judges every evaluation; with loop.refresh_reward a round's own model, "
+                 "retrained on every label so far, scored that round's samples.", "",
+                 markdown_table(reward_rows), ""]
     judged = [read_metrics(path) for _, path in evaluations(paths, rounds)]
     judge = next((m["judge"] for m in judged if m.get("judge")), None)
     if judge:

@@ -44,7 +44,7 @@ from rsft.paths import (
     fingerprint,
     is_complete,
     load_dataset_artifact,
-    reading,
+    loading_artifact,
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
@@ -56,8 +56,8 @@ PAIR_HASHES_FILE = "pair_hashes.json"  # reward.formats.pair_hash of every train
 
 def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
     """(train pairs, held-out pairs, where they came from), each row prompt/chosen/rejected/label_prob/..."""
-    d = cfg.reward.data
-    if d.path is None:
+    pairs_cfg = cfg.reward.data
+    if pairs_cfg.path is None:
         source = RunPaths.from_config(cfg).prefs
         if not is_complete(source):
             raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
@@ -67,20 +67,20 @@ def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
         train, test = splits["train"], splits["test"]
         check_pairs(train, f"{source} (train)")
         check_pairs(test, f"{source} (test)")
-        train = train.select(range(min(len(train), d.limit))) if d.limit is not None else train
+        train = train.select(range(min(len(train), pairs_cfg.limit))) if pairs_cfg.limit is not None else train
         return train, test, str(source)
-    raw, source = load_raw(d)
-    pairs = to_preference_pairs(raw, d.format, d.label_column, source)
-    pairs = partition(pairs, d.parts, d.part, d.part_by, int(d.part_seed), source).shuffle(seed=int(cfg.reward.seed))
-    if d.limit is not None:
-        pairs = pairs.select(range(min(len(pairs), int(d.limit))))
-    if d.eval_path is not None:
-        raw_test, test_source = load_raw(OmegaConf.merge(d, {"path": d.eval_path}))
-        return pairs, to_preference_pairs(raw_test, d.format, d.label_column, test_source), source
-    if not 0.0 < float(d.eval_fraction) < 1.0 or len(pairs) < 2:
-        raise ValueError(f"reward.data.eval_fraction={d.eval_fraction} with {len(pairs)} pairs: expected a fraction "
+    raw, source = load_raw(pairs_cfg)
+    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
+    pairs = partition(pairs, pairs_cfg.parts, pairs_cfg.part, pairs_cfg.part_by, int(pairs_cfg.part_seed), source).shuffle(seed=int(cfg.reward.seed))
+    if pairs_cfg.limit is not None:
+        pairs = pairs.select(range(min(len(pairs), int(pairs_cfg.limit))))
+    if pairs_cfg.eval_path is not None:
+        raw_test, test_source = load_raw(OmegaConf.merge(pairs_cfg, {"path": pairs_cfg.eval_path}))
+        return pairs, to_preference_pairs(raw_test, pairs_cfg.format, pairs_cfg.label_column, test_source), source
+    if not 0.0 < float(pairs_cfg.eval_fraction) < 1.0 or len(pairs) < 2:
+        raise ValueError(f"reward.data.eval_fraction={pairs_cfg.eval_fraction} with {len(pairs)} pairs: expected a fraction "
                          f"in (0, 1) and >= 2 pairs, or set reward.data.eval_path")
-    n_test = max(1, round(float(d.eval_fraction) * len(pairs)))
+    n_test = max(1, round(float(pairs_cfg.eval_fraction) * len(pairs)))
     return pairs.select(range(n_test, len(pairs))), pairs.select(range(n_test)), source
 
 
@@ -97,22 +97,22 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
                       start_from: Path | None = None):
     """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from
     the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
-    rcfg = cfg.reward
+    reward_cfg = cfg.reward
     if start_from is None:
-        model, tokenizer = load_reward_backbone(rcfg.backbone, cfg.paths.cache_dir, seed=int(rcfg.seed))
+        model, tokenizer = load_reward_backbone(reward_cfg.backbone, cfg.paths.cache_dir, seed=int(reward_cfg.seed))
     else:
-        with reading(start_from):
+        with loading_artifact(start_from):
             model, tokenizer = load_trained_reward_model(start_from)
-    train_tokens, truncation = tokenize_preferences(train, tokenizer, int(rcfg.max_length))
-    _, test_truncation = tokenize_preferences(test, tokenizer, int(rcfg.max_length))
-    log.info("truncation at max_length=%d: train %s; held out %s", rcfg.max_length, truncation, test_truncation)
+    train_tokens, truncation = tokenize_preferences(train, tokenizer, int(reward_cfg.max_length))
+    _, test_truncation = tokenize_preferences(test, tokenizer, int(reward_cfg.max_length))
+    log.info("truncation at max_length=%d: train %s; held out %s", reward_cfg.max_length, truncation, test_truncation)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
-        train_metrics = train_reward_model(model, tokenizer, train_tokens, rcfg, device, scratch, tracker)
+        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)
     train_seconds = time.perf_counter() - started
 
-    scorer = RewardScorer(model, tokenizer, int(rcfg.max_length), device=device)
-    batch, progress = int(rcfg.score_batch_size), bool(rcfg.progress)
+    scorer = RewardScorer(model, tokenizer, int(reward_cfg.max_length), device=device)
+    batch, progress = int(reward_cfg.score_batch_size), bool(reward_cfg.progress)
     r_chosen, r_rejected = score_pairs(scorer, test, batch, progress)
     heldout_accuracy, heldout_pairs = pairwise_accuracy(r_chosen, r_rejected, test["label_prob"])
     # Every unique training response is scored once: the normalisation statistics and the train accuracy.
@@ -124,8 +124,8 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
                                           train["label_prob"])
     std = statistics.pstdev(rewards) if len(rewards) > 1 else 1.0
     stats = {"mean": statistics.fmean(rewards), "std": max(std, 1e-6), "responses": len(rewards),
-             "max_length": int(rcfg.max_length), "backbone": str(rcfg.backbone.name_or_path),
-             "prompt_template": prompt_template(rcfg.data.format if rcfg.data.path is not None else "preference")}
+             "max_length": int(reward_cfg.max_length), "backbone": str(reward_cfg.backbone.name_or_path),
+             "prompt_template": prompt_template(reward_cfg.data.format if reward_cfg.data.path is not None else "preference")}
     metrics = {
         "heldout_accuracy": heldout_accuracy, "heldout_pairs": heldout_pairs,
         "train_accuracy": train_accuracy, "train_pairs": len(train),
@@ -137,7 +137,7 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     return model, tokenizer, stats, metrics
 
 
-def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
+def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     """The reward model's fingerprint: every reward setting (not progress, logging_steps,
     score_batch_size), this run's prefs/ or the user's pair files by content."""
     inputs = [paths.prefs] if cfg.reward.data.path is None else []
@@ -151,8 +151,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {paths.prefs}, which are "
                                 f"missing; run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or "
                                 f"train on your own pairs with reward.data.path=<file, folder or hub name>")
-    made = made_from(cfg, paths)
-    if should_skip(out, cfg.overwrite, "reward", made):
+    wanted = wanted_fingerprint(cfg, paths)
+    if should_skip(out, cfg.overwrite, "reward", wanted):
         return out
     train, test, source = load_pairs(cfg)
     device = resolve_device(cfg.device)
@@ -161,7 +161,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
                 "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
         if distributed.is_main():  # every process trained the same (DDP) model; one saves it
-            with atomic_artifact(out, meta, made) as tmp:
+            with atomic_artifact(out, meta, wanted) as tmp:
                 save_reward_model(model, tokenizer, tmp, stats)
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
                 (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": pair_hashes(train),

@@ -165,7 +165,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     return Dataset.from_list(rows), summary
 
 
-def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
+def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     """The samples' fingerprint (rsft.paths): the seed, round, policy, prompt, sampling and draft
     settings, the policy and distilled draft artifacts they came from, the prompt file. Not in it:
     sample.batch_rows when sampling plainly (each completion has its own generator, and the packed
@@ -174,19 +174,19 @@ def made_from(cfg: DictConfig, paths: RunPaths) -> dict:
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
-    made = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft"), inputs,
+    wanted = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft"), inputs,
                        prompt_files(cfg.data, "train"))
     if cfg.draft.kind == "none":
-        made["config"].pop("sample.batch_rows")
-    return made
+        wanted["config"].pop("sample.batch_rows")
+    return wanted
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths = RunPaths.from_config(cfg)
     out = paths.samples(cfg.round)
     settings = sampling_settings(cfg.sample, cfg.draft)  # bad settings stop here, before anything is loaded
-    made = made_from(cfg, paths)
-    if should_skip(out, cfg.overwrite, "sample", made):
+    wanted = wanted_fingerprint(cfg, paths)
+    if should_skip(out, cfg.overwrite, "sample", wanted):
         return out
     prompts = load_prompts(cfg.data, "train", int(cfg.round))  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
@@ -206,7 +206,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
             "config": OmegaConf.to_container(cfg, resolve=True)}
     if distributed.is_main():  # the other processes hold the same rows; one writes them
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             ds.save_to_disk(str(tmp))
     distributed.barrier()
     log.info("wrote %d completions to %s (%.1f tokens/s, acceptance %s)", len(ds), out,

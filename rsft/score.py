@@ -35,7 +35,7 @@ from rsft.paths import (
     is_complete,
     load_dataset_artifact,
     read_meta,
-    reading,
+    loading_artifact,
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
@@ -68,7 +68,7 @@ def load_reward_scorer(cfg: DictConfig, device, path: Path | None = None):
     path = reward_model(cfg) if path is None else path
     from reward.scoring import load_scorer
 
-    with reading(path):
+    with loading_artifact(path):
         return load_scorer(str(path), device)
 
 
@@ -148,8 +148,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
                                 f"`python -m rsft.run stage=sample round={cfg.round}` first")
     scorer_path = reward_model(cfg, int(cfg.round))
-    made = fingerprint(cfg, (), [source, scorer_path])  # the samples and the reward model, nothing else
-    if should_skip(out, cfg.overwrite, "score", made):
+    wanted = fingerprint(cfg, (), [source, scorer_path])  # the samples and the reward model, nothing else
+    if should_skip(out, cfg.overwrite, "score", wanted):
         return out
     samples = load_dataset_artifact(source)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
@@ -174,7 +174,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
     if distributed.is_main():
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             scored.save_to_disk(str(tmp))
     distributed.barrier()
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)

@@ -161,12 +161,12 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
     }
 
 
-def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[dict], meta: dict, made: dict) -> None:
+def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[dict], meta: dict, wanted: dict) -> None:
     """selected/ and (unless out_pairs is None) pairs/, each atomically."""
-    with atomic_artifact(out_selected, meta, made) as tmp:
+    with atomic_artifact(out_selected, meta, wanted) as tmp:
         Dataset.from_list(selected).save_to_disk(str(tmp))
     if out_pairs is not None:
-        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, made) as tmp:
+        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, wanted) as tmp:
             pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
                 {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
                               "chosen_reward_normalised", "rejected_reward_normalised")})
@@ -185,9 +185,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                     f"`python -m rsft.run stage=score round={r}` first")
     # fingerprint: the select settings, the seed and round (random selection and the pairs' prompt
     # messages depend on them), and the scored sets pooled
-    made = fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"), [paths.scored(r) for r in rounds])
-    if should_skip(out_selected, cfg.overwrite, "select", made) and (
-            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", made)):
+    wanted = fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"), [paths.scored(r) for r in rounds])
+    if should_skip(out_selected, cfg.overwrite, "select", wanted) and (
+            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", wanted)):
         return out_selected
     rows = load_scored(paths, rounds)
 
@@ -269,7 +269,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "top_opening": top,
             "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
     if distributed.is_main():  # every process selected the same rows; one writes them
-        write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, made)
+        write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, wanted)
     distributed.barrier()
     log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
              len(rows), len(by_prompt), len(pairs))

@@ -89,11 +89,11 @@ def trained_policy(trainer, mode: str):
     return trained, state_dict
 
 
-def write_policy(out, meta: dict, made: dict, trained, state_dict, tokenizer) -> None:
+def write_policy(out, meta: dict, wanted: dict, trained, state_dict, tokenizer) -> None:
     """Save a trained policy and its tokenizer as a complete artifact: every process trained the same
     (DDP) model, so one writes it while the others wait."""
     if distributed.is_main():
-        with atomic_artifact(out, meta, made) as tmp:
+        with atomic_artifact(out, meta, wanted) as tmp:
             trained.save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
     distributed.barrier()
@@ -122,9 +122,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                 f"`python -m rsft.run stage=select round={round_idx}` first")
     # fingerprint: every sft setting, the seed and round (the trainer's seed), the prompt format, the
     # policy it starts from (configured, or an artifact) and the selected completions
-    made = fingerprint(cfg, ("seed", "round", "sft", "data.system_prompt", "policy"),
+    wanted = fingerprint(cfg, ("seed", "round", "sft", "data.system_prompt", "policy"),
                        [p for p in (source, init_path) if p is not None])
-    if should_skip(out, cfg.overwrite, "sft", made):
+    if should_skip(out, cfg.overwrite, "sft", wanted):
         return out
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
@@ -156,7 +156,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
-    write_policy(out, meta, made, trained, state_dict, tokenizer)
+    write_policy(out, meta, wanted, trained, state_dict, tokenizer)
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "sft", tracker) as tracker:

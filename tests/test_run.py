@@ -13,8 +13,8 @@ from rsft.stages import STAGES
 from tests.conftest import CONF_DIR, REPO
 
 GROUPS = {path.name: sorted(p.stem for p in path.glob("*.yaml") if not p.stem.startswith("_"))
-          for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "recipe"}
-RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))
+          for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "experiment"}
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, options in GROUPS.items() for o in options])
@@ -23,15 +23,22 @@ def test_every_config_group_option_composes(make_cfg, group, option):
     assert cfg[group] is not None
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_composes_and_sets_globals(make_cfg, recipe):
-    cfg = make_cfg("stage=loop", f"+recipe={recipe}", tiny=False)
-    assert "recipe" not in cfg and cfg.stage == "loop"  # a recipe sets other groups' keys (@package _global_)
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_sets_globals(make_cfg, experiment):
+    cfg = make_cfg("stage=loop", f"+experiment={experiment}", tiny=False)
+    assert "experiment" not in cfg and cfg.stage == "loop"  # it sets other groups' keys (@package _global_)
+
+
+def test_experiments_combine_the_hh_random_baseline(make_cfg):
+    cfg = make_cfg("stage=loop", "+experiment=[hh_rlhf,random_baseline]", "run_name=hh-random", "loop.reward_from=hh",
+                   tiny=False)
+    assert cfg.data.kind == "hh_rlhf" and cfg.select.strategy == "random" and cfg.loop.reward_from == "hh"
+    assert cfg.sample.max_new_tokens == 96 and cfg.run_name == "hh-random"
 
 
 def test_hh_recipe_trains_proxy_and_judge_on_disjoint_parts_of_the_same_pairs(make_cfg):
-    proxy = make_cfg("stage=reward", "+recipe=hh_rlhf", tiny=False)
-    judge = make_cfg("stage=reward", "+recipe=hh_rlhf", "run_name=hh-judge", "reward.data.part=1", tiny=False)
+    proxy = make_cfg("stage=reward", "+experiment=hh_rlhf", tiny=False)
+    judge = make_cfg("stage=reward", "+experiment=hh_rlhf", "run_name=hh-judge", "reward.data.part=1", tiny=False)
     assert proxy.data.kind == "hh_rlhf" and proxy.reward.data.path == proxy.data.path == judge.reward.data.path
     assert (proxy.reward.data.parts, proxy.reward.data.part, judge.reward.data.part) == (2, 0, 1)
     assert proxy.eval.judge == "hh-judge" and proxy.reward.data.format == "hh_rlhf"

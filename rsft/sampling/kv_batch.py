@@ -5,10 +5,11 @@ never change membership; assisted generation refuses batch > 1. Speculative samp
 that each accept their own number of tokens, rows that leave when finished and rows that join
 while others are mid-way. And a padded [rows, n] forward makes every row pay for the widest one:
 with one row carrying 4 drafts and fifteen carrying none, all sixteen run 5 positions through every
-linear layer, ~70% of a forward on a CPU (profiled). So the new tokens of all rows are *packed* into
-one sequence [1, T] of only the real tokens; the linear layers, norms and RoPE are per token and
-never see the rows. Only attention needs the rows, and it gets them from `packed_attention`, an
-attention function registered with transformers' AttentionInterface, over a preallocated cache.
+linear layer, most of a forward on a CPU (docs/benchmarks.md#where-a-step-goes). So the new tokens
+of all rows are *packed* into one sequence [1, T] of only the real tokens; the linear layers, norms
+and RoPE are per token and never see the rows. Only attention needs the rows, and it gets them from
+`packed_attention`, an attention function registered with transformers' AttentionInterface, over a
+preallocated cache.
 
 Layout (per layer, keys and values): a buffer [buffer_rows, kv_heads, capacity, head_dim]. Buffer
 row b holds one sequence's tokens at positions 0 .. length[b] - 1, contiguous, no holes:
@@ -25,8 +26,8 @@ row b holds one sequence's tokens at positions 0 .. length[b] - 1, contiguous, n
   the others are prefilled together in one packed forward and copied to their other rows.
 
 The output head: on a CPU in float32 it runs through oneDNN instead of MKL for the batch's own
-forwards (`onednn_head`: 1.07-1.17x per policy forward, logits equal to ~1e-6); the model itself
-is not changed.
+forwards (`onednn_head`; logits equal to ~1e-6); the model itself is not changed.
+Measured costs: docs/benchmarks.md#the-onednn-output-head.
 
 Features (`KVBatch(model, keep_features=True)`, for rsft.sampling.drafts.FeatureDraft): the batch
 also keeps, per buffer row and position, the token fed there and the model's last-layer feature
@@ -129,12 +130,11 @@ def onednn_head(model) -> torch.nn.Module | None:
     """The model's output head as a oneDNN linear layer, where that is faster: float32 on a CPU.
 
     Why: nn.Linear calls MKL's sgemm, which runs the output head's [tokens, hidden] x [hidden, vocab]
-    product 1.3-1.8x slower than oneDNN at the sampler's row counts (SmolLM2's 49k-token head, a 113 MB
-    weight, 2 threads: 21.7 -> 12.2 ms at 16 rows, 43 -> 33 ms at 64; a whole policy forward 1.07-1.17x
-    faster at 1-64 rows, the two alternated in one process). Every other linear layer of the model is
-    as fast either way, so only the head changes. torch.utils.mkldnn.MkldnnLinear is torch's own
-    wrapper (a oneDNN copy of the weight, dense tensors in and out). The same products summed in
-    another order: logits agree to ~1e-6.
+    product (SmolLM2's 49k-token head) markedly slower than oneDNN at the sampler's row counts, and a
+    whole policy forward gains with it (measured costs: docs/benchmarks.md#the-onednn-output-head).
+    Every other linear layer of the model is as fast either way, so only the head changes.
+    torch.utils.mkldnn.MkldnnLinear is torch's own wrapper (a oneDNN copy of the weight, dense tensors
+    in and out). The same products summed in another order: logits agree to ~1e-6.
     None where it does not apply (another device or dtype, no oneDNN or `torch.backends.mkldnn.enabled`
     turned off, a head that is not an nn.Linear child of the model named lm_head)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -19,7 +19,7 @@ is the step's gamma capped by the row's *own* remaining budget (never the batch'
   at a fixed gamma: a completion's tokens do not depend on which rows share its batch; the same
   seed gives the same completions at any batch_rows (tests: batch_rows 1, 3 and 8). The one caveat
   is float rounding: the packed forward's sums depend on the batch's shape, so a draw that falls
-  within rounding of a boundary can flip (README, "Scale out": 191 of 192 on SmolLM2).
+  within rounding of a boundary can flip (measured: docs/benchmarks.md#scaling-over-processes).
 - the n-gram draft: not batch-invariant. It looks up the sibling completions sampled so far, and
   how far a sibling has got depends on which rows ran together, so the proposals (and with them
   which uniforms decide what) differ with batch_rows. Every completion is still an exact sample.
@@ -35,10 +35,11 @@ slots the draft actually fills (the n-gram draft proposes only where it finds a 
 forward charges only for real tokens), and the time of policy forwards per width and of draft
 proposals, and picks the g in 0..gamma_max with the highest expected tokens per second; g = 0
 means "do not speculate". Its first step is plain, so the cost of every wider forward is measured
-against a measured plain one from the start: on the prior slope alone (0.3 of a step per extra
-position, right for 8-32 rows on this CPU) it speculated for the first 32 steps at 64 rows, where a
-verified position costs ~0.5, and ran at 0.94x plain. It re-probes neighbouring values now and then
-so its estimates stay current. After steps at g = 0 a model or feature draft is behind: it has not
+against a measured plain one from the start: the prior slope (0.3 of a step per extra position)
+fits a CPU at moderate row counts but not at many rows, where a verified position costs more and
+speculating on the prior alone ran slower than plain (measured costs:
+docs/benchmarks.md#the-adaptive-controllers-first-plain-step). It re-probes neighbouring values now
+and then so its estimates stay current. After steps at g = 0 a model or feature draft is behind: it has not
 seen the tokens the policy emitted meanwhile. Feeding them (`draft.catch_up()`, one forward) is timed on its own
 (`draft_catch_up_seconds`) and not charged to the draft tokens: it is what switching back costs,
 once, not what drafting costs per token, and charging it to the probe step made a probe after 16

@@ -42,7 +42,7 @@ def test_hh_recipe_prompts_and_proxy_judge_parts_on_the_real_file(tmp_path):
     from rsft.data import load_prompts
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["stage=loop", "+recipe=hh_rlhf", f"data.path={HH_FILE.resolve()}",
+        cfg = compose("config", overrides=["stage=loop", "+experiment=hh_rlhf", f"data.path={HH_FILE.resolve()}",
                                            "data.limit=null", "data.eval_limit=null", f"paths.runs_root={tmp_path}"])
     train, held = load_prompts(cfg.data, "train"), load_prompts(cfg.data, "eval")
     assert not set(train["prompt"]) & set(held["prompt"])
