@@ -25,13 +25,6 @@ log = logging.getLogger(__name__)
 DUPLICATE_EXAMPLES = 3  # groups of prompt ids shown for repeated prompt texts
 
 
-def check_limit(setting: str, limit) -> None:
-    """A row limit is a positive integer or null: 0 or less would leave no prompts, an empty artifact
-    that later stages would take for a finished one."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"{setting}={limit!r}: expected a positive integer or null (null = all rows)")
-
-
 def rotation_rows(num_rows: int, limit: int | None, round_idx: int) -> list[int]:
     """The rows of the train split round r takes with data.rotate: the r-th `limit`-sized slice,
     continuing at the start of the split only once every row has been used (rows r*limit .. r*limit +
@@ -102,7 +95,6 @@ def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> D
         raise ValueError(f"which={which!r}: expected train or eval")
     split = cfg.split if which == "train" else cfg.get("eval_split")
     limit = cfg.limit if which == "train" else cfg.get("eval_limit")
-    check_limit("data.limit" if which == "train" else "data.eval_limit", limit)
     if cfg.kind not in PROMPT_SOURCES:
         raise ValueError(f"data.kind={cfg.kind!r}: expected one of {', '.join(PROMPT_SOURCES)}")
     ds, source = PROMPT_SOURCES[cfg.kind](cfg, which, split)

@@ -46,6 +46,7 @@ from typing import Any, Iterable, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rsft.config import refresh_reward_on
 from rsft.errors import ArtifactError, DamagedArtifact, RunDirectoryBusy, StaleArtifact
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,6 @@ META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 # Config leaves that cannot change an artifact's content: never part of a fingerprint.
 IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size"}
-
-
-def refresh_reward_on(cfg) -> bool:
-    """Whether each round is scored by a reward model retrained on that round's labels
-    (loop.refresh_reward: true, false, or auto). `auto` (the default) turns it on where labels of the
-    round's samples can be had, the demo task's simulated annotators or the user's `refresh.pairs`,
-    and the selection reads the reward (a select.strategy=random baseline does not, so it skips the
-    retraining); elsewhere off, so a loop on the user's own prompts runs without labels."""
-    loop = cfg.get("loop") or {}
-    value = loop.get("refresh_reward", False)
-    if value != "auto":
-        return bool(value)
-    data, refresh, select = cfg.get("data") or {}, cfg.get("refresh") or {}, cfg.get("select") or {}
-    labelled = data.get("kind") == "demo" or refresh.get("pairs") is not None
-    return labelled and select.get("strategy") != "random"
 
 
 class RunPaths:

@@ -88,11 +88,6 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         return out
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
-    if "task" not in prompts.column_names:
-        raise ValueError(f"stage=prefs simulates labels with the demo task's gold oracle, which needs the prompts' "
-                         f"`task` column (data=demo); data.kind={cfg.data.kind!r} has columns {prompts.column_names}. "
-                         f"Bring your own pairs instead: stage=reward reward.data.path=<your pairs> "
-                         f"(reward.data.format=preference|hh_rlhf)")
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(0), device)
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)

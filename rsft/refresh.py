@@ -86,11 +86,6 @@ def labels_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict
 
 def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple[DatasetDict, dict]:
     """Pairs among the first refresh.samples_per_prompt completions per prompt, labelled by the demo's annotators."""
-    if "task" not in samples.column_names:
-        raise ValueError(f"loop.refresh_reward labels round {round_idx}'s samples with the demo task's simulated "
-                         f"annotators, which need the prompts' `task` column (data=demo); data.kind="
-                         f"{cfg.data.kind!r} has none. Give your own labelled pairs of each round instead: "
-                         f"refresh.pairs=<a folder with round_00.jsonl, round_01.jsonl, ...>")
     per_prompt = int(cfg.refresh.samples_per_prompt)
     subset = samples.filter(lambda row: row["sample_idx"] < per_prompt)
     golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]

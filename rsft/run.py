@@ -2,23 +2,62 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed, stages
+from rsft.config import check_run_name, describe, register_configs
 from rsft.errors import USER_ERRORS, ConfigError
 from rsft.paths import run_lock
 
 log = logging.getLogger("rsft")
 
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def config_groups_help() -> str:
+    """`--help`'s groups and their options, from conf/ (not Hydra's list, which would show the schemas)."""
+    return "\n".join(f"  {folder.name}: {', '.join(sorted(p.stem for p in folder.glob('*.yaml')))}"
+                     for folder in sorted(CONF_DIR.iterdir()) if folder.is_dir())
+
+
+def settings_help(*, _root_) -> str:
+    """`--help`'s settings: every key of the composed config with its value and its meaning, the meaning
+    read from the dataclass that types its group (rsft.config); `_root_` is the composed config."""
+    lines = []
+    groups = [k for k in _root_ if k != "hydra" and not OmegaConf.is_missing(_root_, k) and OmegaConf.is_dict(_root_[k])]
+    for section in [None, *groups]:
+        node = _root_ if section is None else _root_[section]
+        schema = OmegaConf.get_type(node)
+        if schema is None or not dataclasses.is_dataclass(schema):
+            continue
+        values = OmegaConf.to_container(node, resolve=False)
+        if section is not None:
+            lines.append(f"  {section} ({section}=<option>: conf/{section}/)")
+        for key, _, _, meaning in describe(schema):
+            value = values
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if section is None and isinstance(value, dict):
+                continue  # a group: listed under its own heading
+            name = key if section is None else f"{section}.{key}"
+            lines.append(f"    {name}={'null' if value is None else value}  # {meaning}")
+    return "\n".join(lines).replace("$", "$$")  # Hydra fills the help template with string.Template
+
+
+register_configs()  # conf/ names the typed schemas (rsft.config) as /schema/<name>
 OmegaConf.register_new_resolver("rsft_stage_lines", stages.help_lines, replace=True)
+OmegaConf.register_new_resolver("rsft_config_groups", config_groups_help, replace=True)
+OmegaConf.register_new_resolver("rsft_settings", settings_help, replace=True)
 
 
 def run_stage(cfg: DictConfig):
@@ -66,8 +105,6 @@ def main(cfg: DictConfig) -> None:
 def check_command_line(argv: list[str]) -> None:
     """Hydra creates its log folder under paths.run_dir before main() runs: a run_name that would
     put it outside the runs root (`..`, absolute, empty) must stop before Hydra starts."""
-    from rsft.checks import check_run_name
-
     for arg in argv:
         if arg.startswith(("run_name=", "+run_name=", "++run_name=")):
             try:

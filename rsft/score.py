@@ -87,7 +87,8 @@ def judge_model(cfg: DictConfig) -> Path | None:
     paths = RunPaths.from_config(cfg)
     folder = Path(str(name)).expanduser()
     if not folder.is_dir():
-        from rsft.checks import ConfigError, check_run_name
+        from rsft.config import check_run_name
+        from rsft.errors import ConfigError
 
         try:
             check_run_name(str(name), "eval.judge")

@@ -50,19 +50,6 @@ from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("top_k", "threshold", "random")
-
-
-def check_settings(s: DictConfig) -> None:
-    if s.strategy not in STRATEGIES:
-        raise ValueError(f"select.strategy={s.strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    if s.strategy in ("top_k", "random") and int(s.k) < 1:
-        raise ValueError(f"select.k={s.k}: expected >= 1")
-    if s.strategy == "threshold" and s.threshold is None:
-        raise ValueError("select.strategy=threshold needs select.threshold (a reward_normalised value)")
-    share = s.get("max_opening_share")
-    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1):
-        raise ValueError(f"select.max_opening_share={share!r}: expected a fraction in (0, 1] or null (no cap)")
 
 
 def candidate_rounds(round_idx: int, pool_rounds: int) -> list[int]:
@@ -90,22 +77,22 @@ def scored_by(row: dict) -> str:
     return row.get("reward_model") or "reward"
 
 
-def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[str, int]]:
+def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
     newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
     comparable = [c for c in candidates if scored_by(c) == newest_model]
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
-    last = bool(s.get("prefer_complete", True)) and not s.drop_truncated  # kept truncated ones rank last
+    last = bool(select_cfg.get("prefer_complete", True)) and not select_cfg.drop_truncated  # kept truncated ones rank last
     ranked = sorted(comparable, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
     for c in ranked:
         text = c["completion"].strip()
-        if s.drop_empty and not text:
+        if select_cfg.drop_empty and not text:
             dropped["empty"] += 1
-        elif s.drop_truncated and c["finish_reason"] == "length":
+        elif select_cfg.drop_truncated and c["finish_reason"] == "length":
             dropped["truncated"] += 1
-        elif s.dedupe and text in seen:
+        elif select_cfg.dedupe and text in seen:
             dropped["duplicate"] += 1
         else:
             seen.add(text)
@@ -113,10 +100,10 @@ def survivors(candidates: list[dict], s: DictConfig) -> tuple[list[dict], dict[s
     return kept, dropped
 
 
-def opening_cap(s: DictConfig, keepable: int) -> int | None:
+def opening_cap(select_cfg: DictConfig, keepable: int) -> int | None:
     """How many kept completions may share an opening (rsft.stats.opening): select.max_opening_share of
     what the strategy would keep without a cap, at least 1; None = no cap."""
-    share = s.get("max_opening_share")
+    share = select_cfg.get("max_opening_share")
     if share is None:
         return None
     return max(1, math.floor(float(share) * keepable))
@@ -136,12 +123,12 @@ def prompt_rng(seed: int, round_idx: int, prompt_id: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def choose(ranked: list[dict], s: DictConfig, seed: int, round_idx: int, prompt_id: str) -> list[dict]:
-    if s.strategy == "top_k":
-        return ranked[: int(s.k)]
-    if s.strategy == "threshold":
-        return [c for c in ranked if c["reward_normalised"] >= float(s.threshold)]
-    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(ranked)), min(int(s.k), len(ranked)))
+def choose(ranked: list[dict], select_cfg: DictConfig, seed: int, round_idx: int, prompt_id: str) -> list[dict]:
+    if select_cfg.strategy == "top_k":
+        return ranked[: int(select_cfg.k)]
+    if select_cfg.strategy == "threshold":
+        return [c for c in ranked if c["reward_normalised"] >= float(select_cfg.threshold)]
+    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(ranked)), min(int(select_cfg.k), len(ranked)))
     return [ranked[i] for i in sorted(picked)]
 
 
@@ -174,11 +161,10 @@ def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[d
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    s, paths, round_idx = cfg.select, RunPaths.from_config(cfg), int(cfg.round)
+    select_cfg, paths, round_idx = cfg.select, RunPaths.from_config(cfg), int(cfg.round)
     out_selected, out_pairs = paths.selected(round_idx), paths.pairs(round_idx)
-    want_pairs = bool(s.pairs)
-    check_settings(s)
-    rounds = candidate_rounds(round_idx, int(s.pool_rounds))
+    want_pairs = bool(select_cfg.pairs)
+    rounds = candidate_rounds(round_idx, int(select_cfg.pool_rounds))
     for r in rounds:
         if not is_complete(paths.scored(r)):
             raise FileNotFoundError(f"select needs round {r}'s scored samples at {paths.scored(r)}; run "
@@ -204,7 +190,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": 0, "opening_cap": 0}
     ranked_by_prompt = {}
     for prompt_id, candidates in by_prompt.items():
-        ranked, dropped = survivors(candidates, s)
+        ranked, dropped = survivors(candidates, select_cfg)
         for key, n in dropped.items():
             dropped_total[key] += n
         if not ranked:
@@ -213,7 +199,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                         prompt_id, candidates[0]["prompt"][:80], dropped)
             continue
         ranked_by_prompt[prompt_id] = ranked
-    cap = opening_cap(s, sum(len(choose(ranked, s, int(cfg.seed), round_idx, prompt_id))
+    cap = opening_cap(select_cfg, sum(len(choose(ranked, select_cfg, int(cfg.seed), round_idx, prompt_id))
                              for prompt_id, ranked in ranked_by_prompt.items()))
     openings: Counter = Counter()
     capped = []
@@ -228,7 +214,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         if not allowed:
             capped.append(prompt_id)
             continue
-        picked = choose(allowed, s, int(cfg.seed), round_idx, prompt_id)
+        picked = choose(allowed, select_cfg, int(cfg.seed), round_idx, prompt_id)
         kept = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
         dropped_total["opening_cap"] += len(picked) - len(kept)  # a prompt's own k picks count too
         for rank, c in enumerate(kept):
@@ -238,7 +224,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             pairs.append(pair)
     if capped:
         log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
-                 "(select.max_opening_share=%s)", len(capped), cap, s.max_opening_share)
+                 "(select.max_opening_share=%s)", len(capped), cap, select_cfg.max_opening_share)
 
     if cap is not None:  # the cap's visiting order decides who keeps what, not the order of the output
         position = {prompt_id: i for i, prompt_id in enumerate(by_prompt)}
@@ -267,11 +253,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     }
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
             "top_opening": top,
-            "prompts_without_survivors": starved, "settings": OmegaConf.to_container(s, resolve=True)}
+            "prompts_without_survivors": starved, "settings": OmegaConf.to_container(select_cfg, resolve=True)}
     if distributed.is_main():  # every process selected the same rows; one writes them
         write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, wanted)
     distributed.barrier()
-    log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", s.strategy, len(selected),
+    log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", select_cfg.strategy, len(selected),
              len(rows), len(by_prompt), len(pairs))
     with stage_tracker(cfg, "select", tracker) as tracker:
         tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},

@@ -8,6 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from rsft.config import register_configs
+
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 SHARED_DATA = Path(__import__("os").environ.get("RSFT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -21,6 +23,7 @@ TINY = ["policy=tiny", "logger=none", "data.limit=3", "sample.num_samples=3", "s
 
 
 def compose_cfg(tmp_path: Path, *overrides: str, tiny: bool = True):
+    register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(

@@ -1,6 +1,6 @@
 """Artifacts are reused only when they match what is asked now, never when damaged; one command per run dir.
 
-Each case is a finding of issue 11 (a hostile but realistic user on the tiny models)."""
+Each case is what a hostile but realistic user did on the tiny models."""
 
 from __future__ import annotations
 

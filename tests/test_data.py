@@ -96,8 +96,9 @@ def test_prompt_ids_are_unchanged_with_the_default_policy_tokenizer(make_cfg):
 
 
 def hh_cfg(path, **extra):
-    base = OmegaConf.load(str(__import__("pathlib").Path(__file__).parents[1] / "conf/data/hh_rlhf.yaml"))
-    return OmegaConf.merge(base, {"path": str(path), "limit": None, "eval_limit": None, **extra})
+    from rsft.config import DataHhRlhfConfig
+
+    return OmegaConf.merge(OmegaConf.structured(DataHhRlhfConfig), {"path": str(path), "limit": None, "eval_limit": None, **extra})
 
 
 def hh_rows(n):

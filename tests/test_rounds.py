@@ -1,4 +1,4 @@
-"""Rounds that keep improving (issue 15) on tiny models: fresh prompts every round (data.rotate), a
+"""Rounds that keep improving on tiny models: fresh prompts every round (data.rotate), a
 reward model retrained on each round's labels that scores that round (loop.refresh_reward), DPO on the
 rejected samples after SFT (loop.dpo), and a 3-round loop with all three killed mid-round that resumes
 to the same artifacts."""
@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from datasets import Dataset, load_from_disk
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import rsft.refresh
@@ -51,8 +52,9 @@ def test_rotated_samples_differ_by_round_and_the_switch_is_part_of_their_fingerp
     assert not set(first["prompt_id"]) & set(second["prompt_id"])
     with pytest.raises(StaleArtifact, match=r"data\.rotate: True -> False"):
         run_stage(make_cfg("stage=sample", "round=1"))
-    with pytest.raises(ConfigError, match=r"data\.rotate='yes': expected true or false"):
-        run_stage(make_cfg("stage=sample", "data.rotate=yes"))
+    assert make_cfg("stage=sample", "data.rotate=no").data.rotate is False  # a typed bool: 'no' is false
+    with pytest.raises(ConfigCompositionException, match=r"data\.rotate=maybe"):
+        make_cfg("stage=sample", "data.rotate=maybe")
 
 
 def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled(make_cfg, tmp_path):
@@ -61,7 +63,7 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
     where an explicit true is refused before any work."""
     from rsft.checks import check_config
     from rsft.loop import round_stages
-    from rsft.paths import refresh_reward_on
+    from rsft.config import refresh_reward_on
 
     assert compose_cfg(tmp_path, "stage=loop", tiny=False).loop.refresh_reward == "auto"
     demo = make_cfg("stage=loop", "loop.refresh_reward=auto")
@@ -70,7 +72,7 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
     assert not refresh_reward_on(random) and "refresh" not in round_stages(random)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Say hi."}\n')
-    local = ["stage=loop", "data=local", f"data.path={prompts}", "loop.reward_from=base"]
+    local = ["stage=loop", "data=local", f"data.path={prompts}", f"data.eval_path={prompts}", "loop.reward_from=base"]
     check_config(make_cfg(*local, "loop.refresh_reward=auto"))  # no labels: off, not an error
     assert not RunPaths.from_config(make_cfg(*local, "loop.refresh_reward=auto")).refresh_reward
     assert refresh_reward_on(make_cfg(*local, "loop.refresh_reward=auto", f"refresh.pairs={tmp_path}"))

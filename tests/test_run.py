@@ -87,7 +87,9 @@ def test_help_lists_every_stage_and_no_private_config(tmp_path):
     assert done.returncode == 0, done.stderr
     stages = done.stdout.split("Stages:")[1].split("Config groups")[0]
     assert [line.split()[0] for line in stages.strip().splitlines()] == [stage.name for stage in STAGES]
-    groups = done.stdout.split("Config groups (group=option):")[1].split("Settings with their defaults")[0]
-    assert "reward: hf, minilm, policy, tiny" in groups
-    options = [o.strip() for line in groups.strip().splitlines() for o in line.split(":", 1)[1].split(",")]
+    groups = done.stdout.split("Config groups (group=option")[1].split("Settings (")[0]
+    assert "reward: hf, minilm, policy, tiny" in groups and "schema" not in groups  # the typed schemas are private
+    options = [o.strip() for line in groups.strip().splitlines()[1:] for o in line.split(":", 1)[1].split(",")]
     assert options and not [o for o in options if o.startswith("_")]
+    settings = done.stdout.split("Settings (")[1]
+    assert "sample.temperature=0.7  # " in settings  # every key with its default and its meaning (rsft.config)
