@@ -89,12 +89,24 @@ def _require(ds: Dataset, columns: list[str], source: str, hint: str = "") -> No
                            f"{ds.column_names}{hint}")
 
 
+def _label(value, source: str, row: int, column: str) -> float:
+    """A soft label as a float (a missing one is NaN, refused with the row below); text that is not a number
+    is named with its file, row and column, as an out-of-range label is."""
+    if value is None:
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}, row {row}, column {column!r}: soft label {value!r:.40} is not a number; "
+                         f"expected P(chosen beats rejected) in [0, 1]") from None
+
+
 def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source: str) -> Dataset:
     """Normalise `ds` to prompt/chosen/rejected (text) + label_prob, then validate every row."""
     if len(ds) == 0:
         raise ValueError(f"{source} has no rows; expected preference pairs")
     _require(ds, ["chosen", "rejected"], source)
-    labels = ([float(v) if v is not None else float("nan") for v in ds[label_column]]
+    labels = ([_label(v, source, row, label_column) for row, v in enumerate(ds[label_column])]
               if label_column in ds.column_names else [1.0] * len(ds))
     rows = []
     for row, example in enumerate(ds):

@@ -14,8 +14,9 @@ rsft.config.check_across_groups. Which groups: the top-level settings every comm
 (every stage's round table reads loop.refresh_reward and loop.dpo), the policy, and the groups the
 stage reads (rsft.stages; stage=loop: those of every stage it runs). A group a stage does not read is
 not checked (stage=reward does not fail on sample.top_p=7), so a stage can be run with any leftovers
-of another experiment on the command line. This module adds what needs the machine: the device, and
-the number of processes a training batch must divide over.
+of another experiment on the command line. This module adds what needs the machine or the user's files: the
+device, the number of processes a training batch must divide over, and every refresh.pairs round
+file the command will read.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def check_config(cfg: DictConfig) -> None:
     for group in ("reward", "sft", "dpo"):  # the global batch must divide over the processes of a launch
         if group in groups:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
+    _check_round_labels(cfg)
+
+
+def _check_round_labels(cfg: DictConfig) -> None:
+    """Every refresh.pairs round file the command will read: there, and readable as pairs."""
+    if cfg.stage not in ("loop", "refresh") or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
+        return
+    from rsft.refresh import check_round_labels  # loads the reward stack: only when there are files to read
+
+    check_round_labels(cfg, range(int(cfg.loop.rounds)) if cfg.stage == "loop" else range(int(cfg.round) + 1))
 
 
 def _as_config_error(prefix: str, check, *args) -> None:

@@ -35,8 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.models import load_policy, resolve_device
-from rsft.training import training_arguments
-from rsft.paths import RunPaths, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.training import check_trained, training_arguments
+from rsft.paths import RunPaths, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.sft import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker
 
@@ -78,7 +78,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     # fingerprint: every dpo setting, the seed and round (the trainer's seed), the pairs and the SFT policy
     wanted = fingerprint(cfg, ("seed", "round", "dpo"), [source, init_path])
     if should_skip(out, cfg.overwrite, "dpo", wanted):
-        return out
+        return finished(out)
     pairs = load_dataset_artifact(source)
     for column in ("chosen_reward_normalised", "rejected_reward_normalised"):
         if column not in pairs.column_names:
@@ -119,9 +119,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "dpo", "round": round_idx, "trained_from": policy_source, "reference": policy_source,
             "pairs": str(source), "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.dpo, resolve=True)}
+    check_trained(trained, stats["train_loss"], cfg.dpo, "dpo", state_dict)
     write_policy(out, meta, wanted, trained, state_dict, tokenizer)
     log.info("dpo: %d pairs, %d steps, loss %s -> %s; saved round %d's policy to %s", len(kept), stats["steps"],
              stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "dpo", tracker) as tracker:
         tracker.log({f"dpo/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
-    return out
+    return finished(out)

@@ -83,7 +83,7 @@ from rsft.models import (
     restrict_head,
     seeded,
 )
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.sample import SAMPLING_KEYS, sampling_settings
 from rsft.sampling.drafts import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
@@ -280,11 +280,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     wanted = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
                              "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
     if should_skip(out, cfg.overwrite, "draft", wanted):
-        return out
+        return finished(out)
     if distributed.is_main():  # the hand-written training loops run in one process; the others wait
         (train_feature_draft if trains_feature_draft(cfg) else distil)(cfg, paths, sources, out, wanted, device, tracker)
     distributed.barrier()
-    return out
+    return finished(out)
 
 
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:

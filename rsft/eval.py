@@ -53,7 +53,7 @@ from rsft import distributed, score
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.sample import SAMPLING_KEYS, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
@@ -88,7 +88,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     curve_round = 0 if initial else round_idx
     wanted = wanted_fingerprint(cfg, paths, policy_path, None if initial else paths.scored(curve_round), judge)
     if should_skip(out, cfg.overwrite, "eval", wanted):
-        return out
+        return finished(out)
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
 
@@ -132,4 +132,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     with stage_tracker(cfg, "eval", tracker) as tracker:
         prefix = "eval_initial" if initial else "eval"
         tracker.log({f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()}, step=0 if initial else round_idx)
-    return out
+    return finished(out)

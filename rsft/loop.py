@@ -38,7 +38,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import distributed, report, stages
-from rsft.paths import RunPaths, copy_artifact, is_complete
+from rsft.paths import Artifact, RunPaths, copy_artifact, is_complete
 from rsft.sample import TRAINED_DRAFT_KINDS
 from rsft.tracking import Tracker, stage_tracker
 
@@ -52,9 +52,12 @@ def round_stages(cfg: DictConfig) -> list[str]:
     return [step.name for step in stages.ROUND_STEPS if not step.loop_switch or getattr(paths, step.loop_switch)]
 
 
-def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker):
+def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker, records: report.Records) -> Artifact:
+    """Run (or reuse) one stage's artifact; its record goes to the report."""
     log.info("loop: round %s, stage=%s", cfg.round, name)
-    return importlib.import_module(stages.get(name).module).run(cfg, tracker)
+    artifact = importlib.import_module(stages.get(name).module).run(cfg, tracker)
+    records.add(artifact)
+    return artifact
 
 
 def share_judge(source: RunPaths, paths: RunPaths) -> None:
@@ -94,6 +97,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if cfg.loop.refresh_reward == "auto":
         log.info("loop: loop.refresh_reward=auto -> %s (data.kind=%s, refresh.pairs=%s, select.strategy=%s)",
                  "on" if paths.refresh_reward else "off", cfg.data.kind, cfg.refresh.pairs, cfg.select.strategy)
+    records = report.Records()  # every stage's record, as it returns it
     with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:  # the other run's reward model as it is: its settings are that run's
             if distributed.is_main():
@@ -101,29 +105,29 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             distributed.barrier()
         else:  # built, reused, or stopped as stale by the stages' own fingerprints
             for name in ("prefs", "reward") if cfg.reward.data.path is None else ("reward",):
-                run_named_stage(name, at_round(cfg, 0, name), tracker)
+                run_named_stage(name, at_round(cfg, 0, name), tracker, records)
         if cfg.loop.eval:
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
-                            tracker)
+                            tracker, records)
         for r in range(rounds):
             for name in round_stages(cfg):
                 run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
-                                tracker)
+                                tracker, records)
             if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
-                run_named_stage("draft", at_round(cfg, r, "draft"), tracker)
+                run_named_stage("draft", at_round(cfg, r, "draft"), tracker, records)
             if cfg.loop.eval:
                 run_named_stage("eval", OmegaConf.merge(at_round(cfg, r, "eval"), {"eval": {"policy": "round"}}),
-                                tracker)
+                                tracker, records)
             if distributed.is_main():
-                tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r).items()}, step=r)
+                tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r, records).items()}, step=r)
                 tracker.log_table("examples", report.example_rows(paths, r, int(cfg.loop.examples)), step=r)
         if distributed.is_main():  # one process writes the report
-            plots = report.write_plots(paths, rounds)
+            plots = report.write_plots(paths, rounds, records)
             for name, png in plots.items():
                 tracker.log_image(f"plots/{name}", png, step=rounds - 1)
             summary = report.write_summary(paths, rounds, plots,
-                                           report.example_rows(paths, rounds - 1, int(cfg.loop.examples)))
-            tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, rounds - 1).items()})
+                                           report.example_rows(paths, rounds - 1, int(cfg.loop.examples)), records)
+            tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, rounds - 1, records).items()})
             log.info("loop: %d rounds done; %s", rounds, summary)
         distributed.barrier()
-    return paths.root
+    return Artifact(paths.root, {"stage": "loop", "rounds": rounds, "summary": str(paths.summary)})

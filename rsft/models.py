@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rsft import distributed
-from rsft.paths import atomic_artifact, is_complete, read_meta, loading_artifact
+from rsft.paths import atomic_artifact, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
 

@@ -23,24 +23,29 @@ What made an artifact (its fingerprint) is recorded in meta.json and checked bef
   files    the size and CRC-32 of each of its own files; `digest` hashes all of the above
 A complete artifact is reused only when the fingerprint asked for now equals the recorded one;
 otherwise the stage stops before any work with the keys that differ (StaleArtifact), and
-`overwrite=true` rebuilds it (and, since its digest changes, everything downstream stops too
-until rebuilt). A reused or loaded artifact whose files are missing or have another size is
-damaged (DamagedArtifact): the error names the folder and the command that rebuilds it.
+`overwrite=true` rebuilds it. Staleness is transitive (check_fresh): an input artifact is trusted
+only when what it was built from is unchanged too, all the way up, so after a rebuild everything
+downstream stops until rebuilt, not only the next stage. A reused or loaded artifact whose files are
+missing, have another size or another CRC-32 is damaged (DamagedArtifact): the error names the
+folder and the command that rebuilds it. Each file is checksummed once per process.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
 import uuid
 import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -225,6 +230,26 @@ class RunPaths:
         return self.root / "wandb"
 
 
+@dataclass(frozen=True)
+class Artifact:
+    """What a stage returns: its artifact's folder and the meta.json record it holds, whether the stage
+    built it now or reused it; the loop hands the records to the report (rsft.report.Records)."""
+
+    path: Path
+    meta: dict
+
+    def __fspath__(self) -> str:  # usable wherever a folder is: load_from_disk(artifact), Path(artifact)
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def finished(path: str | os.PathLike) -> Artifact:
+    """A stage's result, once every process can read it (after the barrier that follows rank 0's write)."""
+    return Artifact(Path(path), read_meta(path))
+
+
 def is_complete(path: str | os.PathLike) -> bool:
     """An artifact exists only once its meta.json does (it is written last)."""
     return (Path(path) / META_FILE).is_file()
@@ -251,8 +276,22 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+# (file, size, mtime_ns) -> its CRC-32, computed once per process: an artifact read by several stages of a
+# loop (a policy folder: 540 MB) is checksummed once, and again only when a file changes on disk
+_CHECKSUMS: dict[tuple[str, int, int], str] = {}
+
+
+def _checksum(file: Path) -> str:
+    status = file.stat()
+    key = (str(file), status.st_size, status.st_mtime_ns)
+    if key not in _CHECKSUMS:
+        _CHECKSUMS[key] = file_digest(file)["crc32"]
+    return _CHECKSUMS[key]
+
+
 def check_intact(path: str | os.PathLike) -> dict[str, Any]:
-    """The artifact's meta, after checking that every file it recorded is there with its size."""
+    """The artifact's meta, after checking that every file it recorded is there with its size and its
+    CRC-32 (damage that keeps a file's size is caught too; each file is read once per process)."""
     path = Path(path)
     meta = read_meta(path)
     for name, record in (meta.get("files") or {}).items():
@@ -262,6 +301,36 @@ def check_intact(path: str | os.PathLike) -> dict[str, Any]:
             found = "is missing" if size is None else f"has {size} bytes"
             raise DamagedArtifact(f"{path} is damaged: {name} {found}, {META_FILE} recorded {record['size']} bytes; "
                                   f"{rebuild_hint(path, meta)}")
+        if "crc32" in record and _checksum(file) != record["crc32"]:
+            raise DamagedArtifact(f"{path} is damaged: {name} has other content than when it was written (CRC-32 "
+                                  f"{_checksum(file)}, {META_FILE} recorded {record['crc32']}); {rebuild_hint(path, meta)}")
+    return meta
+
+
+def check_fresh(path: str | os.PathLike, run_dir: str | os.PathLike, _seen: set | None = None) -> dict[str, Any]:
+    """check_intact, and the same for everything it was built from, all the way up: an artifact whose
+    input was rebuilt since (its digest changed) or whose user file changed is stale, and so is everything
+    built from it. Without this a rebuilt samples/ would stop score, but select would go on reusing
+    selected/ picked from the old scores. Inputs that no longer exist are not judged here (the stage
+    that needs them says they are missing)."""
+    path, run_dir = Path(path), Path(run_dir)
+    seen = set() if _seen is None else _seen
+    meta = check_intact(path)
+    if path in seen:
+        return meta
+    seen.add(path)
+    recorded = meta.get("fingerprint") or {}
+    for name, digest in (recorded.get("inputs") or {}).items():
+        source = Path(name) if Path(name).is_absolute() else run_dir / name
+        if not is_complete(source):
+            continue
+        current = check_fresh(source, run_dir, seen).get("digest")
+        if current != digest:
+            raise StaleArtifact(f"{path} was built from {name} before {name} was rebuilt; "
+                                f"{rebuild_hint(path, meta)}")
+    for name, digest in (recorded.get("user_files") or {}).items():
+        if Path(name).expanduser().exists() and user_files_digest(name) != digest:
+            raise StaleArtifact(f"{path} was built from {name}, which has changed since; {rebuild_hint(path, meta)}")
     return meta
 
 
@@ -339,23 +408,39 @@ def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = 
         if not is_complete(path):
             raise FileNotFoundError(f"{path} is missing or incomplete; run the stage that builds it first")
         name = str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
-        recorded_inputs[name] = check_intact(path).get("digest")
+        recorded_inputs[name] = check_fresh(path, run_dir).get("digest")  # stale inputs stop here, transitively
     files = {}
     for path in user_files:
         if not Path(path).expanduser().exists():
             raise FileNotFoundError(f"{path}: no such file or folder")
         files[str(path)] = user_files_digest(path)
-    return {"config": config, "inputs": recorded_inputs, "user_files": files}
+    wanted = {"config": config, "inputs": recorded_inputs, "user_files": files}
+    aliases = {key: source for key in config if (source := _interpolated_from(cfg, key))}
+    if aliases:  # not compared: it only lets a refusal name the key the user sets
+        wanted["aliases"] = aliases
+    return wanted
+
+
+def _interpolated_from(cfg, key: str) -> str | None:
+    """The key a setting takes its value from (prefs.temperature: ${sample.temperature} -> sample.temperature)."""
+    parent_key, _, last = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or last not in parent or not OmegaConf.is_interpolation(parent, last):
+        return None
+    match = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", str(parent._get_node(last)._value()))
+    return match.group(1) if match else None
 
 
 def _differences(old: dict, new: dict) -> list[str]:
     lines = []
+    aliases = new.get("aliases") or {}
     for section in ("config", "inputs", "user_files"):
         before, after = old.get(section) or {}, new.get(section) or {}
         for key in sorted(set(before) | set(after)):
             if before.get(key) != after.get(key):
                 if section == "config":
-                    lines.append(f"{key}: {before.get(key, '(not set)')!r} -> {after.get(key, '(not set)')!r}")
+                    name = f"{aliases[key]} (read as {key})" if key in aliases else key
+                    lines.append(f"{name}: {before.get(key, '(not set)')!r} -> {after.get(key, '(not set)')!r}")
                 else:
                     what = "input artifact" if section == "inputs" else "file"
                     change = "rebuilt or replaced" if key in before and key in after else (
@@ -445,9 +530,19 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
                                                         sort_keys=True, default=str).encode()).hexdigest()[:16]
         (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=str))
         _move_into_place(tmp, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_if_disk_full(error, final)
         raise
+
+
+def _raise_if_disk_full(error: BaseException, final: Path) -> None:
+    """A full disk, whichever library was writing (OSError ENOSPC, or safetensors' SafetensorError that only
+    quotes the OS message), becomes one line: the temporary folder is gone and `final` is as it was."""
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if full or "No space left on device" in str(error):
+        raise ArtifactError(f"no space left on device while writing {final}; nothing was written (the temporary "
+                            f"folder was removed); free space and rerun the same command") from error
 
 
 def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
@@ -460,8 +555,9 @@ def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
     try:
         shutil.copytree(source, tmp)
         _move_into_place(tmp, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_if_disk_full(error, final)
         raise
 
 

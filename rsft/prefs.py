@@ -30,7 +30,7 @@ from reward.gold import gold_score
 from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
 from rsft.sample import sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
@@ -85,7 +85,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if p.num_prompts is not None:  # data.limit is read only when prefs.num_prompts is null
         wanted["config"].pop("data.limit")
     if should_skip(out, cfg.overwrite, "prefs", wanted):
-        return out
+        return finished(out)
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
     device = resolve_device(cfg.device)
@@ -114,4 +114,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
              counts["label_against_gold"])
     with stage_tracker(cfg, "prefs", tracker) as tracker:
         tracker.log({f"prefs/{k}": v for k, v in {**counts, **stats}.items()})
-    return out
+    return finished(out)

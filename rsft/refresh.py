@@ -44,11 +44,20 @@ from reward.gold import gold_score
 from reward.scoring import save_reward_model
 from rsft import distributed
 from rsft.models import resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import (
+    RunPaths,
+    atomic_artifact,
+    fingerprint,
+    finished,
+    is_complete,
+    load_dataset_artifact,
+    should_skip,
+)
 from rsft.prefs import label_pairs, split_by_prompt
 from rsft.reward import load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
 from rsft.sample import round_seed
 from rsft.tracking import Tracker, stage_tracker
+from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +116,15 @@ def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
     n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)
     splits = DatasetDict({"train": pairs.select(range(n_test, len(pairs))), "test": pairs.select(range(n_test))})
     return splits, {"pairs": len(pairs), "source": source}
+
+
+def check_round_labels(cfg: DictConfig, rounds: range) -> None:
+    """Find and read every round's file of refresh.pairs that a command will train on, before it does any
+    work (rsft.checks calls it): a missing round_02.jsonl must not surface after two rounds of sampling."""
+    for round_idx in rounds:
+        path = round_pairs_path(cfg, round_idx)
+        if path is not None:
+            user_labels(cfg, path)
 
 
 def pooled(parts: list[Dataset]) -> Dataset:
@@ -176,7 +194,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         start_from = start_model(cfg, paths, round_idx)
         wanted = reward_fingerprint(cfg, paths, round_idx, start_from)
         if should_skip(out, cfg.overwrite, "refresh (reward)", wanted):
-            return out
+            return finished(out)
         initial_train, initial_test, source = load_pairs(cfg)
         rounds = [load_dataset_artifact(paths.round_prefs(r)) for r in range(round_idx + 1)]
         train = pooled([initial_train, *(split["train"] for split in rounds)])
@@ -188,6 +206,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                  source, round_idx, "from scratch" if start_from is None else f"continuing {start_from}")
         model, tokenizer, stats, metrics = train_and_measure(train_cfg, train, test, resolve_device(cfg.device),
                                                              tracker, start_from)
+        check_trained(model, metrics["train_loss"], cfg.reward, "reward")
         metrics.update({"round": round_idx, "initial_labels": source, "continued_from": str(start_from or "")})
         meta = {"stage": "refresh", "round": round_idx, "data": source, "metrics": metrics,
                 "backbone": str(cfg.reward.backbone.name_or_path), "config": OmegaConf.to_container(cfg, resolve=True)}
@@ -200,4 +219,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                  "%s; saved to %s", round_idx, metrics["heldout_accuracy"], metrics["heldout_pairs"],
                  metrics["train_accuracy"], metrics["gold_agreement"], out)
         tracker.log({f"refresh/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, step=round_idx)
-    return out
+    return finished(out)

@@ -1,7 +1,10 @@
-"""The loop's report: per-round metrics read back from the artifacts, plots, summary.md.
+"""The loop's report: per-round metrics from the artifacts' records, plots, summary.md.
 
-Everything here is read from the run directory (each artifact's meta.json, the eval metrics),
-never from memory, so a resumed loop reports the same numbers as one that ran straight through.
+Every number comes from an artifact's meta.json record (an evaluation's metrics are in its record
+too): the records the loop's stages returned (rsft.paths.Artifact, also for the artifacts they
+reused), read from the run directory only where the loop has none. Either way it is what the artifact
+recorded, never the current config, so a resumed loop reports the same numbers as one that ran
+straight through.
 Plots (PNG under runs/<run_name>/plots/, also logged to wandb by the loop):
   best_of_n.png     expected best-of-N reward vs N for each round's samples (Llama 2, figure 7),
                     beside the expected gold score of the reward-best-of-N completion
@@ -17,16 +20,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from rsft import stats
-from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, read_metrics, score_columns
-from rsft.paths import RunPaths, is_complete, load_dataset_artifact, read_meta
+from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, score_columns
+from rsft.paths import Artifact, RunPaths, is_complete, load_dataset_artifact, read_meta
 
 
-def _read_meta_if_complete(path: Path) -> dict:
-    return read_meta(path) if is_complete(path) else {}
+class Records:
+    """The meta.json records of a run's artifacts: the ones the stages returned, each other read once."""
 
+    def __init__(self):
+        self._known: dict[Path, dict] = {}
 
-def eval_metrics(path: Path) -> dict:
-    return read_metrics(path) if is_complete(path) else {}
+    def add(self, artifact: Artifact) -> None:
+        self._known[Path(artifact.path)] = artifact.meta
+
+    def meta(self, path: Path) -> dict:
+        """The record of a complete artifact; {} for one that does not exist (yet)."""
+        path = Path(path)
+        if path not in self._known:
+            if not is_complete(path):
+                return {}
+            self._known[path] = read_meta(path)
+        return self._known[path]
+
+    def metrics(self, path: Path) -> dict:
+        """An evaluation's metrics (rsft.eval writes them into its record and into metrics.json)."""
+        return self.meta(path).get("metrics", {})
 
 
 # the held-out numbers a round reports (with _low / _high where they have an interval)
@@ -36,13 +54,14 @@ EVAL_KEYS = ("reward_mean", "reward_normalised_mean", "gold_mean", "judge_mean",
              "mean_tokens", "mean_words", "eos_fraction")
 
 
-def round_metrics(paths: RunPaths, round_idx: int) -> dict:
+def round_metrics(paths: RunPaths, round_idx: int, records: Records | None = None) -> dict:
     """The round's headline numbers, flat, from its artifacts (missing artifacts give no keys)."""
-    sampling = _read_meta_if_complete(paths.samples(round_idx)).get("sampling", {})
-    scored = _read_meta_if_complete(paths.scored(round_idx)).get("stats", {})
-    select = _read_meta_if_complete(paths.selected(round_idx))
-    sft = _read_meta_if_complete(paths.policy(round_idx)).get("stats", {})
-    evaluation = eval_metrics(paths.eval(round_idx))
+    records = records or Records()
+    sampling = records.meta(paths.samples(round_idx)).get("sampling", {})
+    scored = records.meta(paths.scored(round_idx)).get("stats", {})
+    select = records.meta(paths.selected(round_idx))
+    sft = records.meta(paths.policy(round_idx)).get("stats", {})
+    evaluation = records.metrics(paths.eval(round_idx))
     out = {
         "sample/tokens_per_second": sampling.get("tokens_per_second"),
         "sample/acceptance_rate": sampling.get("acceptance_rate"),
@@ -107,13 +126,13 @@ def evaluations(paths: RunPaths, rounds: int) -> list[tuple[str, Path]]:
 SCORE_TITLES = {"gold": "gold (oracle)", "judge": "judge (held-out reward model)", "reward": "proxy reward model"}
 
 
-def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path) -> Path | None:
+def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path, records: Records) -> Path | None:
     """One panel per score the evaluations hold (gold, judge, proxy), the mean with its 95% interval per
     policy: where the proxy climbs and gold or the judge does not, the proxy is being over-optimised.
     Panels, not a shared legend: nothing covers the axes."""
     import matplotlib.pyplot as plt
 
-    points = [(name, read_metrics(path)) for name, path in evaluations(paths, rounds)]
+    points = [(name, records.metrics(path)) for name, path in evaluations(paths, rounds)]
     if not points:
         return None
     columns = [c for c in SCORE_TITLES if all(f"{c}_mean" in m for _, m in points)]
@@ -136,12 +155,12 @@ def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path) -> Path | None:
     return out
 
 
-def plot_collapse(paths: RunPaths, rounds: int, out: Path) -> Path | None:
+def plot_collapse(paths: RunPaths, rounds: int, out: Path, records: Records) -> Path | None:
     """Diversity per policy: distinct-2 within a prompt's samples and pooled over all prompts, and the
     share of completions that open with the most common words (collapse across prompts)."""
     import matplotlib.pyplot as plt
 
-    points = [(name, read_metrics(path)) for name, path in evaluations(paths, rounds)]
+    points = [(name, records.metrics(path)) for name, path in evaluations(paths, rounds)]
     if not points or any("distinct_2_all" not in m for _, m in points):
         return None
     names = [name for name, _ in points]
@@ -182,13 +201,14 @@ def _diff(d: dict | None) -> str:
     return "" if d is None else f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
 
 
-def evaluation_table(paths: RunPaths, rounds: int) -> list[dict]:
+def evaluation_table(paths: RunPaths, rounds: int, records: Records | None = None) -> list[dict]:
     """Per policy: every score's mean with its 95% interval, the paired differences to the previous
     policy and to the initial one, win rates, and diversity within and across prompts."""
+    records = records or Records()
     points = evaluations(paths, rounds)
     rows = []
     for i, (name, path) in enumerate(points):
-        m = read_metrics(path)
+        m = records.metrics(path)
         columns = score_columns(load_dataset_artifact(path))
         row = {"policy": name}
         for column in columns:
@@ -206,12 +226,12 @@ def evaluation_table(paths: RunPaths, rounds: int) -> list[dict]:
     return [{c: row.get(c, "") for c in columns} for row in rows]
 
 
-def plot_acceptance(paths: RunPaths, rounds: int, out: Path) -> Path | None:
+def plot_acceptance(paths: RunPaths, rounds: int, out: Path, records: Records) -> Path | None:
     import matplotlib.pyplot as plt
 
     series = []
     for r in range(rounds):
-        rates = _read_meta_if_complete(paths.samples(r)).get("sampling", {}).get("acceptance_per_position") or []
+        rates = records.meta(paths.samples(r)).get("sampling", {}).get("acceptance_per_position") or []
         if any(x is not None for x in rates):
             series.append((r, rates))
     if not series:
@@ -230,16 +250,17 @@ def plot_acceptance(paths: RunPaths, rounds: int, out: Path) -> Path | None:
     return out
 
 
-def write_plots(paths: RunPaths, rounds: int) -> dict[str, Path]:
+def write_plots(paths: RunPaths, rounds: int, records: Records | None = None) -> dict[str, Path]:
+    records = records or Records()
     import matplotlib
 
     matplotlib.use("Agg")
     paths.plots.mkdir(parents=True, exist_ok=True)
     plots = {
         "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png"),
-        "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png"),
-        "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png"),
-        "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png"),
+        "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png", records),
+        "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png", records),
+        "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png", records),
     }
     return {k: v for k, v in plots.items() if v is not None}
 
@@ -279,22 +300,24 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def recorded_settings(paths: RunPaths, round_idx: int) -> dict:
+def recorded_settings(paths: RunPaths, round_idx: int, records: Records | None = None) -> dict:
     """The settings round r's artifacts were made with (their fingerprints), never the current config."""
+    records = records or Records()
     settings = {}
     for artifact in (paths.samples(round_idx), paths.selected(round_idx), paths.policy(round_idx)):
-        settings.update(_read_meta_if_complete(artifact).get("fingerprint", {}).get("config", {}))
+        settings.update(records.meta(artifact).get("fingerprint", {}).get("config", {}))
     return settings
 
 
-def reward_table(paths: RunPaths, rounds: int) -> list[dict]:
+def reward_table(paths: RunPaths, rounds: int, records: Records | None = None) -> list[dict]:
     """One row per reward model of the run (reward/, then each round's refreshed one): what it was
     trained on and how well it ranks held-out pairs, from each artifact's meta.json."""
+    records = records or Records()
     models = [("reward/ (judges every eval)", paths.reward)]
     models += [(f"round_{r:02d}/reward (scored round {r})", paths.round_reward(r)) for r in range(rounds)]
     rows = []
     for name, path in models:
-        metrics = _read_meta_if_complete(path).get("metrics")
+        metrics = records.meta(path).get("metrics")
         if not metrics:
             continue
         accuracy = metrics.get("heldout_accuracy")
@@ -308,13 +331,15 @@ def reward_table(paths: RunPaths, rounds: int) -> list[dict]:
     return rows
 
 
-def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict]) -> Path:
+def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict],
+                  records: Records | None = None) -> Path:
+    records = records or Records()
     table = []  # the held-out numbers have their own table; this one is what each round did
     for r in range(rounds):
-        table.append({"round": r, **{k: v for k, v in round_metrics(paths, r).items() if not k.startswith("eval/")}})
+        table.append({"round": r, **{k: v for k, v in round_metrics(paths, r, records).items() if not k.startswith("eval/")}})
     columns = list(dict.fromkeys(k for row in table for k in row))
     rows = [{c: row.get(c, "") for c in columns} for row in table]
-    recorded = recorded_settings(paths, rounds - 1)
+    recorded = recorded_settings(paths, rounds - 1, records)
     text = [
         f"# rsft run `{paths.root.name}`",
         "",
@@ -331,20 +356,20 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         "difference to the row above (same prompts and sample seeds), `win rate vs initial` the paired "
         "P(this policy's completion beats the initial policy's).",
         "",
-        markdown_table(evaluation_table(paths, rounds)),
+        markdown_table(evaluation_table(paths, rounds, records)),
         "",
         "## Round metrics",
         "",
         markdown_table(rows),
         "",
     ]
-    reward_rows = reward_table(paths, rounds)
+    reward_rows = reward_table(paths, rounds, records)
     if reward_rows:
         text += ["## Reward models", "",
                  "The run's reward model judges every evaluation; with loop.refresh_reward a round's own model, "
                  "retrained on every label so far, scored that round's samples.", "",
                  markdown_table(reward_rows), ""]
-    judged = [read_metrics(path) for _, path in evaluations(paths, rounds)]
+    judged = [records.metrics(path) for _, path in evaluations(paths, rounds)]
     judge = next((m["judge"] for m in judged if m.get("judge")), None)
     if judge:
         warnings = sorted({w for m in judged for w in m.get("judge_warnings", [])})

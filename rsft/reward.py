@@ -42,12 +42,14 @@ from rsft.paths import (
     RunPaths,
     atomic_artifact,
     fingerprint,
+    finished,
     is_complete,
     load_dataset_artifact,
     loading_artifact,
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
+from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +155,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                 f"train on your own pairs with reward.data.path=<file, folder or hub name>")
     wanted = wanted_fingerprint(cfg, paths)
     if should_skip(out, cfg.overwrite, "reward", wanted):
-        return out
+        return finished(out)
     train, test, source = load_pairs(cfg)
     device = resolve_device(cfg.device)
     with stage_tracker(cfg, "reward", tracker) as tracker:
         model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker)
+        check_trained(model, metrics["train_loss"], cfg.reward, "reward")
         meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
                 "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
         if distributed.is_main():  # every process trained the same (DDP) model; one saves it
@@ -174,4 +177,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         flat.update({f"truncation_{k}": v for k, v in metrics["truncation"]["train"].items()})
         tracker.log({f"reward/{k}": v for k, v in flat.items()})
         tracker.summary({f"reward/{k}": v for k, v in flat.items()})
-    return out
+    return finished(out)

@@ -102,17 +102,57 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(f"{message}\n(RSFT_TRACEBACK=1 shows the traceback)") from None
 
 
-def check_command_line(argv: list[str]) -> None:
-    """Hydra creates its log folder under paths.run_dir before main() runs: a run_name that would
-    put it outside the runs root (`..`, absolute, empty) must stop before Hydra starts."""
+def _setting(argv: list[str], key: str) -> str | None:
+    """The value the command line gives `key` (also as +key= / ++key=), unquoted; None when it gives none."""
     for arg in argv:
-        if arg.startswith(("run_name=", "+run_name=", "++run_name=")):
-            try:
-                check_run_name(arg.split("=", 1)[1])
-            except ConfigError as error:
-                raise SystemExit(str(error)) from None
+        name, sep, value = arg.partition("=")
+        if sep and name.lstrip("+") == key:
+            return value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else value
+    return None
+
+
+def quote_unicode_values(argv: list[str]) -> list[str]:
+    """Hydra's override grammar takes only ASCII in an unquoted value (`run_name=résumé` is a lexer error);
+    a quoted value may hold any text, so a non-ASCII value is quoted for the user."""
+    quoted = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and not name.startswith("-") and not value.isascii() and value[:1] not in ("'", '"'):
+            quote = "'" if "'" not in value else '"'
+            if quote not in value:
+                arg = f"{name}={quote}{value}{quote}"
+        quoted.append(arg)
+    return quoted
+
+
+def check_command_line(argv: list[str]) -> None:
+    """What must stop before Hydra starts, since Hydra creates its log folder under paths.run_dir before
+    main() runs: a run_name that would put it outside the runs root (`..`, absolute, empty), and a run
+    folder that cannot be created (a read-only or missing runs root would end in Hydra's OSError traceback)."""
+    run_name = _setting(argv, "run_name")
+    if run_name is not None:
+        try:
+            check_run_name(run_name)
+        except ConfigError as error:
+            raise SystemExit(str(error)) from None
+    if any(arg.startswith(("-", "hydra.")) for arg in argv) or _setting(argv, "stage") is None:
+        return  # --help, --cfg, Hydra's own settings: Hydra writes no run folder, or the user steers it
+    run_dir = _setting(argv, "paths.run_dir")
+    if run_dir is None or "${" in run_dir:
+        root = _setting(argv, "paths.runs_root") or os.environ.get("RSFT_RUNS_ROOT") or "runs"
+        run_dir = None if "${" in root else os.path.join(root, run_name or "demo")
+    if run_dir is None or "${" in run_dir:
+        return
+    existing = Path(run_dir).absolute()
+    while not existing.exists():  # the nearest folder that exists: Hydra creates the rest
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "not a folder" if not existing.is_dir() else "not writable"
+        raise SystemExit(f"cannot create the run folder {run_dir}: {existing} is {reason}; choose a writable folder "
+                         f"with paths.runs_root=<folder> (or RSFT_RUNS_ROOT)")
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = quote_unicode_values(sys.argv[1:])
     check_command_line(sys.argv[1:])
     main()

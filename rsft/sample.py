@@ -30,7 +30,7 @@ from rsft.models import (
     load_policy,
     resolve_device,
 )
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
@@ -187,7 +187,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     settings = sampling_settings(cfg.sample, cfg.draft)  # bad settings stop here, before anything is loaded
     wanted = wanted_fingerprint(cfg, paths)
     if should_skip(out, cfg.overwrite, "sample", wanted):
-        return out
+        return finished(out)
     prompts = load_prompts(cfg.data, "train", int(cfg.round))  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(int(cfg.round)), device)
@@ -213,4 +213,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
              summary["tokens_per_second"], summary.get("acceptance_rate"))
     with stage_tracker(cfg, "sample", tracker) as tracker:
         tracker.log({f"sample/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}, step=int(cfg.round))
-    return out
+    return finished(out)

@@ -32,10 +32,11 @@ from rsft.paths import (
     RunPaths,
     atomic_artifact,
     fingerprint,
+    finished,
     is_complete,
     load_dataset_artifact,
-    read_meta,
     loading_artifact,
+    read_meta,
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
@@ -151,7 +152,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     scorer_path = reward_model(cfg, int(cfg.round))
     wanted = fingerprint(cfg, (), [source, scorer_path])  # the samples and the reward model, nothing else
     if should_skip(out, cfg.overwrite, "score", wanted):
-        return out
+        return finished(out)
     samples = load_dataset_artifact(source)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
     log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
@@ -181,4 +182,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
     with stage_tracker(cfg, "score", tracker) as tracker:
         tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
-    return out
+    return finished(out)

@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsft import distributed
 from rsft.data import chat_messages
 from rsft.stats import opening, top_opening
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     wanted = fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"), [paths.scored(r) for r in rounds])
     if should_skip(out_selected, cfg.overwrite, "select", wanted) and (
             not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", wanted)):
-        return out_selected
+        return finished(out_selected)
     rows = load_scored(paths, rounds)
 
     by_prompt: dict[str, list[dict]] = defaultdict(list)
@@ -231,6 +231,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         selected.sort(key=lambda c: position[c["prompt_id"]])  # stable: ranks stay in order within a prompt
         pairs.sort(key=lambda p: position[p["prompt_id"]])
 
+    survivors_left = [c["reward_normalised"] for ranked in ranked_by_prompt.values() for c in ranked]
+    if not selected and select_cfg.strategy == "threshold" and survivors_left:
+        raise ValueError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
+                         f"above every surviving completion's reward_normalised (the highest of {len(survivors_left)} "
+                         f"is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower select.threshold")
     if not selected:
         raise ValueError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
                          f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "
@@ -251,6 +256,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "acceptance_fraction": len(selected) / len(rows),
         "top_opening_share": share,
     }
+    if want_pairs and paths.dpo:  # only the data can tell; say so before SFT runs, naming the setting
+        margin = float(cfg.dpo.min_margin)
+        if not any(p["chosen_reward_normalised"] - p["rejected_reward_normalised"] >= margin for p in pairs):
+            raise ValueError(f"select: none of round {round_idx}'s {len(pairs)} best-vs-worst pairs has a normalised "
+                             f"reward gap >= dpo.min_margin={cfg.dpo.min_margin}, so loop.dpo would have nothing to "
+                             f"train on; lower dpo.min_margin or set loop.dpo=false")
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
             "top_opening": top,
             "prompts_without_survivors": starved, "settings": OmegaConf.to_container(select_cfg, resolve=True)}
@@ -262,4 +273,4 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     with stage_tracker(cfg, "select", tracker) as tracker:
         tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},
                     step=round_idx)
-    return out_selected
+    return finished(out_selected)

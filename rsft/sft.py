@@ -38,8 +38,8 @@ from transformers import TrainerCallback
 from rsft import distributed
 from rsft.data import chat_messages
 from rsft.models import load_policy, resolve_device
-from rsft.training import training_arguments
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, is_complete, load_dataset_artifact, should_skip
+from rsft.training import check_trained, training_arguments
+from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     wanted = fingerprint(cfg, ("seed", "round", "sft", "data.system_prompt", "policy"),
                        [p for p in (source, init_path) if p is not None])
     if should_skip(out, cfg.overwrite, "sft", wanted):
-        return out
+        return finished(out)
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
         raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
@@ -156,9 +156,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
+    check_trained(trained, stats["train_loss"], cfg.sft, "sft", state_dict)
     write_policy(out, meta, wanted, trained, state_dict, tokenizer)
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "sft", tracker) as tracker:
         tracker.log({f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
-    return out
+    return finished(out)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Stage:
     name: str
-    module: str                # exposes run(cfg, tracker=None) -> the artifact's path
+    module: str                # exposes run(cfg, tracker=None) -> rsft.paths.Artifact (path and record)
     groups: tuple[str, ...]    # config groups it reads (besides policy and the top-level keys); checked first
     reads: str
     writes: str

@@ -1,10 +1,12 @@
-"""The TrainingArguments every TRL trainer of rsft shares (reward, SFT, DPO), chosen from the device.
+"""The TrainingArguments every TRL trainer of rsft shares (reward, SFT, DPO), chosen from the device,
+and the check every trained model passes before it is saved.
 
 It imports only rsft.distributed, so reward/ and the stages both use it without importing each other.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -51,3 +53,16 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
         "dataloader_num_workers": 0,
         "ddp_find_unused_parameters": False,  # every trainable parameter is used (a frozen pooler is not trainable)
     }
+
+
+def check_trained(model, loss: float | None, section: DictConfig, group: str, state_dict: dict | None = None) -> None:
+    """A trained model becomes an artifact only with a finite training loss and finite weights: a learning
+    rate that diverges (1e12) would otherwise save NaN weights as a finished model, and the next stage
+    would fail on them ("NaN in logits") without naming the setting. ValueError, before anything is saved."""
+    weights = state_dict if state_dict is not None else model.state_dict()
+    bad = [name for name, tensor in weights.items()
+           if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad or (loss is not None and not math.isfinite(loss)):
+        raise ValueError(f"{group}: training diverged (train loss {loss}; {len(bad)} of {len(weights)} weight tensors "
+                         f"not finite{', e.g. ' + bad[0] if bad else ''}); nothing was saved. Lower "
+                         f"{group}.learning_rate (now {section.learning_rate}) or {group}.max_grad_norm and rerun")

@@ -15,9 +15,8 @@ import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
-from rsft.errors import ConfigError
+from rsft.errors import ArtifactError, ConfigError, DamagedArtifact, RunDirectoryBusy, StaleArtifact
 from rsft.models import load_causal_lm, load_saved_causal_lm
-from rsft.errors import DamagedArtifact, RunDirectoryBusy, StaleArtifact
 from rsft.paths import RunPaths, atomic_artifact, run_lock
 from rsft.run import run_stage
 from tests.conftest import REPO
@@ -42,8 +41,8 @@ def test_changed_sample_settings_stop_before_work_and_name_the_keys(make_cfg):
     assert (samples / "meta.json").stat().st_mtime == stamp  # nothing was touched
     # keys that cannot change a result are not part of it: the same samples are reused
     assert run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=2", "threads=1",
-                              "sample.batch_rows=5")) == samples
-    rebuilt = run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=3", "overwrite=true"))
+                              "sample.batch_rows=5")).path == samples
+    rebuilt = run_stage(make_cfg("stage=sample", "run_name=s", "sample.num_samples=3", "overwrite=true")).path
     assert len(load_from_disk(str(rebuilt))) == 9
 
 
@@ -66,8 +65,8 @@ def test_a_prompt_folder_is_reused_as_it_is(make_cfg, tmp_path):
     folder = tmp_path / "prompts"
     Dataset.from_dict({"instruction": ["a cat", "a dog"]}).save_to_disk(str(folder))
     local = ["data=local", f"data.path={folder}", "data.prompt_column=instruction", "run_name=folder"]
-    first = run_stage(make_cfg("stage=sample", *local))
-    assert run_stage(make_cfg("stage=sample", *local)) == first  # datasets' own cache files do not count
+    first = run_stage(make_cfg("stage=sample", *local)).path
+    assert run_stage(make_cfg("stage=sample", *local)).path == first  # datasets' own cache files do not count
 
 
 def test_missing_required_settings_and_a_loop_without_labels_are_refused(make_cfg, tmp_path):
@@ -93,8 +92,8 @@ def test_reward_model_from_another_or_a_missing_pairs_file_is_not_reused(make_cf
 
     first, second = pairs_file("a.jsonl", ["sun", "moon", "tree", "river"]), pairs_file("b.jsonl", ["x", "y", "z", "w"])
     reward = ["stage=reward", "reward=tiny", "run_name=r", "reward.epochs=1"]
-    out = run_stage(make_cfg(*reward, f"reward.data.path={first}"))
-    assert run_stage(make_cfg(*reward, f"reward.data.path={first}", "reward.progress=true")) == out  # reused
+    out = run_stage(make_cfg(*reward, f"reward.data.path={first}")).path
+    assert run_stage(make_cfg(*reward, f"reward.data.path={first}", "reward.progress=true")).path == out  # reused
     with pytest.raises(StaleArtifact, match=r"reward\.data\.path"):
         run_stage(make_cfg(*reward, f"reward.data.path={second}"))
     with pytest.raises(FileNotFoundError, match=r"reward\.data\.path=.*missing\.jsonl"):
@@ -109,7 +108,7 @@ def test_samples_rebuilt_with_overwrite_make_the_scores_stale(make_cfg, monkeypa
     run_stage(make_cfg("stage=sample", "sample.num_samples=4", "overwrite=true"))
     with pytest.raises(StaleArtifact, match=r"input artifact round_00/samples: rebuilt or replaced"):
         run_stage(make_cfg("stage=score"))
-    assert len(load_from_disk(str(run_stage(make_cfg("stage=score", "overwrite=true"))))) == 12
+    assert len(load_from_disk(str(run_stage(make_cfg("stage=score", "overwrite=true")).path))) == 12
 
 
 def test_invalid_settings_are_refused_after_a_complete_run(make_cfg):
@@ -124,7 +123,7 @@ LOOP = ["stage=loop", "loop.rounds=1", "reward=tiny", "prefs.num_prompts=4", "pr
 
 
 def test_a_finished_loop_rerun_with_other_settings_stops_and_keeps_its_summary(make_cfg):
-    root = run_stage(make_cfg(*LOOP))
+    root = run_stage(make_cfg(*LOOP)).path
     summary = (root / "summary.md").read_text()
     assert "K=2" in summary and "lr=0.001" in summary
     with pytest.raises(StaleArtifact, match=r"sample\.num_samples: 2 -> 4"):
@@ -144,7 +143,7 @@ def test_a_finished_loop_rerun_with_other_settings_stops_and_keeps_its_summary(m
 # ---- 2. damaged artifacts are never trusted ----
 
 def test_a_truncated_arrow_file_is_damage_named_with_the_folder(make_cfg, monkeypatch):
-    samples = run_stage(make_cfg("stage=sample"))
+    samples = run_stage(make_cfg("stage=sample")).path
     arrow = next(samples.glob("*.arrow"))
     arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
     with pytest.raises(DamagedArtifact, match=rf"{samples}.*damaged.*\.arrow.*stage=sample round=0 overwrite=true"):
@@ -154,11 +153,11 @@ def test_a_truncated_arrow_file_is_damage_named_with_the_folder(make_cfg, monkey
     with pytest.raises(DamagedArtifact, match=str(samples)):
         run_stage(cfg)
     run_stage(make_cfg("stage=sample", "overwrite=true"))
-    assert len(load_from_disk(str(run_stage(cfg)))) == 9
+    assert len(load_from_disk(str(run_stage(cfg).path))) == 9
 
 
 def test_an_invalid_meta_json_names_its_path(make_cfg):
-    samples = run_stage(make_cfg("stage=sample"))
+    samples = run_stage(make_cfg("stage=sample")).path
     (samples / "meta.json").write_text("{not json")
     with pytest.raises(DamagedArtifact, match=rf"{samples}/meta.json cannot be read"):
         run_stage(make_cfg("stage=sample"))
@@ -201,7 +200,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(make_cfg, tmp_path):
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     assert "pid" in (tmp_path / "runs" / "demo" / ".lock").read_text()  # the dead holder's record is still there
-    assert run_stage(cfg).exists()
+    assert run_stage(cfg).path.exists()
 
 
 # ---- the command line: one line per mistake, Ctrl-C says how to resume ----
@@ -239,6 +238,83 @@ def test_kill_minus_nine_while_writing_samples_then_resume_gives_the_same_rows(m
     proc.wait()
     killed = RunPaths(tmp_path / "runs" / "killed")
     assert not killed.samples(0).exists()  # only a temporary folder was left
-    resumed = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=killed"))))
-    straight = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=straight"))))
+    resumed = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=killed")).path))
+    straight = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=straight")).path))
     assert resumed["completion_ids"] == straight["completion_ids"] and resumed["seed"] == straight["seed"]
+
+
+# ---- 3. staleness follows the whole artifact graph; damage that keeps the size is caught ----
+
+def test_samples_rebuilt_stop_select_too_not_only_score(make_cfg, monkeypatch):
+    """select reads scored/, which still has its old digest: it is stale through samples/, transitively."""
+    cfg = make_cfg("stage=score")
+    install_fake_reward(monkeypatch, cfg)
+    run_stage(make_cfg("stage=sample"))
+    run_stage(cfg)
+    run_stage(make_cfg("stage=select", "select.drop_truncated=false"))
+    run_stage(make_cfg("stage=sample", "sample.temperature=0.9", "overwrite=true"))
+    with pytest.raises(StaleArtifact, match=r"round_00/scored was built from round_00/samples before .*stage=score"):
+        run_stage(make_cfg("stage=select", "select.drop_truncated=false"))
+
+
+def test_bytes_overwritten_in_place_are_damage_even_at_the_same_size(make_cfg, monkeypatch):
+    samples = run_stage(make_cfg("stage=sample")).path
+    arrow = next(samples.glob("*.arrow"))
+    data = bytearray(arrow.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 8] = b"\xff" * 8
+    arrow.write_bytes(bytes(data))
+    with pytest.raises(DamagedArtifact, match=rf"{samples} is damaged: .*\.arrow has other content"):
+        run_stage(make_cfg("stage=sample"))
+    cfg = make_cfg("stage=score")
+    install_fake_reward(monkeypatch, cfg)
+    with pytest.raises(DamagedArtifact, match="other content"):
+        run_stage(cfg)
+
+
+def test_a_refusal_names_the_key_the_user_sets_not_the_one_that_reads_it(make_cfg):
+    prefs = ["stage=prefs", "prefs.num_prompts=4", "prefs.num_samples=2"]
+    run_stage(make_cfg(*prefs))
+    with pytest.raises(StaleArtifact, match=r"sample\.temperature \(read as prefs\.temperature\): 0\.7 -> 0\.9"):
+        run_stage(make_cfg(*prefs, "sample.temperature=0.9"))
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(make_cfg, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("datasets.Dataset.save_to_disk", full)
+    cfg = make_cfg("stage=sample")
+    with pytest.raises(ArtifactError, match=r"^no space left on device while writing .*round_00/samples; nothing"):
+        run_stage(cfg)
+    assert not any(paths_of(cfg).round_dir(0).iterdir())
+
+
+def test_a_diverged_training_run_saves_nothing_and_names_the_learning_rate(make_cfg, monkeypatch):
+    from rsft.training import check_trained
+
+    model = torch.nn.Linear(2, 2)
+    check_trained(model, 0.5, make_cfg("stage=sft").sft, "sft")
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"sft: training diverged .*1 of 2 weight tensors.*sft\.learning_rate"):
+        check_trained(model, 0.5, make_cfg("stage=sft").sft, "sft")
+    with pytest.raises(ValueError, match=r"reward: training diverged \(train loss nan"):
+        check_trained(torch.nn.Linear(2, 2), float("nan"), make_cfg("stage=reward").reward, "reward")
+
+
+def test_a_read_only_or_unwritable_runs_root_is_one_line_before_hydra_starts(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", f"paths.runs_root={blocker}"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith(f"cannot create the run folder {blocker}/demo: {blocker} is not a folder")
+
+
+def test_a_unicode_run_name_is_accepted(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=nope", "run_name=résumé-été",
+                           f"paths.runs_root={tmp_path}"], capture_output=True, text=True, cwd=REPO)
+    assert "stage='nope' is not a stage" in done.stderr  # parsed: Hydra's lexer did not stop it
+    assert (tmp_path / "résumé-été").is_dir()  # Hydra's log folder, under the name as typed

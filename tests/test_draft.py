@@ -21,7 +21,7 @@ SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6",
 
 def test_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg, tmp_path):
     run_stage(make_cfg("stage=sample", *SMALL))
-    out = run_stage(make_cfg("stage=draft", *SMALL))
+    out = run_stage(make_cfg("stage=draft", *SMALL)).path
     assert out == RunPaths(f"{tmp_path}/runs/demo").draft
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["heldout_loss_after"] < metrics["heldout_loss_before"]
@@ -34,7 +34,7 @@ def test_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg, tmp_pa
     assert draft_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert json.loads((out / DRAFT_HEAD_FILE).read_text())["head_token_ids"] == head
     assert build_draft(cfg, policy, tokenizer, torch.device("cpu")) is not None
-    samples = run_stage(make_cfg("stage=sample", "draft=distilled", "run_name=demo", "round=0", "overwrite=true", *SMALL))
+    samples = run_stage(make_cfg("stage=sample", "draft=distilled", "run_name=demo", "round=0", "overwrite=true", *SMALL)).path
     assert read_meta(samples)["sampling"]["num_drafted"] > 0
 
 
@@ -44,7 +44,7 @@ FEATURE = [*SMALL, "draft=feature", "draft.train.epochs=30", "draft.train.batch_
 
 def test_feature_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg, tmp_path):
     run_stage(make_cfg("stage=sample", *SMALL))
-    out = run_stage(make_cfg("stage=draft", *FEATURE))
+    out = run_stage(make_cfg("stage=draft", *FEATURE)).path
     assert out == RunPaths(f"{tmp_path}/runs/demo").draft
     meta = read_meta(out)
     metrics = meta["metrics"]
@@ -59,7 +59,7 @@ def test_feature_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg
     assert model.config.hidden_size == policy.config.hidden_size
     head = json.loads((out / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
     assert torch.equal(model.lm_head.weight, policy.get_output_embeddings().weight[torch.tensor(head)])
-    samples = run_stage(make_cfg("stage=sample", "overwrite=true", *FEATURE))
+    samples = run_stage(make_cfg("stage=sample", "overwrite=true", *FEATURE)).path
     assert read_meta(samples)["sampling"]["num_drafted"] > 0
     assert "draft" in read_meta(samples)["fingerprint"]["inputs"]  # a retrained draft makes the samples stale
     # the wrong kind, or another policy's hidden size, is a clear error naming the folder

@@ -51,7 +51,7 @@ def test_eval_round_builds_the_baseline_and_writes_metrics(make_cfg, monkeypatch
     run_stage(make_cfg("stage=sample", *overrides))
     run_stage(make_cfg("stage=score", *overrides))
     save_tiny_as_round_policy(make_cfg())
-    out = run_stage(make_cfg("stage=eval", *overrides))
+    out = run_stage(make_cfg("stage=eval", *overrides)).path
     paths = RunPaths(out.parent.parent)
     assert out == paths.eval(0)
     metrics = read_metrics(out)
@@ -104,7 +104,7 @@ def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, m
     run_stage(make_cfg("stage=sample", *overrides))
     run_stage(make_cfg("stage=score", *overrides))
     save_tiny_as_round_policy(make_cfg())
-    out = run_stage(make_cfg("stage=eval", *overrides))
+    out = run_stage(make_cfg("stage=eval", *overrides)).path
     paths = RunPaths(out.parent.parent)
     for folder in (paths.initial_eval, out):
         ds = load_from_disk(str(folder))

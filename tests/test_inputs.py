@@ -56,7 +56,7 @@ def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_pat
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert key in done.stderr
-    assert not any(tmp_path.iterdir())
+    assert not any(tmp_path.iterdir())  # not even the run folder: Hydra stopped while composing
 
 
 @pytest.mark.parametrize("override,message", [

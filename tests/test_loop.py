@@ -20,7 +20,7 @@ LOOP = ["stage=loop", "loop.rounds=2", "reward=tiny", "prefs.num_prompts=4", "pr
 
 
 def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypatch):
-    straight = RunPaths(run_stage(make_cfg(*LOOP, "run_name=straight", "logger=wandb", "logger.mode=offline")))
+    straight = RunPaths(run_stage(make_cfg(*LOOP, "run_name=straight", "logger=wandb", "logger.mode=offline")).path)
 
     real_sft = rsft.sft.run
 
@@ -95,7 +95,7 @@ def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
 
     cfg = make_cfg(*LOOP, "run_name=drafted", "draft=distilled", "loop.eval=false", "draft_model.num_layers=1",
                    "draft_model.epochs=1", "draft_model.eval_prompts=2", "draft_model.eval_samples=2")
-    paths = RunPaths(run_stage(cfg))
+    paths = RunPaths(run_stage(cfg).path)
     assert read_meta(paths.samples(0))["config"]["draft"]["kind"] == "ngram"  # no distilled draft before round 0
     assert read_meta(paths.round_draft(0))["metrics"]["teacher"] == str(paths.policy(0))
     assert read_meta(paths.samples(1))["sampling"]["num_drafted"] > 0  # round 1 drafted with round 0's draft
@@ -119,7 +119,7 @@ def test_loop_refreshes_the_feature_draft_after_each_rounds_sft(make_cfg):
 
     cfg = make_cfg(*LOOP, "run_name=featured", "draft=feature", "loop.eval=false", "draft.train.epochs=2",
                    "draft.train.eval_prompts=2", "draft.train.eval_samples=2")
-    paths = RunPaths(run_stage(cfg))
+    paths = RunPaths(run_stage(cfg).path)
     assert read_meta(paths.samples(0))["config"]["draft"]["kind"] == "ngram"  # no feature draft before round 0
     draft_meta = read_meta(paths.round_draft(0))
     assert draft_meta["kind"] == "feature" and draft_meta["metrics"]["teacher"] == str(paths.policy(0))

@@ -47,8 +47,8 @@ def test_rotation_takes_every_train_prompt_once_before_repeating_and_never_a_hel
 
 def test_rotated_samples_differ_by_round_and_the_switch_is_part_of_their_fingerprint(make_cfg):
     write_policy(make_cfg("stage=sft"))  # round 1 samples from round 0's policy
-    first = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.rotate=true", "round=0"))))
-    second = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.rotate=true", "round=1"))))
+    first = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.rotate=true", "round=0")).path))
+    second = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.rotate=true", "round=1")).path))
     assert not set(first["prompt_id"]) & set(second["prompt_id"])
     with pytest.raises(StaleArtifact, match=r"data\.rotate: True -> False"):
         run_stage(make_cfg("stage=sample", "round=1"))
@@ -132,7 +132,7 @@ def test_dpo_moves_the_sft_policy_toward_the_chosen_and_writes_a_loadable_policy
                    "dpo.min_margin=0.5", "device=cpu")
     paths = write_sft_policy_and_pairs(cfg, margins=[1.0, 1.0, 1.0, 1.0, 0.1])  # the last gap is too small
     before, tokenizer = load_saved_causal_lm(paths.policy(0), torch.device("cpu"))
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     assert out == paths.dpo_policy(0) == paths.sampling_policy(1) == paths.eval_policy(0)
     after, saved_tokenizer = load_saved_causal_lm(out, torch.device("cpu"))
     assert type(after) is type(before) and not (out / "adapter_config.json").exists()
@@ -245,11 +245,21 @@ def test_users_without_simulated_labels_must_name_their_round_pairs(make_cfg, tm
     pairs(tmp_path / "pairs.jsonl", ["sun", "moon", "tree", "river", "sea", "sky"])
     pairs(labels / "round_00.jsonl", ["cat", "dog", "owl", "bee"])
     paths = RunPaths.from_config(make_cfg(*refresh))
-    out = run_stage(make_cfg(*refresh, "round=0"))
+    out = run_stage(make_cfg(*refresh, "round=0")).path
     assert out == paths.round_reward(0) == paths.scoring_reward(0)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train_pairs"] == 5 + 3  # 6 user pairs less 1 held out, 4 of round 0 less 1
     assert read_meta(paths.round_prefs(0))["labels"].endswith("round_00.jsonl")
+    # every round file a loop will read is found and read before it does any work
+    loop = [*local, f"refresh.pairs={labels}", "reward=tiny", "loop.rounds=3", "run_name=rounds"]
+    (labels / "round_01.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"refresh\.pairs=.*round_01\.jsonl.* is empty"):
+        run_stage(make_cfg(*loop))
+    pairs(labels / "round_01.jsonl", ["fox", "elk"])
+    with pytest.raises(FileNotFoundError, match=r"no labelled pairs of round 2"):
+        run_stage(make_cfg(*loop))
+    assert not RunPaths.from_config(make_cfg(*loop)).root.exists() or not any(
+        RunPaths.from_config(make_cfg(*loop)).root.glob("*/meta.json"))  # nothing was built
 
 
 def test_a_three_round_loop_killed_mid_round_resumes_to_the_same_artifacts(straight, monkeypatch):

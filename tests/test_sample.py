@@ -17,7 +17,7 @@ PROVENANCE = {"prompt_id", "prompt", "sample_idx", "completion", "completion_ids
 @pytest.mark.parametrize("draft", ["none", "ngram"])
 def test_sample_writes_k_completions_per_prompt_with_provenance(make_cfg, draft):
     cfg = make_cfg("stage=sample", f"draft={draft}")
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     ds = load_from_disk(str(out))
     assert PROVENANCE <= set(ds.column_names)
     assert len(ds) == 3 * 3
@@ -30,10 +30,10 @@ def test_sample_writes_k_completions_per_prompt_with_provenance(make_cfg, draft)
 
 
 def test_same_seed_same_samples_and_complete_artifact_skips(make_cfg, tmp_path):
-    first = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=a"))))
-    second = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=b"))))
+    first = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=a")).path))
+    second = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=b")).path))
     assert first["completion_ids"] == second["completion_ids"]
-    other = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=c", "seed=1"))))
+    other = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=c", "seed=1")).path))
     assert other["completion_ids"] != first["completion_ids"]
     samples = RunPaths(f"{tmp_path}/runs/a").samples(0)
     stamp = read_meta(samples)["created_at"], (samples / "meta.json").stat().st_mtime

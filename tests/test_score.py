@@ -14,7 +14,7 @@ def test_score_adds_raw_and_normalised_reward_to_every_sample(make_cfg, monkeypa
     run_stage(make_cfg("stage=sample"))
     cfg = make_cfg("stage=score")
     install_fake_reward(monkeypatch, cfg)
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     scored = load_from_disk(str(out))
     samples = load_from_disk(str(out.parent / "samples"))
     assert len(scored) == len(samples) == 9

@@ -44,7 +44,7 @@ ROWS = [
 def test_top1_filters_dedupes_and_breaks_ties_by_sample_index(make_cfg):
     cfg = make_cfg("stage=select")
     write_scored(cfg, ROWS)
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     kept = {r["prompt_id"]: r for r in selected_of(out)}
     assert kept["a"]["completion"] == "good" and kept["a"]["sample_idx"] == 1
     assert kept["b"]["completion"] == "tie one"  # equal rewards: the lower sample index
@@ -56,7 +56,7 @@ def test_top1_filters_dedupes_and_breaks_ties_by_sample_index(make_cfg):
 def test_truncated_kept_when_configured_and_top_k(make_cfg):
     cfg = make_cfg("stage=select", "select.drop_truncated=false", "select.k=2", "select.prefer_complete=false")
     write_scored(cfg, ROWS)
-    kept = selected_of(run_stage(cfg))
+    kept = selected_of(run_stage(cfg).path)
     assert [(r["prompt_id"], r["completion"], r["rank"]) for r in kept] == [
         ("a", "best but cut off", 0), ("a", "good", 1), ("b", "tie one", 0), ("b", "tie two", 1)]
 
@@ -65,7 +65,7 @@ def test_kept_truncated_completions_rank_after_complete_ones(make_cfg):
     rows = ROWS + [row("c", 0, "only a cut one", 2.0, finish_reason="length")]
     cfg = make_cfg("stage=select", "select.drop_truncated=false")  # prefer_complete=true by default
     write_scored(cfg, rows)
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     kept = {r["prompt_id"]: r["completion"] for r in selected_of(out)}
     assert kept == {"a": "good", "b": "tie one", "c": "only a cut one"}  # c has nothing whole: the cut one
     counts = read_meta(out)["counts"]
@@ -80,7 +80,7 @@ def test_opening_cap_limits_the_share_of_kept_completions_sharing_an_opening(mak
         rows.append(row(f"p{i}", 1, f"Here is idea number {i} for you", 1.0))
     cfg = make_cfg("stage=select", "select.max_opening_share=0.2")
     write_scored(cfg, rows)
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     kept = {r["prompt_id"]: r["completion"] for r in selected_of(out)}
     sorry = sorted(p for p, c in kept.items() if c.startswith("Sorry"))
     assert sorry == ["p8", "p9"]  # cap = 0.2 x 10 prompts = 2; the highest rewards claim it first
@@ -89,7 +89,7 @@ def test_opening_cap_limits_the_share_of_kept_completions_sharing_an_opening(mak
     assert meta["counts"]["dropped_opening_cap"] == 8 and meta["stats"]["top_opening_share"] == pytest.approx(0.2)
     uncapped = make_cfg("stage=select", "run_name=uncapped")
     write_scored(uncapped, rows)
-    assert read_meta(run_stage(uncapped))["stats"]["top_opening_share"] == 1.0
+    assert read_meta(run_stage(uncapped).path)["stats"]["top_opening_share"] == 1.0
 
 
 def test_opening_cap_must_be_a_fraction(make_cfg):
@@ -102,7 +102,7 @@ def test_opening_cap_must_be_a_fraction(make_cfg):
 def test_threshold_keeps_every_survivor_above_it(make_cfg):
     cfg = make_cfg("stage=select", "select.strategy=threshold", "select.threshold=1.0")  # normalised = reward/2
     write_scored(cfg, ROWS)
-    assert sorted(r["completion"] for r in selected_of(run_stage(cfg))) == ["good", "tie one", "tie two"]
+    assert sorted(r["completion"] for r in selected_of(run_stage(cfg).path)) == ["good", "tie one", "tie two"]
 
 
 def test_random_baseline_same_budget_seeded(make_cfg):
@@ -111,7 +111,7 @@ def test_random_baseline_same_budget_seeded(make_cfg):
     for run_name, seed in (("r1", 0), ("r2", 0), ("r3", 1)):
         cfg = make_cfg("stage=select", "select.strategy=random", f"run_name={run_name}", f"seed={seed}")
         write_scored(cfg, many)
-        picks.append([r["sample_idx"] for r in selected_of(run_stage(cfg))])
+        picks.append([r["sample_idx"] for r in selected_of(run_stage(cfg).path)])
     assert len(picks[0]) == 6  # k=1 per prompt: the same budget as best-of-K
     assert picks[0] == picks[1] and picks[0] != picks[2]
     assert picks[0] != [5] * 6  # not the best each time
@@ -121,12 +121,12 @@ def test_pooling_ranks_earlier_rounds_too_and_ties_prefer_the_newer_round(make_c
     cfg = make_cfg("stage=select", "round=1", "select.pool_rounds=-1")
     write_scored(cfg, [row("a", 0, "old best", 7.0), row("b", 0, "old tie", 2.0)], round_idx=0)
     write_scored(cfg, [row("a", 0, "new", 4.0, round_idx=1), row("b", 1, "new tie", 2.0, round_idx=1)], round_idx=1)
-    kept = {r["prompt_id"]: r for r in selected_of(run_stage(cfg))}
+    kept = {r["prompt_id"]: r for r in selected_of(run_stage(cfg).path)}
     assert kept["a"]["completion"] == "old best" and kept["a"]["selected_in_round"] == 1
     assert kept["b"]["completion"] == "new tie"
     alone = make_cfg("stage=select", "round=1", "run_name=alone", "select.pairs=false", "select.pool_rounds=0")
     write_scored(alone, [row("a", 0, "new", 4.0, round_idx=1)], round_idx=1)
-    assert [r["completion"] for r in selected_of(run_stage(alone))] == ["new"]
+    assert [r["completion"] for r in selected_of(run_stage(alone).path)] == ["new"]
 
 
 def test_pairs_are_best_vs_worst_in_trl_conversational_preference_format(make_cfg):
@@ -155,14 +155,14 @@ def test_one_sample_per_prompt_with_pairs_is_an_error(make_cfg):
     with pytest.raises(ValueError, match="select.pairs=false"):
         run_stage(cfg)
     cfg = make_cfg("stage=select", "select.pairs=false")
-    assert len(selected_of(run_stage(cfg))) == 2
+    assert len(selected_of(run_stage(cfg).path)) == 2
 
 
 def test_prompt_with_every_completion_filtered_is_logged_and_skipped(make_cfg, caplog):
     cfg = make_cfg("stage=select")
     write_scored(cfg, ROWS + [row("z", 0, "", 1.0), row("z", 1, "cut", 2.0, finish_reason="length")])
     with caplog.at_level(logging.WARNING):
-        out = run_stage(cfg)
+        out = run_stage(cfg).path
     assert "prompt z ('prompt z')" in caplog.text
     assert sorted(r["prompt_id"] for r in selected_of(out)) == ["a", "b"]
     assert read_meta(out)["prompts_without_survivors"] == ["z"]
@@ -188,11 +188,26 @@ def test_a_cap_that_does_not_bind_changes_nothing_and_legacy_scores_pool(make_cf
     plain, capped = make_cfg("stage=select"), make_cfg("stage=select", "select.max_opening_share=1.0", "run_name=cap")
     for cfg in (plain, capped):
         write_scored(cfg, rows)
-    assert selected_of(run_stage(plain)) == selected_of(run_stage(capped))  # same rows, same order (SFT's data)
+    assert selected_of(run_stage(plain).path) == selected_of(run_stage(capped).path)  # same rows, same order (SFT's data)
     # round 0 scored before the reward_model column existed, round 1 by the run's reward/: one model, pooled
     pooled = make_cfg("stage=select", "round=1", "run_name=pooled")
     write_scored(pooled, rows, round_idx=0)
     write_scored(pooled, [{**r, "round": 1, "reward": r["reward"] - 100, "reward_model": "reward"} for r in rows],
                  round_idx=1)
-    out = run_stage(pooled)
+    out = run_stage(pooled).path
     assert {r["round"] for r in selected_of(out)} == {0} and read_meta(out)["counts"]["dropped_other_reward_model"] == 0
+
+
+def test_a_threshold_above_every_survivor_is_named_as_the_cause(make_cfg):
+    cfg = make_cfg("stage=select", "select.strategy=threshold", "select.threshold=50")
+    write_scored(cfg, ROWS)
+    with pytest.raises(ValueError, match=r"select\.threshold=50\.0 is above every surviving completion.*2\.500"):
+        run_stage(cfg)
+
+
+def test_dpo_pairs_that_no_margin_admits_stop_select_before_sft(make_cfg):
+    cfg = make_cfg("stage=select", "loop.dpo=true", "dpo.min_margin=100")
+    write_scored(cfg, ROWS)
+    with pytest.raises(ValueError, match=r"reward gap >= dpo\.min_margin=100\.0.*lower dpo\.min_margin"):
+        run_stage(cfg)
+    assert run_stage(make_cfg("stage=select", "loop.dpo=true", "dpo.min_margin=0.5")).path

@@ -43,7 +43,7 @@ def test_full_sft_changes_every_parameter_and_next_round_samples_from_it(make_cf
     cfg = make_cfg("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=3", "device=cpu")
     write_selected(cfg)
     before, tokenizer, _ = load_policy(cfg, None, torch.device("cpu"))
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     after, saved_tokenizer = load_saved_causal_lm(out, torch.device("cpu"))
     assert saved_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert saved_tokenizer.chat_template == tokenizer.chat_template
@@ -56,7 +56,7 @@ def test_full_sft_changes_every_parameter_and_next_round_samples_from_it(make_cf
     assert meta["stats"]["steps"] == 3 and meta["stats"]["loss_last"] < meta["stats"]["loss_first"]
     assert len(meta["loss_history"]) >= 3
 
-    samples = load_from_disk(str(run_stage(make_cfg("stage=sample", "round=1"))))
+    samples = load_from_disk(str(run_stage(make_cfg("stage=sample", "round=1")).path))
     assert set(samples["policy"]) == {str(out)}
     assert set(samples["round"]) == {1}
 
@@ -65,7 +65,7 @@ def test_lora_is_merged_into_a_plain_folder(make_cfg):
     cfg = make_cfg("stage=sft", "sft.mode=lora", "sft.learning_rate=1e-2", "device=cpu")
     write_selected(cfg)
     before, _, _ = load_policy(cfg, None, torch.device("cpu"))
-    out = run_stage(cfg)
+    out = run_stage(cfg).path
     assert not (out / "adapter_config.json").exists()
     after, _ = load_saved_causal_lm(out, torch.device("cpu"))
     assert type(after) is type(before)
@@ -88,10 +88,10 @@ def test_empty_selection_is_an_error_before_training(make_cfg):
 def test_sft_init_picks_the_starting_policy(make_cfg, init):
     cfg0 = make_cfg("stage=sft", "sft.learning_rate=3e-3", "device=cpu")
     write_selected(cfg0)
-    first = run_stage(cfg0)
+    first = run_stage(cfg0).path
     cfg1 = make_cfg("stage=sft", "round=1", f"sft.init={init}", "sft.learning_rate=3e-3", "device=cpu")
     write_selected(cfg1, round_idx=1)
-    meta = read_meta(run_stage(cfg1))
+    meta = read_meta(run_stage(cfg1).path)
     expected = str(first) if init == "previous" else str(cfg1.policy.name_or_path)
     assert meta["trained_from"] == expected
     with pytest.raises(ValueError, match="sft.init='latest'"):

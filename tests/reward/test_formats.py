@@ -120,3 +120,22 @@ def test_reward_model_trained_on_hh_reads_bare_prompts_in_the_hh_frame():
     assert prompt == prompt_template("hh_rlhf").format(prompt="Hi?")  # the frame the proxy was trained on
     scorer = RewardScorer(torch.nn.Linear(1, 1), None, 8, template=prompt_template("preference"))
     assert scorer.as_trained(["Hi?"]) == ["Hi?"]
+
+
+def test_a_soft_label_that_is_not_a_number_names_file_row_and_column():
+    ds = Dataset.from_list([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": "0.7"},
+                            {"prompt": "p", "chosen": "c", "rejected": "d", "label_prob": "high"}])
+    with pytest.raises(ValueError, match=r"^pairs\.jsonl, row 1, column 'label_prob': soft label 'high' is not a number"):
+        to_preference_pairs(ds, "preference", "label_prob", "pairs.jsonl")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n"])
+def test_an_empty_pairs_file_is_one_line_not_a_traceback(tmp_path, content):
+    from omegaconf import OmegaConf
+
+    from reward.formats import load_raw
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"reward\.data\.path=.*pairs\.jsonl.*(is empty|has no rows).*preference pairs"):
+        load_raw(OmegaConf.create({"path": str(path), "split": "train", "data_dir": None}))

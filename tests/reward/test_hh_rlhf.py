@@ -27,7 +27,7 @@ def test_minilm_on_hh_rlhf_beats_chance(tmp_path):
             f"reward.data.path={HH_FILE.resolve()}", "reward.data.format=hh_rlhf", "reward.data.limit=1200",
             "reward.data.eval_fraction=0.3334", "reward.epochs=1", "reward.max_length=128", "reward.batch_size=16",
             "reward.learning_rate=5e-5", "reward.progress=false"])
-    metrics = read_meta(run_stage(cfg))["metrics"]
+    metrics = read_meta(run_stage(cfg).path)["metrics"]
     correct = round(metrics["heldout_accuracy"] * metrics["heldout_pairs"])
     assert metrics["heldout_pairs"] == 400 and metrics["truncation"]["train"]["pairs_dropped"] == 0
     # One-sided binomial test against a coin (false-alarm rate 5%).

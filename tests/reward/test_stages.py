@@ -21,7 +21,7 @@ def config(tmp_path, stage, *extra):
 
 
 def test_prefs_then_reward(tmp_path):
-    prefs_dir = run_stage(config(tmp_path, "prefs", "prefs.soft=false"))
+    prefs_dir = run_stage(config(tmp_path, "prefs", "prefs.soft=false")).path
     assert is_complete(prefs_dir)
     splits = load_from_disk(str(prefs_dir))
     assert set(splits) == {"train", "test"}
@@ -30,17 +30,17 @@ def test_prefs_then_reward(tmp_path):
     assert all(p == 1.0 for p in splits["train"]["label_prob"])  # hard labels, chosen = the winner
     assert read_meta(prefs_dir)["counts"]["pairs"] == len(splits["train"]) + len(splits["test"])
 
-    reward_dir = run_stage(config(tmp_path, "reward", "reward.epochs=1"))
+    reward_dir = run_stage(config(tmp_path, "reward", "reward.epochs=1")).path
     metrics = read_meta(reward_dir)["metrics"]
     assert 0.0 <= metrics["heldout_accuracy"] <= 1.0 and metrics["heldout_pairs"] > 0
     assert (Path(reward_dir) / "metrics.json").is_file()
     scorer = load_scorer(reward_dir, "cpu")
     assert scorer.std > 0 and len(scorer.score(["a", "b"], ["x", "y"], progress=False)) == 2
-    assert run_stage(config(tmp_path, "reward")) == reward_dir  # complete: skips
+    assert run_stage(config(tmp_path, "reward")).path == reward_dir  # complete: skips
 
 
 def test_soft_prefs(tmp_path):
-    splits = load_from_disk(str(run_stage(config(tmp_path, "prefs", "prefs.soft=true", "prefs.tau=0.5"))))
+    splits = load_from_disk(str(run_stage(config(tmp_path, "prefs", "prefs.soft=true", "prefs.tau=0.5")).path))
     labels = list(splits["train"]["label_prob"]) + list(splits["test"]["label_prob"])
     assert all(0.5 <= p <= 1.0 for p in labels) and any(p < 1.0 for p in labels)
 
@@ -50,7 +50,7 @@ def test_reward_on_user_pairs_and_missing_prefs(tmp_path):
         run_stage(config(tmp_path, "reward"))
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(f'{{"prompt": "q{i}", "chosen": "good {i}", "rejected": "bad {i}"}}\n' for i in range(12)))
-    reward_dir = run_stage(config(tmp_path, "reward", f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25"))
+    reward_dir = run_stage(config(tmp_path, "reward", f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25")).path
     assert read_meta(reward_dir)["metrics"]["heldout_pairs"] == 3
 
 
