@@ -558,9 +558,12 @@ class SampleConfig:
                                      "verified.")
     leniency: float = setting(1.0, "Only for strategy=lenient, in (0, 1]; 1.0 otherwise.")
     batch_rows: int = setting(64, "Rows decoded together; finished rows leave, waiting ones join.")
+    shard_prompts: int = setting(256, "Sampling stages (sample, prefs, eval) save each finished shard of this many "
+                                      "prompts; a rerun after a kill samples only the rest (0 = one shard).")
 
     def __post_init__(self):
         _integer("num_samples", self.num_samples, 1)
+        _integer("shard_prompts", self.shard_prompts, 0, "(0 = one shard)")
         _check_sampling(self)
 
 

@@ -54,7 +54,7 @@ from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
-from rsft.sample import SAMPLING_KEYS, sample_dataset, sampling_settings
+from rsft.sample import SAMPLING_KEYS, ShardStore, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     model, tokenizer, source = load_policy(cfg, policy_path, device)
     provenance = {"round": -1 if initial else round_idx, "policy": source,
                   "sampler": json.dumps({**settings.__dict__, "draft": "none"}, sort_keys=True)}
+    store = ShardStore(out, wanted)  # a killed evaluation resumes at its first unfinished shard of prompts
     ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
-                                  int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance)
+                                  int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance,
+                                  shard_prompts=int(cfg.sample.shard_prompts), store=store)
     del model
     scorer = score.load_reward_scorer(cfg, device)
     raw = score.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
@@ -118,7 +120,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}
-    metrics["sampling"] = {k: sampling[k] for k in ("tokens_per_second", "seconds", "num_completions")}
+    metrics["sampling"] = {k: sampling[k] for k in ("tokens_per_second", "seconds", "num_completions",
+                                                     "shards_resumed")}
 
     meta = {"stage": "eval", "policy": source, "round": provenance["round"], "num_prompts": len(prompts),
             "metrics": metrics}
@@ -126,7 +129,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         with atomic_artifact(out, meta, wanted) as tmp:
             ds.save_to_disk(str(tmp))
             (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
-    distributed.barrier()
+    store.remove()
     log.info("eval %s: %s", "initial policy" if initial else f"round {round_idx}",
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
     with stage_tracker(cfg, "eval", tracker) as tracker:

@@ -31,7 +31,7 @@ from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sample import sample_dataset, sampling_settings
+from rsft.sample import ShardStore, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(0), device)
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
+    store = ShardStore(out, wanted)  # killed prefs sampling resumes at its first unfinished shard of prompts
     samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
-                                      cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source})
+                                      cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source},
+                                      shard_prompts=int(cfg.sample.shard_prompts), store=store)
     golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
     rng = random.Random(int(p.seed))
     rows, identical = label_pairs(samples, golds, float(p.tau), bool(p.soft), rng)
@@ -108,7 +110,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if distributed.is_main():
         with atomic_artifact(out, meta, wanted) as tmp:
             splits.save_to_disk(str(tmp))
-    distributed.barrier()
+    store.remove()
     log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "
              "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], out, identical,
              counts["label_against_gold"])

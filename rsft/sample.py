@@ -12,9 +12,13 @@ other columns. meta.json carries the acceptance statistics and throughput.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import shutil
 import time
+from pathlib import Path
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
@@ -32,7 +36,7 @@ from rsft.models import (
 )
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
 from rsft.tracking import Tracker, stage_tracker
 
@@ -98,14 +102,94 @@ def round_seed(seed: int, round_idx: int) -> int:
     return int(seed) * 1_000_003 + int(round_idx)
 
 
+class ShardStore:
+    """The completed shards of a sampling stage that has not finished, kept beside its artifact.
+
+    A long sampling stage (100k prompts) killed at 90% would otherwise start again from zero: the
+    artifact itself is written atomically, once. So the stage samples its prompts `shard_prompts` at a
+    time and saves each finished shard's completions here (`.<artifact>.shards/`, each file written to a
+    temporary name and renamed); a rerun of the same command loads the shards made for the same
+    fingerprint (the stage's own, plus the number of processes) and samples only the rest. Shards made
+    for anything else are deleted. The folder goes once the artifact is written.
+
+    Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
+    sampled in another run is the shard an uninterrupted run samples: the artifact is the same, row for
+    row (an adaptive draft, which reads the clock, is exact in distribution only, as always).
+    """
+
+    def __init__(self, final: str | Path, wanted: dict):
+        final = Path(final)
+        self.folder = final.parent / f".{final.name}.shards"
+        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
+        self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        if distributed.is_main() and self.folder.is_dir():
+            for stale in self.folder.glob("*.json"):
+                if not stale.name.startswith(self.key):
+                    stale.unlink(missing_ok=True)
+        distributed.barrier()
+
+    def _file(self, index: int) -> Path:
+        return self.folder / f"{self.key}-rank{distributed.rank()}-{index:05d}.json"
+
+    def load(self, index: int) -> tuple[list[Completion], AcceptanceStats] | None:
+        try:
+            saved = json.loads(self._file(index).read_text())
+        except (OSError, ValueError):  # absent, or cut short by a kill before the rename: sample it again
+            return None
+        return [Completion(**c) for c in saved["completions"]], AcceptanceStats.from_dict(saved["stats"])
+
+    def save(self, index: int, completions: list[Completion], stats: AcceptanceStats) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self._file(index)
+        tmp = final.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"completions": [vars(c) for c in completions], "stats": vars(stats)}))
+        os.replace(tmp, final)
+
+    def remove(self) -> None:
+        distributed.barrier()  # every process has read its shards
+        if distributed.is_main():
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: list[int], num_samples: int,
+                     seed: int, shard_prompts: int, store: ShardStore | None, progress: bool):
+    """The completions of these prompts, `shard_prompts` prompts at a time (0: all at once), each
+    finished shard saved to `store` and each shard found there reused; (completions, reused shards)."""
+    size = shard_prompts if shard_prompts > 0 else max(len(indices), 1)
+    shards = [indices[i:i + size] for i in range(0, len(indices), size)]
+    completions, reused, total = [], 0, AcceptanceStats()
+    for index, shard in enumerate(shards):
+        found = store.load(index) if store is not None else None
+        if found is not None:
+            completions += found[0]
+            total.merge(found[1])
+            reused += 1
+            continue
+        sampler.stats = AcceptanceStats()  # this shard's own counts, saved with it
+        part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
+                                prompt_indices=shard)
+        if store is not None:
+            store.save(index, part, sampler.stats)
+        total.merge(sampler.stats)
+        completions += part
+    sampler.stats = total
+    if reused:
+        log.info("resumed: %d of %d shard(s) of %d prompts were sampled before and reused (%s)", reused, len(shards),
+                 size, store.folder)
+    return completions, reused
+
+
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
-                   seed: int, system_prompt: str | None, provenance: dict, progress: bool = True):
+                   seed: int, system_prompt: str | None, provenance: dict, progress: bool = True,
+                   shard_prompts: int = 0, store: ShardStore | None = None):
     """Sample and assemble the samples dataset; returns (dataset, sampler summary).
 
     Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
     completion seeds the whole set would give them, and every process gets all rows, in prompt and
     sample order: the dataset is the same whatever the number of processes. The summary's
-    acceptance counts are over all processes; `per_rank` has each process's throughput."""
+    acceptance counts are over all processes; `per_rank` has each process's throughput. With a
+    ShardStore, each process samples its prompts `shard_prompts` at a time and a rerun resumes at the
+    first shard that was not finished (ShardStore)."""
     budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
     encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
@@ -117,8 +201,8 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft)
     mine = distributed.shard(len(prompt_ids))
     started = time.perf_counter()
-    completions = sampler.generate([prompt_ids[i] for i in mine], num_samples, seed, progress=progress,
-                                   prompt_indices=mine)
+    completions, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
+                                           progress)
     seconds = time.perf_counter() - started
     own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
     per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
@@ -157,6 +241,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
         "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
+        "shards_resumed": sum(distributed.gather_each(reused)),
         "prompts_cut": sum(n > 0 for n in cut),
         "prompt_tokens_cut": sum(cut),
         "world_size": distributed.world_size(),
@@ -200,15 +285,17 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     seed = round_seed(cfg.seed, cfg.round)
     log.info("sampling %d x %d completions (draft=%s, gamma=%d, batch_rows=%d)", len(prompts),
              cfg.sample.num_samples, cfg.draft.kind, settings.gamma, settings.batch_rows)
+    store = ShardStore(out, wanted)
     ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, int(cfg.sample.num_samples), seed,
-                                 cfg.data.get("system_prompt"), provenance)
+                                 cfg.data.get("system_prompt"), provenance, shard_prompts=int(cfg.sample.shard_prompts),
+                                 store=store)
     meta = {"stage": "sample", "round": int(cfg.round), "policy": policy_source, "counts": {"rows": len(ds)},
             "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
             "config": OmegaConf.to_container(cfg, resolve=True)}
     if distributed.is_main():  # the other processes hold the same rows; one writes them
         with atomic_artifact(out, meta, wanted) as tmp:
             ds.save_to_disk(str(tmp))
-    distributed.barrier()
+    store.remove()
     log.info("wrote %d completions to %s (%.1f tokens/s, acceptance %s)", len(ds), out,
              summary["tokens_per_second"], summary.get("acceptance_rate"))
     with stage_tracker(cfg, "sample", tracker) as tracker:

@@ -64,3 +64,72 @@ def test_draft_with_a_different_vocabulary_is_refused(make_cfg, tmp_path):
     tok.save_pretrained(other)
     with pytest.raises(ValueError, match="cannot draft for this policy"):
         run_stage(make_cfg("stage=sample", "draft=model", f"draft.name_or_path={other}"))
+
+
+@pytest.mark.parametrize("stage,overrides,artifact", [
+    ("sample", ["data.limit=6"], lambda p: p.samples(0)),
+    ("eval", ["data.eval_limit=6", "eval.num_samples=2"], lambda p: p.initial_eval),
+])
+def test_a_sampling_stage_killed_mid_way_resumes_at_its_first_unfinished_shard(make_cfg, monkeypatch, tmp_path, stage,
+                                                                               overrides, artifact):
+    """6 prompts in shards of 2: a kill in the second shard redoes only that shard, and the artifact equals an
+    uninterrupted run's row for row. The work is counted (prompts given to the sampler), not timed."""
+    from fake_reward import install_fake_reward
+
+    from rsft.sampling.sampler import Sampler
+
+    real_generate, sampled = Sampler.generate, []
+
+    def counting(self, prompts, *args, **kwargs):
+        sampled.append(len(prompts))
+        if kill_at and len(sampled) == kill_at:
+            raise KeyboardInterrupt("killed")
+        return real_generate(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(Sampler, "generate", counting)
+    settings = [f"stage={stage}", "sample.shard_prompts=2", "eval.policy=initial", *overrides]
+    kill_at = 0
+    straight_cfg = make_cfg(*settings, "run_name=straight")
+    install_fake_reward(monkeypatch, straight_cfg)
+    straight = load_from_disk(str(run_stage(straight_cfg).path))
+    assert sampled == [2, 2, 2]
+    sampled.clear()
+    kill_at = 2
+    cfg = make_cfg(*settings, "run_name=killed")
+    install_fake_reward(monkeypatch, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    assert not artifact(paths).exists() and len(list(paths.root.rglob(".*.shards/*.json"))) == 1
+    kill_at = 0
+    resumed = load_from_disk(str(run_stage(cfg).path))
+    assert sampled == [2, 2, 2, 2]  # the first shard once, the killed one again, the third once
+    assert resumed.to_list() == straight.to_list()
+    meta = read_meta(artifact(paths))
+    assert (meta.get("sampling") or meta["metrics"]["sampling"])["shards_resumed"] == 1
+    assert not list(paths.root.rglob(".*.shards"))  # gone once the artifact is written
+
+
+def test_shards_of_other_settings_are_never_reused(make_cfg, monkeypatch):
+    from rsft.sampling.sampler import Sampler
+
+    real_generate = Sampler.generate
+    calls = []
+
+    def killed_after_one_shard(self, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real_generate(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(Sampler, "generate", killed_after_one_shard)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(make_cfg("stage=sample", "data.limit=4", "sample.shard_prompts=2"))
+    monkeypatch.setattr(Sampler, "generate", real_generate)
+    other = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.limit=4", "sample.shard_prompts=2",
+                                                  "sample.temperature=0.9")).path))
+    fresh = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.limit=4", "sample.temperature=0.9",
+                                                  "run_name=fresh")).path))
+    assert other.to_list() == fresh.to_list() and read_meta(run_stage(make_cfg(
+        "stage=sample", "data.limit=4", "sample.temperature=0.9", "sample.shard_prompts=2")).path)["sampling"][
+        "shards_resumed"] == 0

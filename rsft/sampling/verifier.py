@@ -352,6 +352,13 @@ class AcceptanceStats:
         self._add(**vars(other))
         return self
 
+    @classmethod
+    def from_dict(cls, counters: dict) -> "AcceptanceStats":
+        """The counters as vars() gave them, back from JSON (whose object keys are strings)."""
+        stats = cls()
+        stats._add(**{**counters, "rows_by_num_drafts": {int(k): v for k, v in counters["rows_by_num_drafts"].items()}})
+        return stats
+
     def _add(self, *, gamma, num_verify_calls, num_target_forwards, num_drafted, num_accepted, num_emitted,
              reached_at, accepted_at, rows_by_num_drafts):
         self.gamma = max(self.gamma, gamma)
