@@ -605,20 +605,6 @@ class SelectConfig:
 # -- training: sft, dpo (and reward below) ------------------------------------------------------------------
 
 
-def _check_training(section) -> None:
-    """The TrainingArguments settings sft, dpo and reward share (rsft.training.training_arguments)."""
-    _positive("learning_rate", section.learning_rate)
-    _integer("epochs", section.epochs, 1)
-    _integer("batch_size", section.batch_size, 1)
-    _integer("grad_accum", section.grad_accum, 1)
-    _integer("max_length", section.max_length, 1)
-    _warmup("warmup_steps", section.warmup_steps)
-    _non_negative("weight_decay", section.weight_decay)
-    _positive("max_grad_norm", section.max_grad_norm)
-    _integer("logging_steps", section.logging_steps, 1)
-    _boolean("activation_checkpointing", section.activation_checkpointing)
-
-
 WARMUP_TYPE = "int or float"
 WARMUP_HELP = "Warmup: an int counts steps, a float < 1 is a fraction of the training steps."
 
@@ -643,22 +629,14 @@ class LoraAdapterConfig:
             _fail("lora.target_modules", modules, "a module name such as all-linear or a non-empty list of names")
 
 
-TRAINING_MODES = ("full", "lora")
-
-
 @dataclass
-class SftConfig:
-    """TRL's SFTTrainer on the selected completions (loss on the completion only, the policy's chat template);
-    precision and checkpointing follow the device."""
+class TrainingConfig:
+    """The settings every TRL trainer of rsft reads (rsft.training.training_arguments): sft, dpo and reward
+    take them from here, each with its own defaults."""
 
-    init: str = setting("initial", "initial: every round fine-tunes the configured policy on the kept set (pooled, "
-                                   "see select); previous: the policy the round sampled from (drift compounds).")
-    # LoRA kept distinct-2 >= 0.8 over 3 rounds
-    mode: str = setting("lora", "full | lora (LoRA is merged into the weights before saving).")
-    # LoRA on SmolLM2-135M, 24-72 kept completions, 2 epochs (full fine-tuning: 1e-4)
     learning_rate: float = setting(2.0e-4, "Peak learning rate.")
     epochs: int = setting(2, "Training epochs.")
-    batch_size: int = setting(4, "Rows per optimizer step over all processes (before grad_accum).")
+    batch_size: int = setting(4, "Examples per optimizer step over all processes (before grad_accum).")
     grad_accum: int = setting(1, "Gradient accumulation steps.")
     max_length: int = setting(512, "Prompt + completion tokens; longer rows are truncated from the end.")
     lr_scheduler: str = setting("constant", "transformers' learning-rate schedule (linear, cosine, constant, ...).")
@@ -668,43 +646,64 @@ class SftConfig:
     activation_checkpointing: bool = setting(False, "Recompute activations in the backward pass; CUDA only, never on "
                                                     "CPU.")
     logging_steps: int = setting(1, "Log the training loss every this many steps.")
-    lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
+    checkpoint_steps: int = setting(200, "Save a resumable checkpoint every N optimizer steps (the last one kept, "
+                                         "deleted once the model is saved); a rerun after a kill resumes from it. "
+                                         "0 = none.")
 
     def __post_init__(self):
-        _one_of("init", self.init, ("initial", "previous"))
-        _one_of("mode", self.mode, TRAINING_MODES)
-        _check_training(self)
+        _positive("learning_rate", self.learning_rate)
+        _integer("epochs", self.epochs, 1)
+        _integer("batch_size", self.batch_size, 1)
+        _integer("grad_accum", self.grad_accum, 1)
+        _integer("max_length", self.max_length, 1)
+        _warmup("warmup_steps", self.warmup_steps)
+        _non_negative("weight_decay", self.weight_decay)
+        _positive("max_grad_norm", self.max_grad_norm)
+        _integer("logging_steps", self.logging_steps, 1)
+        _boolean("activation_checkpointing", self.activation_checkpointing)
+        _integer("checkpoint_steps", self.checkpoint_steps, 0, "(0 = none)")
+
+
+TRAINING_MODES = ("full", "lora")
 
 
 @dataclass
-class DpoConfig:
+class SftConfig(TrainingConfig):
+    """TRL's SFTTrainer on the selected completions (loss on the completion only, the policy's chat template);
+    precision and checkpointing follow the device."""
+
+    init: str = setting("initial", "initial: every round fine-tunes the configured policy on the kept set (pooled, "
+                                   "see select); previous: the policy the round sampled from (drift compounds).")
+    # LoRA kept distinct-2 >= 0.8 over 3 rounds
+    mode: str = setting("lora", "full | lora (LoRA is merged into the weights before saving).")
+    # LoRA on SmolLM2-135M, 24-72 kept completions, 2 epochs (full fine-tuning: 1e-4): the TrainingConfig defaults
+    lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        _one_of("init", self.init, ("initial", "previous"))
+        _one_of("mode", self.mode, TRAINING_MODES)
+
+
+@dataclass
+class DpoConfig(TrainingConfig):
     """With loop.dpo: TRL's DPOTrainer on the round's best-vs-worst pairs, from the round's SFT policy, which
     is also the reference."""
 
+    learning_rate: float = setting(1.0e-4, "Peak learning rate.")
+    epochs: int = setting(1, "Training epochs.")
     mode: str = setting("lora", "full | lora (LoRA: the reference is the SFT policy with the adapter off; merged "
                                 "before saving).")
     beta: float = setting(0.1, "DPO's KL strength, > 0: larger keeps the policy closer to the SFT policy.")
     min_margin: float = setting(0.5, "Skip pairs whose reward gap (reward_normalised, in reward-model std units) is "
                                      "smaller.")
-    learning_rate: float = setting(1.0e-4, "Peak learning rate.")
-    epochs: int = setting(1, "Training epochs.")
-    batch_size: int = setting(4, "Pairs per optimizer step over all processes (before grad_accum).")
-    grad_accum: int = setting(1, "Gradient accumulation steps.")
-    max_length: int = setting(512, "Prompt + completion tokens.")
-    lr_scheduler: str = setting("constant", "transformers' learning-rate schedule (linear, cosine, constant, ...).")
-    warmup_steps: Any = setting(0, WARMUP_HELP, shown_type=WARMUP_TYPE)
-    weight_decay: float = setting(0.0, "AdamW weight decay.")
-    max_grad_norm: float = setting(1.0, "Gradient clipping norm.")
-    activation_checkpointing: bool = setting(False, "Recompute activations in the backward pass; CUDA only, never on "
-                                                    "CPU.")
-    logging_steps: int = setting(1, "Log the training loss every this many steps.")
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
 
     def __post_init__(self):
+        super().__post_init__()
         _one_of("mode", self.mode, TRAINING_MODES)
         _positive("beta", self.beta)
         _typed("min_margin", self.min_margin, float, "a number (a gap in reward_normalised; 0 keeps every pair)")
-        _check_training(self)
 
 
 # -- refresh / eval / loop / prefs ---------------------------------------------------------------------------
@@ -838,33 +837,28 @@ class RewardDataConfig:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(TrainingConfig):
     """The reward group: every option shares these training settings and sets its backbone."""
 
-    data: RewardDataConfig = setting(RewardDataConfig, "The training pairs.")
-    max_length: int = setting(256, "Tokens per (prompt, completion); longer prompts are cut from the left, never "
-                                   "dropped.")
     learning_rate: float = setting(5.0e-5, "Peak learning rate.")
     epochs: int = setting(1, "Training epochs.")
     batch_size: int = setting(16, "Pairs per optimizer step over all processes (before grad_accum).")
-    grad_accum: int = setting(1, "Gradient accumulation steps.")
-    weight_decay: float = setting(0.0, "AdamW weight decay.")
-    warmup_steps: Any = setting(0.1, WARMUP_HELP, shown_type=WARMUP_TYPE)
+    max_length: int = setting(256, "Tokens per (prompt, completion); longer prompts are cut from the left, never "
+                                   "dropped.")
     lr_scheduler: str = setting("linear", "transformers' learning-rate schedule (linear, cosine, constant, ...).")
-    max_grad_norm: float = setting(1.0, "Gradient clipping norm.")
+    warmup_steps: Any = setting(0.1, WARMUP_HELP, shown_type=WARMUP_TYPE)
+    logging_steps: int = setting(10, "Log the training loss every this many steps.")
+    data: RewardDataConfig = setting(RewardDataConfig, "The training pairs.")
     center_rewards_coefficient: Optional[float] = setting(None, "Weight of a penalty on the rewards' mean square "
                                                                 "(TRL's centring); null = off.")
     seed: int = setting(0, "Seed of the pairs' shuffle and of training.")
-    logging_steps: int = setting(10, "Log the training loss every this many steps.")
     score_batch_size: int = setting(32, "Completions per forward when scoring.")
     progress: bool = setting(True, "Show progress bars.")
-    activation_checkpointing: bool = setting(False, "Recompute activations in the backward pass; CUDA only, never on "
-                                                    "CPU.")
     backbone: Any = setting(MISSING, "The model under the scalar head: one of the backbone kinds (hf, pypi_folder, "
                                      "pypi_gguf, tiny).", shown_type="backbone")
 
     def __post_init__(self):
-        _check_training(self)
+        super().__post_init__()
         if self.center_rewards_coefficient is not None:
             _non_negative("center_rewards_coefficient", self.center_rewards_coefficient)
         _integer("seed", self.seed)

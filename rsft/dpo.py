@@ -29,13 +29,12 @@ Reads round_XX/policy (RunPaths.dpo_init_policy) and round_XX/pairs/; writes rou
 from __future__ import annotations
 
 import logging
-import tempfile
 
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.models import load_policy, resolve_device
-from rsft.training import check_trained, training_arguments
+from rsft.training import TrainingCheckpoints, check_trained, training_arguments
 from rsft.paths import RunPaths, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.sft import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker
@@ -94,13 +93,13 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     log.info("dpo: round %d trains %s on %d of %d pairs (reward gap >= %s), beta %s, %s", round_idx, policy_source,
              len(kept), len(pairs), cfg.dpo.min_margin, cfg.dpo.beta, cfg.dpo.mode)
     history = LossHistory()
-    with tempfile.TemporaryDirectory(prefix="rsft-dpo-") as scratch:
-        trainer = DPOTrainer(
-            model=model, ref_model=reference, args=trainer_config(cfg, device, scratch),
-            train_dataset=kept.select_columns(["prompt", "chosen", "rejected"]), processing_class=tokenizer,
-            peft_config=lora_config(cfg.dpo) if cfg.dpo.mode == "lora" else None, callbacks=[history],
-        )
-        result = trainer.train()
+    checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
+    trainer = DPOTrainer(
+        model=model, ref_model=reference, args=trainer_config(cfg, device, str(checkpoints.folder)),
+        train_dataset=kept.select_columns(["prompt", "chosen", "rejected"]), processing_class=tokenizer,
+        peft_config=lora_config(cfg.dpo) if cfg.dpo.mode == "lora" else None, callbacks=[history],
+    )
+    result = trainer.train(resume_from_checkpoint=checkpoints.resume_from())
     trained, state_dict = trained_policy(trainer, cfg.dpo.mode)
 
     logged = [h for h in history.history if "loss" in h]
@@ -121,6 +120,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "settings": OmegaConf.to_container(cfg.dpo, resolve=True)}
     check_trained(trained, stats["train_loss"], cfg.dpo, "dpo", state_dict)
     write_policy(out, meta, wanted, trained, state_dict, tokenizer)
+    checkpoints.remove()
     log.info("dpo: %d pairs, %d steps, loss %s -> %s; saved round %d's policy to %s", len(kept), stats["steps"],
              stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "dpo", tracker) as tracker:

@@ -17,8 +17,8 @@ write.
 What made an artifact (its fingerprint) is recorded in meta.json and checked before it is reused:
   config   the config keys its stage reads (listed at each stage's fingerprint() call), resolved, flattened;
            keys that cannot change a result are left out (IGNORED_KEYS: progress bars, logging
-           cadence, scoring batch sizes, the resume shards' size; `threads`, `device`, `logger` are never
-           listed)
+           cadence, scoring batch sizes, how often a stage saves progress to resume from; `threads`,
+           `device`, `logger` are never listed)
   inputs   the digest of every artifact it read (so a rebuilt upstream artifact makes it stale)
            and the size and checksum of every user file it read (prompt files, pair files)
   files    the size and CRC-32 of each of its own files; `digest` hashes all of the above
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 # Config leaves that cannot change an artifact's content: never part of a fingerprint.
-IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size", "shard_prompts"}
+IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size", "shard_prompts", "checkpoint_steps"}
 
 
 class RunPaths:

@@ -57,7 +57,7 @@ from rsft.prefs import label_pairs, split_by_prompt
 from rsft.reward import load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
 from rsft.sample import round_seed
 from rsft.tracking import Tracker, stage_tracker
-from rsft.training import check_trained
+from rsft.training import TrainingCheckpoints, check_trained
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +204,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             cfg, {"reward": {"epochs": cfg.refresh.epochs}})
         log.info("refresh: round %d's reward model trains on %d pairs (%s and rounds 0-%d), %s", round_idx, len(train),
                  source, round_idx, "from scratch" if start_from is None else f"continuing {start_from}")
+        checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
         model, tokenizer, stats, metrics = train_and_measure(train_cfg, train, test, resolve_device(cfg.device),
-                                                             tracker, start_from)
+                                                             tracker, start_from, checkpoints)
         check_trained(model, metrics["train_loss"], cfg.reward, "reward")
         metrics.update({"round": round_idx, "initial_labels": source, "continued_from": str(start_from or "")})
         meta = {"stage": "refresh", "round": round_idx, "data": source, "metrics": metrics,
@@ -214,7 +215,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             with atomic_artifact(out, meta, wanted) as tmp:
                 save_reward_model(model, tokenizer, tmp, stats)
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        distributed.barrier()
+        checkpoints.remove()
         log.info("refresh: round %d's reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement "
                  "%s; saved to %s", round_idx, metrics["heldout_accuracy"], metrics["heldout_pairs"],
                  metrics["train_accuracy"], metrics["gold_agreement"], out)

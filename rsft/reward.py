@@ -49,7 +49,7 @@ from rsft.paths import (
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
-from rsft.training import check_trained
+from rsft.training import TrainingCheckpoints, check_trained
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]
 
 
 def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,
-                      start_from: Path | None = None):
+                      start_from: Path | None = None, checkpoints: TrainingCheckpoints | None = None):
     """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from
     the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
     reward_cfg = cfg.reward
@@ -109,8 +109,12 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     _, test_truncation = tokenize_preferences(test, tokenizer, int(reward_cfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", reward_cfg.max_length, truncation, test_truncation)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
-        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)
+    if checkpoints is not None:  # a killed run resumes from its last checkpoint
+        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, str(checkpoints.folder),
+                                           tracker, checkpoints.resume_from())
+    else:
+        with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
+            train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)
     train_seconds = time.perf_counter() - started
 
     scorer = RewardScorer(model, tokenizer, int(reward_cfg.max_length), device=device)
@@ -159,7 +163,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     train, test, source = load_pairs(cfg)
     device = resolve_device(cfg.device)
     with stage_tracker(cfg, "reward", tracker) as tracker:
-        model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker)
+        checkpoints = TrainingCheckpoints(out, wanted)
+        model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker, checkpoints=checkpoints)
         check_trained(model, metrics["train_loss"], cfg.reward, "reward")
         meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
                 "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
@@ -169,7 +174,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                 (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
                 (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": pair_hashes(train),
                                                                 "heldout": pair_hashes(test)}))
-        distributed.barrier()
+        checkpoints.remove()
         log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
                  metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
                  metrics["gold_agreement"], out)

@@ -28,7 +28,6 @@ Tracker (report_to="none"); nothing is checkpointed during training (save_strate
 from __future__ import annotations
 
 import logging
-import tempfile
 
 import torch
 from datasets import Dataset
@@ -38,7 +37,7 @@ from transformers import TrainerCallback
 from rsft import distributed
 from rsft.data import chat_messages
 from rsft.models import load_policy, resolve_device
-from rsft.training import check_trained, training_arguments
+from rsft.training import TrainingCheckpoints, check_trained, training_arguments
 from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
 from rsft.tracking import Tracker, stage_tracker
 
@@ -134,13 +133,13 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
     log.info("sft: round %d fine-tunes %s (sft.init=%s)", round_idx, policy_source, cfg.sft.init)
     history = LossHistory()
-    with tempfile.TemporaryDirectory(prefix="rsft-sft-") as scratch:
-        trainer = SFTTrainer(
-            model=model, args=trainer_config(cfg, device, scratch), train_dataset=train,
-            processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
-            callbacks=[history],
-        )
-        result = trainer.train()
+    checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
+    trainer = SFTTrainer(
+        model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
+        processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
+        callbacks=[history],
+    )
+    result = trainer.train(resume_from_checkpoint=checkpoints.resume_from())
     trained, state_dict = trained_policy(trainer, cfg.sft.mode)
 
     losses = [h["loss"] for h in history.history if "loss" in h]
@@ -158,6 +157,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
     check_trained(trained, stats["train_loss"], cfg.sft, "sft", state_dict)
     write_policy(out, meta, wanted, trained, state_dict, tokenizer)
+    checkpoints.remove()
     log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
              stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
     with stage_tracker(cfg, "sft", tracker) as tracker:

@@ -6,13 +6,20 @@ It imports only rsft.distributed, so reward/ and the stages both use it without 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from rsft import distributed
+
+log = logging.getLogger(__name__)
 
 
 def training_arguments(section: DictConfig, group: str, device: torch.device) -> dict[str, Any]:
@@ -30,7 +37,8 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
     bf16 only on a CUDA device that supports it, checkpointing only on CUDA and only when asked
     (`activation_checkpointing` is transformers 5's name; TRL's gradient_checkpointing default is
     its deprecated alias and yields to it). rsft saves artifacts itself (atomically) and logs
-    through its own Tracker, so the trainers neither save checkpoints nor report anywhere.
+    through its own Tracker, so the trainers report nowhere; they save checkpoints only to resume
+    (TrainingCheckpoints).
     """
     warmup = float(section.warmup_steps)
     on_cuda = device.type == "cuda"
@@ -49,7 +57,7 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
         "activation_checkpointing": on_cuda and bool(section.activation_checkpointing),
         "use_cpu": not on_cuda,
         "report_to": "none",
-        "save_strategy": "no",
+        **checkpoint_arguments(section),
         "dataloader_num_workers": 0,
         "ddp_find_unused_parameters": False,  # every trainable parameter is used (a frozen pooler is not trainable)
     }
@@ -66,3 +74,50 @@ def check_trained(model, loss: float | None, section: DictConfig, group: str, st
         raise ValueError(f"{group}: training diverged (train loss {loss}; {len(bad)} of {len(weights)} weight tensors "
                          f"not finite{', e.g. ' + bad[0] if bad else ''}); nothing was saved. Lower "
                          f"{group}.learning_rate (now {section.learning_rate}) or {group}.max_grad_norm and rerun")
+
+
+def checkpoint_arguments(section: DictConfig) -> dict[str, Any]:
+    """A resumable checkpoint every `<group>.checkpoint_steps` optimizer steps (0: none), the last one kept."""
+    steps = int(section.get("checkpoint_steps") or 0)
+    if steps <= 0:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": steps, "save_total_limit": 1}
+
+
+class TrainingCheckpoints:
+    """The checkpoints of a training stage (reward, refresh, SFT, DPO) that has not finished, beside its artifact.
+
+    A run that trains for hours and is killed would otherwise start again from its first step: the
+    artifact is written once, at the end. So the TRL trainer writes its checkpoints (the weights, or the
+    LoRA adapter, with the optimizer, scheduler and RNG states: transformers' Trainer format) every
+    `<group>.checkpoint_steps` steps into `.<artifact>.checkpoints/<key>/`, the key a hash of the
+    stage's fingerprint and the number of processes; a rerun of the same command resumes from the last
+    one (`trainer.train(resume_from_checkpoint=...)`), so it redoes at most one checkpoint interval.
+    Checkpoints made for other settings are deleted, never resumed, and the folder goes once the
+    artifact is written. How close a resumed run comes to an uninterrupted one: docs/run-directory.md.
+    """
+
+    def __init__(self, final: str | Path, wanted: dict):
+        final = Path(final)
+        self.root = final.parent / f".{final.name}.checkpoints"
+        key = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
+        self.folder = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
+        if distributed.is_main() and self.root.is_dir():
+            for other in self.root.iterdir():
+                if other != self.folder:
+                    shutil.rmtree(other, ignore_errors=True)
+        distributed.barrier()
+
+    def resume_from(self) -> str | None:
+        """The last complete checkpoint to resume from, or None (train from the first step)."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(str(self.folder)) if self.folder.is_dir() else None
+        if last is not None:
+            log.info("resuming training from %s", last)
+        return last
+
+    def remove(self) -> None:
+        distributed.barrier()
+        if distributed.is_main():
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -288,7 +288,9 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(make_cfg, monkeypatch):
     cfg = make_cfg("stage=sample")
     with pytest.raises(ArtifactError, match=r"^no space left on device while writing .*round_00/samples; nothing"):
         run_stage(cfg)
-    assert not any(paths_of(cfg).round_dir(0).iterdir())
+    round_dir = paths_of(cfg).round_dir(0)
+    assert not (round_dir / "samples").exists() and not list(round_dir.glob(".samples.tmp-*"))
+    assert list(round_dir.glob(".samples.shards/*.json"))  # the sampled shard is kept: a rerun does not sample again
 
 
 def test_a_diverged_training_run_saves_nothing_and_names_the_learning_rate(make_cfg, monkeypatch):

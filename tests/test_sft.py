@@ -96,3 +96,43 @@ def test_sft_init_picks_the_starting_policy(make_cfg, init):
     assert meta["trained_from"] == expected
     with pytest.raises(ValueError, match="sft.init='latest'"):
         run_stage(make_cfg("stage=sft", "round=1", "sft.init=latest", "overwrite=true"))
+
+
+def test_sft_killed_mid_way_resumes_from_its_last_checkpoint(make_cfg, monkeypatch):
+    """8 steps, a checkpoint every 3: killed in step 5, the rerun trains steps 4-8 only (work counted, not timed),
+    and ends where an uninterrupted run ends. The checkpoints go once the policy is saved."""
+    from transformers import Trainer
+
+    real_step, steps = Trainer.training_step, []
+
+    def counting(self, *args, **kwargs):
+        steps.append(self.state.global_step + 1)
+        if kill_at and len(steps) == kill_at:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", counting)
+    settings = ["stage=sft", "sft.learning_rate=3e-3", "sft.epochs=2", "sft.batch_size=2", "sft.checkpoint_steps=3",
+                "device=cpu"]
+    kill_at = 0
+    straight_cfg = make_cfg(*settings, "run_name=straight")
+    write_selected(straight_cfg, n=8)
+    straight = run_stage(straight_cfg).path
+    assert steps == list(range(1, 9))
+    steps.clear()
+    kill_at = 5
+    cfg = make_cfg(*settings, "run_name=killed")
+    write_selected(cfg, n=8)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    out = RunPaths.from_config(cfg).policy(0)
+    assert not out.exists() and list(out.parent.glob(".policy.checkpoints/*/checkpoint-3"))
+    steps.clear()
+    kill_at = 0
+    run_stage(cfg)
+    assert steps == [4, 5, 6, 7, 8]  # at most one checkpoint interval (3 steps) of work was done twice
+    assert not list(out.parent.glob(".policy.checkpoints"))
+    a, _ = load_saved_causal_lm(straight, torch.device("cpu"))
+    b, _ = load_saved_causal_lm(out, torch.device("cpu"))
+    worst = max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+    assert worst < 1e-5, f"resumed weights differ from an uninterrupted run's by up to {worst}"

@@ -59,3 +59,39 @@ def test_prefs_needs_the_demo_task(tmp_path):
     prompts.write_text('{"prompt": "hello"}\n{"prompt": "there"}\n')
     with pytest.raises(ValueError, match="demo task"):
         run_stage(config(tmp_path, "prefs", "data=local", f"data.path={prompts}"))
+
+
+def test_reward_training_killed_mid_way_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """8 steps, a checkpoint every 3, killed in step 5: the rerun trains steps 4-8 and ends with the weights an
+    uninterrupted run ends with."""
+    import torch
+    from transformers import Trainer
+
+    real_step, steps, kill = Trainer.training_step, [], {"at": 0}
+
+    def counting(self, *args, **kwargs):
+        steps.append(self.state.global_step + 1)
+        if kill["at"] and len(steps) == kill["at"]:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", counting)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"prompt": "q{i}", "chosen": "good {i}", "rejected": "bad {i}"}}\n' for i in range(12)))
+    settings = [f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25", "reward.epochs=8",
+                "reward.checkpoint_steps=3", "reward.batch_size=9"]
+    straight = run_stage(config(tmp_path, "reward", *settings, "run_name=straight")).path
+    assert steps == list(range(1, 9))
+    steps.clear()
+    kill["at"] = 5
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(config(tmp_path, "reward", *settings, "run_name=killed"))
+    assert list((tmp_path / "killed").glob(".reward.checkpoints/*/checkpoint-3"))
+    steps.clear()
+    kill["at"] = 0
+    resumed = run_stage(config(tmp_path, "reward", *settings, "run_name=killed")).path
+    assert steps == [4, 5, 6, 7, 8] and not list((tmp_path / "killed").glob(".reward.checkpoints"))
+    a, b = load_scorer(straight, "cpu"), load_scorer(resumed, "cpu")
+    texts = (["q1", "q2"], ["good 1", "bad 2"])
+    assert torch.allclose(torch.tensor(a.score(*texts, progress=False)), torch.tensor(b.score(*texts, progress=False)),
+                          atol=1e-5)
