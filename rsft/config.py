@@ -853,6 +853,8 @@ class RewardConfig(TrainingConfig):
                                                                 "(TRL's centring); null = off.")
     seed: int = setting(0, "Seed of the pairs' shuffle and of training.")
     score_batch_size: int = setting(32, "Completions per forward when scoring.")
+    score_shard_rows: int = setting(4096, "Scoring (stage=score) saves each finished shard of this many completions; "
+                                          "a rerun after a kill scores only the rest (0 = one shard).")
     progress: bool = setting(True, "Show progress bars.")
     backbone: Any = setting(MISSING, "The model under the scalar head: one of the backbone kinds (hf, pypi_folder, "
                                      "pypi_gguf, tiny).", shown_type="backbone")
@@ -863,6 +865,7 @@ class RewardConfig(TrainingConfig):
             _non_negative("center_rewards_coefficient", self.center_rewards_coefficient)
         _integer("seed", self.seed)
         _integer("score_batch_size", self.score_batch_size, 1)
+        _integer("score_shard_rows", self.score_shard_rows, 0, "(0 = one shard)")
         _boolean("progress", self.progress)
 
 

@@ -53,11 +53,21 @@ from rsft import distributed, score
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
-from rsft.sample import SAMPLING_KEYS, ShardStore, sample_dataset, sampling_settings
+from rsft.paths import (
+    RunPaths,
+    ShardStore,
+    atomic_artifact,
+    fingerprint,
+    finished,
+    is_complete,
+    load_dataset_artifact,
+    should_skip,
+)
+from rsft.sample import SAMPLING_KEYS, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
+
 
 def wanted_fingerprint(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
     """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured

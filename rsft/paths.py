@@ -52,6 +52,7 @@ from typing import Any, Iterable, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rsft import distributed
 from rsft.config import refresh_reward_on
 from rsft.errors import ArtifactError, DamagedArtifact, RunDirectoryBusy, StaleArtifact
 
@@ -60,7 +61,8 @@ log = logging.getLogger(__name__)
 META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 # Config leaves that cannot change an artifact's content: never part of a fingerprint.
-IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size", "shard_prompts", "checkpoint_steps"}
+IGNORED_KEYS = {"progress", "logging_steps", "score_batch_size", "shard_prompts", "score_shard_rows",
+                "checkpoint_steps"}
 
 
 class RunPaths:
@@ -560,6 +562,58 @@ def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         _raise_if_disk_full(error, final)
         raise
+
+
+def progress_folder(final: str | os.PathLike, kind: str) -> Path:
+    """Where a stage keeps its progress while `final` is not written: `.<name>.shards` (sampling, scoring)
+    or `.<name>.checkpoints` (training), beside the artifact. Not swept with the temporary folders: a
+    rerun resumes from it; the stage removes it once the artifact is written."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{kind}"
+
+
+class ShardStore:
+    """The finished shards of a stage that has not finished (sampling, scoring), beside its artifact.
+
+    A long stage killed at 90% would otherwise start again from zero: its artifact is written once, at
+    the end. So it works a shard at a time and saves each finished shard's result here as JSON, written
+    to a temporary name and renamed; a rerun of the same command loads the shards made for the same
+    `wanted` fingerprint and number of processes (their file names start with a hash of both) and does
+    only the rest. Shards made for anything else are deleted, never reused; the folder goes once the
+    artifact is written (remove)."""
+
+    def __init__(self, final: str | os.PathLike, wanted: dict):
+        self.folder = progress_folder(final, "shards")
+        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
+        self.key, self.rank = hashlib.sha256(identity.encode()).hexdigest()[:16], distributed.rank()
+        if distributed.is_main() and self.folder.is_dir():
+            for stale in self.folder.glob("*.json"):
+                if not stale.name.startswith(self.key):
+                    stale.unlink(missing_ok=True)
+        distributed.barrier()  # no process reads a shard that is about to be deleted
+
+    def _file(self, index: int) -> Path:
+        return self.folder / f"{self.key}-rank{self.rank}-{index:05d}.json"
+
+    def load(self, index: int) -> Any | None:
+        """Shard `index`'s saved result, or None when it was not finished (absent, or cut short)."""
+        try:
+            return json.loads(self._file(index).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save(self, index: int, payload: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self._file(index)
+        tmp = final.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, final)
+
+    def remove(self) -> None:
+        """The artifact is written: the shards go, once every process has read its own."""
+        distributed.barrier()
+        if distributed.is_main():
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @contextmanager

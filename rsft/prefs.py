@@ -30,8 +30,8 @@ from reward.gold import gold_score
 from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sample import ShardStore, sample_dataset, sampling_settings
+from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
+from rsft.sample import sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)

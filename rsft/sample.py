@@ -12,13 +12,9 @@ other columns. meta.json carries the acceptance statistics and throughput.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
 import time
-from pathlib import Path
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
@@ -34,7 +30,7 @@ from rsft.models import (
     load_policy,
     resolve_device,
 )
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, should_skip
+from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
@@ -102,74 +98,29 @@ def round_seed(seed: int, round_idx: int) -> int:
     return int(seed) * 1_000_003 + int(round_idx)
 
 
-class ShardStore:
-    """The completed shards of a sampling stage that has not finished, kept beside its artifact.
-
-    A long sampling stage (100k prompts) killed at 90% would otherwise start again from zero: the
-    artifact itself is written atomically, once. So the stage samples its prompts `shard_prompts` at a
-    time and saves each finished shard's completions here (`.<artifact>.shards/`, each file written to a
-    temporary name and renamed); a rerun of the same command loads the shards made for the same
-    fingerprint (the stage's own, plus the number of processes) and samples only the rest. Shards made
-    for anything else are deleted. The folder goes once the artifact is written.
-
-    Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
-    sampled in another run is the shard an uninterrupted run samples: the artifact is the same, row for
-    row (an adaptive draft, which reads the clock, is exact in distribution only, as always).
-    """
-
-    def __init__(self, final: str | Path, wanted: dict):
-        final = Path(final)
-        self.folder = final.parent / f".{final.name}.shards"
-        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
-        self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-        if distributed.is_main() and self.folder.is_dir():
-            for stale in self.folder.glob("*.json"):
-                if not stale.name.startswith(self.key):
-                    stale.unlink(missing_ok=True)
-        distributed.barrier()
-
-    def _file(self, index: int) -> Path:
-        return self.folder / f"{self.key}-rank{distributed.rank()}-{index:05d}.json"
-
-    def load(self, index: int) -> tuple[list[Completion], AcceptanceStats] | None:
-        try:
-            saved = json.loads(self._file(index).read_text())
-        except (OSError, ValueError):  # absent, or cut short by a kill before the rename: sample it again
-            return None
-        return [Completion(**c) for c in saved["completions"]], AcceptanceStats.from_dict(saved["stats"])
-
-    def save(self, index: int, completions: list[Completion], stats: AcceptanceStats) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        final = self._file(index)
-        tmp = final.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"completions": [vars(c) for c in completions], "stats": vars(stats)}))
-        os.replace(tmp, final)
-
-    def remove(self) -> None:
-        distributed.barrier()  # every process has read its shards
-        if distributed.is_main():
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
 def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: list[int], num_samples: int,
                      seed: int, shard_prompts: int, store: ShardStore | None, progress: bool):
     """The completions of these prompts, `shard_prompts` prompts at a time (0: all at once), each
-    finished shard saved to `store` and each shard found there reused; (completions, reused shards)."""
+    finished shard saved to `store` and each shard found there reused; (completions, reused shards).
+
+    Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
+    sampled in an earlier, killed run is the shard an uninterrupted run samples: the artifact is the
+    same, row for row (an adaptive draft, which reads the clock, is exact in distribution only)."""
     size = shard_prompts if shard_prompts > 0 else max(len(indices), 1)
     shards = [indices[i:i + size] for i in range(0, len(indices), size)]
     completions, reused, total = [], 0, AcceptanceStats()
     for index, shard in enumerate(shards):
         found = store.load(index) if store is not None else None
         if found is not None:
-            completions += found[0]
-            total.merge(found[1])
+            completions += [Completion(**c) for c in found["completions"]]
+            total.merge(AcceptanceStats.from_dict(found["stats"]))
             reused += 1
             continue
         sampler.stats = AcceptanceStats()  # this shard's own counts, saved with it
         part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
                                 prompt_indices=shard)
         if store is not None:
-            store.save(index, part, sampler.stats)
+            store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
         total.merge(sampler.stats)
         completions += part
     sampler.stats = total

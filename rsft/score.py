@@ -30,6 +30,7 @@ from rsft import distributed
 from rsft.models import resolve_device
 from rsft.paths import (
     RunPaths,
+    ShardStore,
     atomic_artifact,
     fingerprint,
     finished,
@@ -143,6 +144,21 @@ def score_rows(scorer, prompts, completions, batch_size: int = 32, progress: boo
     return [next(part[i] for part in shards if part[i] is not None) for i in range(len(shards[0]))]
 
 
+def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardStore) -> list[float]:
+    """score_rows, `shard_rows` completions at a time (0: all at once): each finished shard's rewards are
+    saved to `store` (rank 0 writes; every process holds them) and a rerun reuses the ones found there."""
+    size = shard_rows if shard_rows > 0 else max(len(completions), 1)
+    raw: list[float] = []
+    for index, start in enumerate(range(0, len(completions), size)):
+        found = store.load(index)
+        if found is None:
+            found = score_rows(scorer, prompts[start:start + size], completions[start:start + size])
+            if distributed.is_main():
+                store.save(index, found)
+        raw += found
+    return raw
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths = RunPaths.from_config(cfg)
     out, source = paths.scored(cfg.round), paths.samples(cfg.round)
@@ -156,7 +172,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     samples = load_dataset_artifact(source)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
     log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
-    raw = score_rows(scorer, samples["prompt"], samples["completion"])
+    store = ShardStore(out, wanted)  # a killed scoring run resumes at its first unfinished shard of rows
+    raw = score_in_shards(scorer, samples["prompt"], samples["completion"], int(cfg.reward.score_shard_rows), store)
     if len(raw) != len(samples):
         raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
     scored = samples.add_column("reward", [float(r) for r in raw])
@@ -178,7 +195,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if distributed.is_main():
         with atomic_artifact(out, meta, wanted) as tmp:
             scored.save_to_disk(str(tmp))
-    distributed.barrier()
+    store.remove()
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
     with stage_tracker(cfg, "score", tracker) as tracker:
         tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))

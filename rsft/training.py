@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from rsft import distributed
+from rsft.paths import progress_folder
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,7 @@ class TrainingCheckpoints:
     """
 
     def __init__(self, final: str | Path, wanted: dict):
-        final = Path(final)
-        self.root = final.parent / f".{final.name}.checkpoints"
+        self.root = progress_folder(final, "checkpoints")
         key = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
         self.folder = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
         if distributed.is_main() and self.root.is_dir():

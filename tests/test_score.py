@@ -38,3 +38,31 @@ def test_score_without_samples_names_the_sample_stage(make_cfg, monkeypatch):
     install_fake_reward(monkeypatch, cfg)
     with pytest.raises(FileNotFoundError, match="stage=sample round=1"):
         run_stage(cfg)
+
+
+def test_scoring_killed_mid_way_resumes_at_its_first_unfinished_shard(make_cfg, monkeypatch):
+    """9 completions in shards of 4: a kill in the second shard rescores only it and the third; the scores
+    equal an uninterrupted run's."""
+    import rsft.score
+
+    run_stage(make_cfg("stage=sample"))
+    cfg = make_cfg("stage=score", "reward.score_shard_rows=4")
+    install_fake_reward(monkeypatch, cfg)
+    real, scored = rsft.score.score_rows, []
+
+    def counting(scorer, prompts, completions, *args, **kwargs):
+        scored.append(len(completions))
+        if len(scored) == kill_at:
+            raise KeyboardInterrupt("killed")
+        return real(scorer, prompts, completions, *args, **kwargs)
+
+    monkeypatch.setattr(rsft.score, "score_rows", counting)
+    kill_at = 2
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    kill_at = 0
+    resumed = load_from_disk(str(run_stage(cfg).path))
+    assert scored == [4, 4, 4, 1]  # shard 0 once, the killed shard 1 again, shard 2 once
+    straight_cfg = make_cfg("stage=score", "overwrite=true")
+    straight = load_from_disk(str(run_stage(straight_cfg).path))
+    assert resumed["reward"] == straight["reward"]
