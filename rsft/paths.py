@@ -306,7 +306,8 @@ def check_intact(path: str | os.PathLike) -> dict[str, Any]:
                                   f"{rebuild_hint(path, meta)}")
         if "crc32" in record and _checksum(file) != record["crc32"]:
             raise DamagedArtifact(f"{path} is damaged: {name} has other content than when it was written (CRC-32 "
-                                  f"{_checksum(file)}, {META_FILE} recorded {record['crc32']}); {rebuild_hint(path, meta)}")
+                                  f"{_checksum(file)}, {META_FILE} recorded {record['crc32']}); "
+                                  f"{rebuild_hint(path, meta)}")
     return meta
 
 

@@ -110,7 +110,8 @@ def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
     """The user's labelled pairs of the round, normalised by reward.formats, a held-out share by row."""
     pairs_cfg = cfg.reward.data
     raw, source = load_raw(OmegaConf.merge(pairs_cfg, {"path": path}), setting="refresh.pairs")
-    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source).shuffle(seed=int(cfg.reward.seed))
+    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
+    pairs = pairs.shuffle(seed=int(cfg.reward.seed))
     if len(pairs) < 2:
         raise ValueError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
     n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)

