@@ -125,7 +125,7 @@ def _kind(section, kind: str, at: str = "") -> None:
         _fail(at + "kind", section.kind, f"{kind} (the option's kind; another kind is another option of the group)")
 
 
-def _reuse(check: Callable, *args, strip: str = "", at: str = "") -> None:
+def _sampling_rule(check: Callable, *args, strip: str = "", at: str = "") -> None:
     """Run rsft.sampling's check; its message, less a leading `strip` (`sample.`, `draft.`), with `at`
     (a nested section's `fallback.`) in front, so it starts with the key inside the group."""
     if any(_unresolved(a) for a in args):
@@ -304,7 +304,7 @@ class DraftNoneConfig:
 
 def _check_speculation(draft, at: str = "") -> None:
     """gamma (rsft.sampling.verifier's rule: >= 1 to speculate) and adaptive, for every speculative draft."""
-    _reuse(check_gamma, draft.gamma, strip="draft.", at=at)
+    _sampling_rule(check_gamma, draft.gamma, strip="draft.", at=at)
     _boolean(at + "adaptive", draft.adaptive)
 
 
@@ -555,17 +555,18 @@ class DataLocalConfig(PromptSetConfig):
 # -- sample / select ----------------------------------------------------------------------------------------
 
 
-def _check_sampling(s) -> None:
+def _check_sampling(sampling) -> None:
     """sample.* and prefs.* (which interpolates them): the types and the token/row counts here, the
     sampling ranges by rsft.sampling's own checks."""
-    _integer("max_new_tokens", s.max_new_tokens, 1)
-    _typed("temperature", s.temperature, float, "a number > 0")
-    _integer("top_k", s.top_k, 0, "(0 = off)")
-    _typed("top_p", s.top_p, float, "a number in (0, 1]")
-    _typed("leniency", s.leniency, float, "a number in (0, 1]")
-    _integer("batch_rows", s.batch_rows, 1)
-    _reuse(check_sampling_settings, s.temperature, s.top_k, s.top_p, s.strategy, strip="sample.")
-    _reuse(check_strategy, s.strategy, s.leniency, strip="sample.")
+    _integer("max_new_tokens", sampling.max_new_tokens, 1)
+    _typed("temperature", sampling.temperature, float, "a number > 0")
+    _integer("top_k", sampling.top_k, 0, "(0 = off)")
+    _typed("top_p", sampling.top_p, float, "a number in (0, 1]")
+    _typed("leniency", sampling.leniency, float, "a number in (0, 1]")
+    _integer("batch_rows", sampling.batch_rows, 1)
+    _sampling_rule(check_sampling_settings, sampling.temperature, sampling.top_k, sampling.top_p, sampling.strategy,
+                   strip="sample.")
+    _sampling_rule(check_strategy, sampling.strategy, sampling.leniency, strip="sample.")
 
 
 @dataclass

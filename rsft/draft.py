@@ -278,7 +278,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     settings = ("draft.kind", "draft.train") if trains_feature_draft(cfg) else ("draft_model",)
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
     wanted = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
-                             "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
+                               "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
     if should_skip(out, cfg.overwrite, "draft", wanted):
         return finished(out)
     if distributed.is_main():  # the hand-written training loops run in one process; the others wait

@@ -292,6 +292,11 @@ def _checksum(file: Path) -> str:
     return _CHECKSUMS[key]
 
 
+def _cached_digest(file: Path) -> dict[str, Any]:
+    """file_digest's size and CRC-32, from the per-process checksum cache."""
+    return {"size": file.stat().st_size, "crc32": _checksum(file)}
+
+
 def check_intact(path: str | os.PathLike) -> dict[str, Any]:
     """The artifact's meta, after checking that every file it recorded is there with its size and its
     CRC-32 (damage that keeps a file's size is caught too; each file is read once per process)."""
@@ -385,12 +390,13 @@ def file_digest(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
-    """A user's data file or folder (prompts, pairs) by content: each file's size and CRC-32."""
+    """A user's data file or folder (prompts, pairs) by content: each file's size and CRC-32 (checksummed
+    once per process while the file is unchanged: check_fresh asks again for every artifact built from it)."""
     path = Path(path).expanduser()
     if path.is_file():
-        return file_digest(path)
+        return _cached_digest(path)
     # a datasets folder: not the cache files that datasets itself writes there when the rows are mapped
-    return {str(f.relative_to(path)): file_digest(f) for f in sorted(path.rglob("*"))
+    return {str(f.relative_to(path)): _cached_digest(f) for f in sorted(path.rglob("*"))
             if f.is_file() and not f.name.startswith("cache-")}
 
 
@@ -565,36 +571,47 @@ def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
         raise
 
 
-def progress_folder(final: str | os.PathLike, kind: str) -> Path:
-    """Where a stage keeps its progress while `final` is not written: `.<name>.shards` (sampling, scoring)
-    or `.<name>.checkpoints` (training), beside the artifact. Not swept with the temporary folders: a
-    rerun resumes from it; the stage removes it once the artifact is written."""
-    final = Path(final)
-    return final.parent / f".{final.name}.{kind}"
+class ProgressFolder:
+    """Where a stage keeps its progress while its artifact `final` is not written, so that a rerun of the
+    same command resumes instead of starting again: entries of `.<name>.<kind>/` beside the artifact
+    (kind: shards for sampling and scoring, checkpoints for training) whose names start with a key, a
+    hash of the stage's fingerprint and the number of processes: progress made for anything else is
+    deleted, never resumed. Not swept with the temporary folders; the stage calls remove() once the
+    artifact is written."""
+
+    def __init__(self, final: str | os.PathLike, kind: str, wanted: dict):
+        final = Path(final)
+        self.root = final.parent / f".{final.name}.{kind}"
+        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
+        self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.folder = self.root / self.key  # for progress that is a folder of its own (a trainer's checkpoints)
+        if distributed.is_main() and self.root.is_dir():
+            for other in self.root.iterdir():
+                if other.name.startswith(self.key):
+                    continue
+                if other.is_dir():
+                    shutil.rmtree(other, ignore_errors=True)
+                else:
+                    other.unlink(missing_ok=True)
+        distributed.barrier()  # no process reads progress that is about to be deleted
+
+    def remove(self) -> None:
+        """The artifact is written: its progress goes, once every process is done with its own."""
+        distributed.barrier()
+        if distributed.is_main():
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
-class ShardStore:
-    """The finished shards of a stage that has not finished (sampling, scoring), beside its artifact.
-
-    A long stage killed at 90% would otherwise start again from zero: its artifact is written once, at
-    the end. So it works a shard at a time and saves each finished shard's result here as JSON, written
-    to a temporary name and renamed; a rerun of the same command loads the shards made for the same
-    `wanted` fingerprint and number of processes (their file names start with a hash of both) and does
-    only the rest. Shards made for anything else are deleted, never reused; the folder goes once the
-    artifact is written (remove)."""
+class ShardStore(ProgressFolder):
+    """The finished shards of a stage that has not finished (sampling, scoring): it works a shard at a time
+    and saves each finished shard's result as JSON (written to a temporary name and renamed), so a rerun
+    loads them and does only the rest."""
 
     def __init__(self, final: str | os.PathLike, wanted: dict):
-        self.folder = progress_folder(final, "shards")
-        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
-        self.key, self.rank = hashlib.sha256(identity.encode()).hexdigest()[:16], distributed.rank()
-        if distributed.is_main() and self.folder.is_dir():
-            for stale in self.folder.glob("*.json"):
-                if not stale.name.startswith(self.key):
-                    stale.unlink(missing_ok=True)
-        distributed.barrier()  # no process reads a shard that is about to be deleted
+        super().__init__(final, "shards", wanted)
 
     def _file(self, index: int) -> Path:
-        return self.folder / f"{self.key}-rank{self.rank}-{index:05d}.json"
+        return self.root / f"{self.key}-rank{distributed.rank()}-{index:05d}.json"
 
     def load(self, index: int) -> Any | None:
         """Shard `index`'s saved result, or None when it was not finished (absent, or cut short)."""
@@ -604,17 +621,11 @@ class ShardStore:
             return None
 
     def save(self, index: int, payload: Any) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         final = self._file(index)
         tmp = final.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, final)
-
-    def remove(self) -> None:
-        """The artifact is written: the shards go, once every process has read its own."""
-        distributed.barrier()
-        if distributed.is_main():
-            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @contextmanager

@@ -79,7 +79,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     settings = sampling_settings(p)
     # fingerprint: the configured policy, the prompts and every prefs setting except batch_rows (plain
     # sampling does not depend on it)
-    wanted = fingerprint(cfg, ("policy", *prompt_keys("train", cfg.data.kind), "prefs"), (), prompt_files(cfg.data, "train"))
+    keys = ("policy", *prompt_keys("train", cfg.data.kind), "prefs")
+    wanted = fingerprint(cfg, keys, (), prompt_files(cfg.data, "train"))
     wanted["config"].pop("prefs.batch_rows")
     wanted["config"].pop("data.rotate")  # prefs takes the first prompts of the split, rotating or not
     if p.num_prompts is not None:  # data.limit is read only when prefs.num_prompts is null

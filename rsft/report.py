@@ -309,6 +309,10 @@ def recorded_settings(paths: RunPaths, round_idx: int, records: Records | None =
     return settings
 
 
+def _formatted(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
 def reward_table(paths: RunPaths, rounds: int, records: Records | None = None) -> list[dict]:
     """One row per reward model of the run (reward/, then each round's refreshed one): what it was
     trained on and how well it ranks held-out pairs, from each artifact's meta.json."""
@@ -318,16 +322,13 @@ def reward_table(paths: RunPaths, rounds: int, records: Records | None = None) -
     rows = []
     for name, path in models:
         metrics = records.meta(path).get("metrics")
-        if not metrics:
-            continue
-        accuracy = metrics.get("heldout_accuracy")
-        gold = metrics.get("gold_agreement")
-        rows.append({"reward model": name, "train pairs": metrics.get("train_pairs", ""),
-                     "held-out pairs": metrics.get("heldout_pairs", ""),
-                     "held-out accuracy": "" if accuracy is None else f"{accuracy:.3f}",
-                     "train accuracy": "" if metrics.get("train_accuracy") is None else f"{metrics['train_accuracy']:.3f}",
-                     "gold agreement": "" if gold is None else f"{gold:.3f}",
-                     "train loss": "" if metrics.get("train_loss") is None else f"{metrics['train_loss']:.4f}"})
+        if metrics:
+            rows.append({"reward model": name, "train pairs": metrics.get("train_pairs", ""),
+                         "held-out pairs": metrics.get("heldout_pairs", ""),
+                         "held-out accuracy": _formatted(metrics.get("heldout_accuracy"), ".3f"),
+                         "train accuracy": _formatted(metrics.get("train_accuracy"), ".3f"),
+                         "gold agreement": _formatted(metrics.get("gold_agreement"), ".3f"),
+                         "train loss": _formatted(metrics.get("train_loss"), ".4f")})
     return rows
 
 
@@ -336,7 +337,8 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
     records = records or Records()
     table = []  # the held-out numbers have their own table; this one is what each round did
     for r in range(rounds):
-        table.append({"round": r, **{k: v for k, v in round_metrics(paths, r, records).items() if not k.startswith("eval/")}})
+        metrics = round_metrics(paths, r, records)
+        table.append({"round": r, **{k: v for k, v in metrics.items() if not k.startswith("eval/")}})
     columns = list(dict.fromkeys(k for row in table for k in row))
     rows = [{c: row.get(c, "") for c in columns} for row in table]
     recorded = recorded_settings(paths, rounds - 1, records)

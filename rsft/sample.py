@@ -137,7 +137,7 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
     sampler.stats = total
     if reused:
         log.info("resumed: %d of %d shard(s) of %d prompts were sampled before and reused (%s)", reused, len(shards),
-                 size, store.folder)
+                 size, store.root)
     return completions, reused
 
 
@@ -221,8 +221,8 @@ def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
-    wanted = fingerprint(cfg, ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft"), inputs,
-                       prompt_files(cfg.data, "train"))
+    keys = ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft")
+    wanted = fingerprint(cfg, keys, inputs, prompt_files(cfg.data, "train"))
     if cfg.draft.kind == "none":
         wanted["config"].pop("sample.batch_rows")
     return wanted

@@ -6,11 +6,8 @@ It imports only rsft.distributed, so reward/ and the stages both use it without 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from rsft import distributed
-from rsft.paths import progress_folder
+from rsft.paths import ProgressFolder
 
 log = logging.getLogger(__name__)
 
@@ -85,28 +82,20 @@ def checkpoint_arguments(section: DictConfig) -> dict[str, Any]:
     return {"save_strategy": "steps", "save_steps": steps, "save_total_limit": 1}
 
 
-class TrainingCheckpoints:
+class TrainingCheckpoints(ProgressFolder):
     """The checkpoints of a training stage (reward, refresh, SFT, DPO) that has not finished, beside its artifact.
 
     A run that trains for hours and is killed would otherwise start again from its first step: the
     artifact is written once, at the end. So the TRL trainer writes its checkpoints (the weights, or the
     LoRA adapter, with the optimizer, scheduler and RNG states: transformers' Trainer format) every
-    `<group>.checkpoint_steps` steps into `.<artifact>.checkpoints/<key>/`, the key a hash of the
-    stage's fingerprint and the number of processes; a rerun of the same command resumes from the last
-    one (`trainer.train(resume_from_checkpoint=...)`), so it redoes at most one checkpoint interval.
-    Checkpoints made for other settings are deleted, never resumed, and the folder goes once the
-    artifact is written. How close a resumed run comes to an uninterrupted one: docs/run-directory.md.
+    `<group>.checkpoint_steps` steps into this folder (rsft.paths.ProgressFolder: keyed by the stage's
+    fingerprint); a rerun of the same command resumes from the last one
+    (`trainer.train(resume_from_checkpoint=...)`), so it redoes at most one checkpoint interval. How
+    close a resumed run comes to an uninterrupted one: docs/run-directory.md.
     """
 
     def __init__(self, final: str | Path, wanted: dict):
-        self.root = progress_folder(final, "checkpoints")
-        key = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
-        self.folder = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
-        if distributed.is_main() and self.root.is_dir():
-            for other in self.root.iterdir():
-                if other != self.folder:
-                    shutil.rmtree(other, ignore_errors=True)
-        distributed.barrier()
+        super().__init__(final, "checkpoints", wanted)
 
     def resume_from(self) -> str | None:
         """The last complete checkpoint to resume from, or None (train from the first step)."""
@@ -116,8 +105,3 @@ class TrainingCheckpoints:
         if last is not None:
             log.info("resuming training from %s", last)
         return last
-
-    def remove(self) -> None:
-        distributed.barrier()
-        if distributed.is_main():
-            shutil.rmtree(self.root, ignore_errors=True)
