@@ -570,6 +570,40 @@ def _check_sampling(sampling) -> None:
 
 
 @dataclass
+class PruneConfig:
+    """Stop the completions nobody will keep (rsft.sampling.budget: the rule and its bias)."""
+
+    at: List[int] = setting([], "Checkpoints in tokens, ascending, each below max_new_tokens, where each prompt's "
+                                "rows are ranked by the reward model; [] = off.")
+    share: float = setting(0.5, "Fraction stopped at each checkpoint, in [0, 1).")
+    rank_finished: bool = setting(True, "true: answers finished by a checkpoint compete with the live prefixes; false: "
+                                        "live prefixes rank among themselves only.")
+
+    def __post_init__(self):
+        for i, point in enumerate(self.at):
+            _integer(f"at[{i}]", point, 1)
+        if list(self.at) != sorted(set(self.at)):
+            _fail("at", list(self.at), "ascending, distinct token counts")
+        _number("share", self.share, "a fraction in [0, 1)", lambda v: 0 <= v < 1)
+        _boolean("rank_finished", self.rank_finished)
+
+
+@dataclass
+class AdaptiveKConfig:
+    """Adaptive K: a first pass of k0 per prompt, the rest of the budget where another sample can change
+    the pick (rsft.sampling.budget.allocate)."""
+
+    k0: int = setting(0, "Completions per prompt in the first pass; 0 = off (every prompt gets num_samples).")
+    budget: Optional[float] = setting(None, "Mean completions per prompt over both passes (null = num_samples); no "
+                                            "prompt gets more than num_samples.")
+
+    def __post_init__(self):
+        _integer("k0", self.k0, 0, "(0 = off)")
+        if self.budget is not None:
+            _number("budget", self.budget, "a mean completions per prompt >= k0, or null", lambda v: v >= self.k0)
+
+
+@dataclass
 class SampleConfig:
     num_samples: int = setting(8, "K: completions sampled per prompt.")
     max_new_tokens: int = setting(48, "Tokens per completion at most; a longer one is cut (finish_reason length).")
@@ -583,11 +617,20 @@ class SampleConfig:
     batch_rows: int = setting(64, "Rows decoded together; finished rows leave, waiting ones join.")
     shard_prompts: int = setting(256, "Sampling stages (sample, prefs, eval) save each finished shard of this many "
                                       "prompts; a rerun after a kill samples only the rest (0 = one shard).")
+    prune: PruneConfig = setting(PruneConfig, "stage=sample only: stop low-ranked rows at checkpoints.")
+    adaptive: AdaptiveKConfig = setting(AdaptiveKConfig, "stage=sample only: adaptive K per prompt.")
 
     def __post_init__(self):
         _integer("num_samples", self.num_samples, 1)
         _integer("shard_prompts", self.shard_prompts, 0, "(0 = one shard)")
         _check_sampling(self)
+        if self.prune.at and self.prune.at[-1] >= self.max_new_tokens:
+            _fail("prune.at", list(self.prune.at), f"checkpoints below max_new_tokens={self.max_new_tokens}")
+        if self.adaptive.k0 > self.num_samples:
+            _fail("adaptive.k0", self.adaptive.k0, f"at most num_samples={self.num_samples}")
+        if self.adaptive.budget is not None and self.adaptive.budget > self.num_samples:
+            _fail("adaptive.budget", self.adaptive.budget, f"at most num_samples={self.num_samples} (the most one "
+                                                           f"prompt gets)")
 
 
 SELECT_STRATEGIES = ("top_k", "threshold", "random")

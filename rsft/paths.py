@@ -80,6 +80,8 @@ class RunPaths:
                                       round so far, with loop.refresh_reward; else the run's reward/
       ... which trains on             refresh_labels(r): prefs/ (unless the user's pairs stand in) and
                                       round_00/prefs .. round_XX/prefs
+      round r prunes with             budget_reward(r): sample.prune / sample.adaptive's reward model, the
+                                      newest before round r samples (round r-1's refreshed one, else reward/)
       eval (every round) scores with  eval_reward: the run's reward/, the same for every round and the initial
                                       policy, so their numbers stay comparable when scoring follows the policy
       stage=draft round r imitates    draft_teacher(r): round r's policy, the configured one before any
@@ -126,6 +128,12 @@ class RunPaths:
     def scoring_reward(self, round_idx: int) -> Path:
         """The reward model that scores round r's samples: round_XX/reward with loop.refresh_reward, else reward/."""
         return self.round_reward(round_idx) if self.refresh_reward else self.reward
+
+    def budget_reward(self, round_idx: int) -> Path:
+        """The reward model that prunes round r's rows and spends its adaptive K while it samples: the
+        newest one that exists before round r samples (with loop.refresh_reward round r - 1's, since
+        round r's own is trained on these samples; else the run's reward/)."""
+        return self.round_reward(round_idx - 1) if self.refresh_reward and round_idx > 0 else self.reward
 
     def refresh_labels(self, round_idx: int) -> list[Path]:
         """The labelled rounds round r's refreshed reward model trains on, with the initial labels

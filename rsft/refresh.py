@@ -53,6 +53,7 @@ from rsft.paths import (
     load_dataset_artifact,
     should_skip,
 )
+from rsft.sampling.budget import PRUNED
 from rsft.prefs import label_pairs, split_by_prompt
 from rsft.reward import load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
 from rsft.sample import round_seed
@@ -94,9 +95,16 @@ def labels_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict
 
 
 def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple[DatasetDict, dict]:
-    """Pairs among the first refresh.samples_per_prompt completions per prompt, labelled by the demo's annotators."""
+    """Pairs among the first refresh.samples_per_prompt completions per prompt (rows stopped by pruning are
+    prefixes, not completions, and are passed over), labelled by the demo's annotators."""
     per_prompt = int(cfg.refresh.samples_per_prompt)
-    subset = samples.filter(lambda row: row["sample_idx"] < per_prompt)
+    taken: dict[str, int] = {}
+    keep = []  # rows are in prompt and sample order
+    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
+        if finish_reason != PRUNED and taken.get(prompt_id, 0) < per_prompt:
+            taken[prompt_id] = taken.get(prompt_id, 0) + 1
+            keep.append(i)
+    subset = samples.select(keep)
     golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]
     rng = random.Random(round_seed(int(cfg.prefs.seed), round_idx))
     rows, identical = label_pairs(subset, golds, float(cfg.prefs.tau), bool(cfg.prefs.soft), rng)

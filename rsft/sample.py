@@ -19,6 +19,7 @@ import time
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
+import rsft.score
 from rsft import distributed
 from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_files, prompt_keys, prompt_token_ids
 from rsft.models import (
@@ -31,6 +32,7 @@ from rsft.models import (
     resolve_device,
 )
 from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
+from rsft.sampling.budget import PRUNED, PruneSchedule, allocate
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
@@ -110,17 +112,20 @@ def round_seed(seed: int, round_idx: int) -> int:
 
 
 def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: list[int], num_samples: int,
-                     seed: int, shard_prompts: int, store: ShardStore | None, progress: bool):
+                     seed: int, shard_prompts: int, store: ShardStore | None, progress: bool,
+                     ranges: dict[int, range] | None = None, first_shard: int = 0):
     """The completions of these prompts, `shard_prompts` prompts at a time (0: all at once), each
-    finished shard saved to `store` and each shard found there reused; (completions, reused shards).
+    finished shard saved to `store` and each shard found there reused; (completions, shards, reused).
 
     Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
     sampled in an earlier, killed run is the shard an uninterrupted run samples: the artifact is the
-    same, row for row (an adaptive draft, which reads the clock, is exact in distribution only)."""
+    same, row for row (an adaptive draft, which reads the clock, is exact in distribution only).
+    ranges: prompt index -> the sample indices to draw (adaptive K's second pass), else num_samples
+    each; its shards are numbered from first_shard on, after the first pass's."""
     size = shard_prompts if shard_prompts > 0 else max(len(indices), 1)
     shards = [indices[i:i + size] for i in range(0, len(indices), size)]
     completions, reused, total = [], 0, AcceptanceStats()
-    for index, shard in enumerate(shards):
+    for index, shard in enumerate(shards, start=first_shard):
         found = store.load(index) if store is not None else None
         if found is not None:
             completions += [Completion(**c) for c in found["completions"]]
@@ -129,7 +134,7 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
             continue
         sampler.stats = AcceptanceStats()  # this shard's own counts, saved with it
         part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
-                                prompt_indices=shard)
+                                prompt_indices=shard, sample_ranges=None if ranges is None else [ranges[i] for i in shard])
         if store is not None:
             store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
         total.merge(sampler.stats)
@@ -138,12 +143,63 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
     if reused:
         log.info("resumed: %d of %d shard(s) of %d prompts were sampled before and reused (%s)", reused, len(shards),
                  size, store.root)
-    return completions, reused
+    return completions, len(shards), reused
+
+
+def token_scorer(scorer, tokenizer, prompt_texts: list[str]):
+    """score([(prompt index, token ids), ...]) -> the reward model's raw reward of each, the tokens decoded
+    as the completion column is and read as a finished answer (pruning scores prefixes this way). Each
+    process scores its own rows (no launcher collectives: processes prune at different moments)."""
+    framed = scorer.as_trained(list(prompt_texts))
+
+    def score(requests: list[tuple[int, list[int]]]) -> list[float]:
+        texts = [tokenizer.decode(tokens, skip_special_tokens=True) for _, tokens in requests]
+        return scorer.score([framed[p] for p, _ in requests], texts, progress=False)
+
+    return score
+
+
+def keepable(completion: Completion, text: str) -> bool:
+    """Whether select (with its default filters) could keep this completion: finished by EOS, not empty."""
+    return completion.finish_reason == "eos" and bool(text.strip())
+
+
+def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: float, num_samples: int,
+                num_prompts: int) -> tuple[dict[int, range], dict]:
+    """Adaptive K: the sample indices each prompt draws after its first k0 (rsft.sampling.budget.allocate),
+    from the reward model's scores of the first pass. The first pass's scores of every process are
+    gathered and one allocation is made over the whole prompt set, so the dataset does not depend on the
+    number of processes; each process draws its own prompts' share. Returns (ranges for this
+    process's prompts, counts for meta.json)."""
+    done = [c for c in first if c.finish_reason != PRUNED]
+    values = score([(c.prompt_index, c.token_ids) for c in done]) if done else []
+    mine: dict[int, tuple[list[float], list[bool]]] = {}
+    for c in first:
+        mine.setdefault(c.prompt_index, ([], []))
+    for c, value in zip(done, values):
+        mine[c.prompt_index][0].append(float(value))
+        mine[c.prompt_index][1].append(keepable(c, tokenizer.decode(c.token_ids, skip_special_tokens=True)))
+    everyone = {}
+    for part in distributed.gather_each(mine):
+        everyone.update({int(p): v for p, v in part.items()})
+    order = sorted(everyone)
+    extra = max(0, round(budget * num_prompts) - k0 * num_prompts)
+    allocation = allocate([everyone[p][0] for p in order], [everyone[p][1] for p in order], extra,
+                          max_per_prompt=num_samples)
+    # allocate counts scored completions; a pruned one still took a sample index, so counts are offsets past k0
+    added = {p: count - len(everyone[p][0]) for p, count in zip(order, allocation.counts)}
+    ranges = {p: range(k0, k0 + added[p]) for p in mine}
+    counts = {"first_pass_per_prompt": k0, "second_pass_completions": sum(added.values()),
+              "first_pass_scored": sum(len(everyone[p][0]) for p in order),
+              "prompts_given_more": sum(a > 0 for a in added.values()),
+              "most_given_to_one_prompt": max(added.values(), default=0)}
+    return ranges, counts
 
 
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
                    seed: int, system_prompt: str | None, provenance: dict, progress: bool = True,
-                   shard_prompts: int = 0, store: ShardStore | None = None):
+                   shard_prompts: int = 0, store: ShardStore | None = None, scorer=None,
+                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None):
     """Sample and assemble the samples dataset; returns (dataset, sampler summary).
 
     Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
@@ -151,7 +207,12 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     sample order: the dataset is the same whatever the number of processes. The summary's
     acceptance counts are over all processes; `per_rank` has each process's throughput. With a
     ShardStore, each process samples its prompts `shard_prompts` at a time and a rerun resumes at the
-    first shard that was not finished (ShardStore)."""
+    first shard that was not finished (ShardStore).
+
+    With a reward-model `scorer`, `prune` stops low-ranked rows (they stay in the dataset with
+    finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, budget) draws
+    k0 per prompt and then spends the rest of budget x prompts completions (second_pass), no prompt
+    past num_samples."""
     budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
     encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
@@ -160,13 +221,30 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         log.warning("%d prompt(s) longer than the policy's context (%s tokens) less max_new_tokens were cut from "
                     "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
                     budget, sum(cut))
-    sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft)
+    score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"])
+    if (prune is not None or adaptive is not None) and score is None:
+        raise ValueError("pruning and adaptive K need a reward model to score with")
+    sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune, score=score)
     mine = distributed.shard(len(prompt_ids))
     started = time.perf_counter()
-    completions, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
-                                           progress)
+    adaptive_counts = None
+    if adaptive is None:
+        completions, _, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts,
+                                                  store, progress)
+    else:
+        k0, mean_budget = adaptive
+        first, shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
+        first_stats = sampler.stats
+        ranges, adaptive_counts = second_pass(first, score, tokenizer, k0, mean_budget, num_samples, len(prompt_ids))
+        more, _, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
+                                                progress, ranges=ranges, first_shard=shards)
+        sampler.stats.merge(first_stats)
+        completions, reused = sorted(first + more, key=lambda c: (c.prompt_index, c.sample_idx)), reused + reused_more
     seconds = time.perf_counter() - started
     own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
+    # every process's pruning and scoring counts, summed
+    budget_counts = {k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts))
+                     for k in sampler.prune_counts}
     per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
                                         "tokens": own_tokens, "seconds": round(seconds, 2),
                                         "tokens_per_second": round(own_tokens / max(seconds, 1e-9), 2)})
@@ -191,6 +269,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
             "num_drafted": c.num_drafted,
             "num_accepted": c.num_accepted,
             "num_target_forwards": c.num_target_forwards,
+            **({"pruned_at": c.pruned_at} if prune is not None else {}),
             **{k: source[k] for k in extra_columns},
         })
     summary = sampler.summary()
@@ -202,6 +281,9 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "seconds": round(seconds, 2),
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
         "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
+        **({f"prune_{k}": v for k, v in budget_counts.items()} if prune is not None else {}),
+        **({"pruned": sum(c.finish_reason == PRUNED for c in completions)} if prune is not None else {}),
+        **({"adaptive": adaptive_counts} if adaptive_counts is not None else {}),
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
         "shards_resumed": sum(distributed.gather_each(reused)),
         "prompts_cut": sum(n > 0 for n in cut),
@@ -212,19 +294,46 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     return Dataset.from_list(rows), summary
 
 
+def prune_schedule(sample: DictConfig) -> PruneSchedule | None:
+    """sample.prune as the sampler's PruneSchedule; None when off (sample.prune.at=[])."""
+    prune = sample.get("prune")
+    if prune is None or not prune.at:
+        return None
+    schedule = PruneSchedule(tuple(int(c) for c in prune.at), float(prune.share), bool(prune.rank_finished))
+    schedule.check(int(sample.max_new_tokens))
+    return schedule
+
+
+def adaptive_k(sample: DictConfig) -> tuple[int, float] | None:
+    """sample.adaptive as (k0, mean completions per prompt); None when off (k0 = 0)."""
+    adaptive = sample.get("adaptive")
+    if adaptive is None or int(adaptive.k0) == 0:
+        return None
+    budget = adaptive.budget if adaptive.budget is not None else sample.num_samples
+    return int(adaptive.k0), float(budget)
+
+
 def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     """The samples' fingerprint (rsft.paths): the seed, round, policy, prompt, sampling and draft
-    settings, the policy and distilled draft artifacts they came from, the prompt file. Not in it:
-    sample.batch_rows when sampling plainly (each completion has its own generator, and the packed
-    forward gives every row a plain forward's logits), threads, device, logger, progress."""
+    settings, the policy and distilled draft artifacts they came from, the prompt file, and with
+    pruning or adaptive K the reward model that decides them. Not in it: sample.batch_rows when
+    sampling plainly (each completion has its own generator, and the packed forward gives every row a
+    plain forward's logits), sample.prune / sample.adaptive while they are off (so samples made before
+    they existed still match), threads, device, logger, progress."""
     round_idx = int(cfg.round)
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
+    prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
+    if prune is not None or adaptive is not None:
+        inputs.append(paths.budget_reward(round_idx))
     keys = ("seed", "round", "policy", *prompt_keys("train", cfg.data.kind), "sample", "draft")
     wanted = fingerprint(cfg, keys, inputs, prompt_files(cfg.data, "train"))
     if cfg.draft.kind == "none":
         wanted["config"].pop("sample.batch_rows")
+    for key in list(wanted["config"]):
+        if (prune is None and key.startswith("sample.prune.")) or (adaptive is None and key.startswith("sample.adaptive.")):
+            wanted["config"].pop(key)
     return wanted
 
 
@@ -239,10 +348,21 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(int(cfg.round)), device)
     draft = build_draft(cfg, model, tokenizer, device)
+    prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
+    scorer = None
+    if prune is not None or adaptive is not None:
+        budget_reward = paths.budget_reward(int(cfg.round))
+        scorer = rsft.score.load_reward_scorer(cfg, device, budget_reward)
+        log.info("sample: %s%s%s with the reward model at %s", f"pruning at {list(prune.checkpoints)} tokens "
+                 f"(share {prune.share})" if prune else "", " and " if prune and adaptive else "",
+                 f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)" if adaptive else "", budget_reward)
     provenance = {
         "round": int(cfg.round),
         "policy": policy_source,
-        "sampler": json.dumps({**settings.__dict__, "draft": cfg.draft.kind}, sort_keys=True),
+        "sampler": json.dumps({**settings.__dict__, "draft": cfg.draft.kind,
+                               **({"prune": OmegaConf.to_container(cfg.sample.prune)} if prune else {}),
+                               **({"adaptive": OmegaConf.to_container(cfg.sample.adaptive)} if adaptive else {})},
+                              sort_keys=True),
     }
     seed = round_seed(cfg.seed, cfg.round)
     log.info("sampling %d x %d completions (draft=%s, gamma=%d, batch_rows=%d)", len(prompts),
@@ -250,7 +370,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     store = ShardStore(out, wanted)
     ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, int(cfg.sample.num_samples), seed,
                                  cfg.data.get("system_prompt"), provenance, shard_prompts=int(cfg.sample.shard_prompts),
-                                 store=store)
+                                 store=store, scorer=scorer, prune=prune, adaptive=adaptive)
     meta = {"stage": "sample", "round": int(cfg.round), "policy": policy_source, "counts": {"rows": len(ds)},
             "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
             "config": OmegaConf.to_container(cfg, resolve=True)}

@@ -5,8 +5,8 @@
 Reads runs/<run_name>/round_XX/samples/ and the reward model that scores round XX
 (RunPaths.scoring_reward: the run's reward/, built by stage=prefs then stage=reward; with
 loop.refresh_reward the round's own round_XX/reward/, built by stage=refresh); writes
-round_XX/scored/: the samples with three more columns, `reward` (the model's raw output),
-`reward_normalised` ((raw - mean) / std with the mean and std the reward stage measured on its
+round_XX/scored/: the samples (less the rows stage=sample pruned: prefixes, not completions) with
+three more columns, `reward` (the model's raw output), `reward_normalised` ((raw - mean) / std with the mean and std the reward stage measured on its
 training data, so thresholds do not depend on the scale a particular reward model happened to
 learn) and `reward_model` (which one gave the score, relative to the run directory; also in
 meta.json and, by its digest, in the fingerprint). The scorer sees the prompt as the user wrote it
@@ -40,6 +40,7 @@ from rsft.paths import (
     read_meta,
     should_skip,
 )
+from rsft.sampling.budget import PRUNED
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if should_skip(out, cfg.overwrite, "score", wanted):
         return finished(out)
     samples = load_dataset_artifact(source)
+    pruned = sum(f == PRUNED for f in samples["finish_reason"])
+    if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
+        samples = samples.filter(lambda f: f != PRUNED, input_columns="finish_reason")
+        log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
     scorer = load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
     log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
     store = ShardStore(out, wanted)  # a killed scoring run resumes at its first unfinished shard of rows
@@ -191,7 +196,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     }
     meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(scorer_path),
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
-            "counts": {"rows": len(scored), "prompts": len(by_prompt)}, "stats": stats}
+            "counts": {"rows": len(scored), "prompts": len(by_prompt), **({"pruned_left_out": pruned} if pruned else {})},
+            "stats": stats}
     if distributed.is_main():
         with atomic_artifact(out, meta, wanted) as tmp:
             scored.save_to_disk(str(tmp))

@@ -112,6 +112,9 @@ def test_round_table_with_dpo_and_refreshed_reward_models(tmp_path):
     assert paths.sft_init_policy(2, "previous") == paths.dpo_policy(1)
     assert paths.scoring_reward(2) == paths.round_reward(2) == tmp_path / "runs" / "x" / "round_02" / "reward"
     assert paths.refresh_labels(1) == [paths.round_prefs(0), paths.round_prefs(1)]
+    # pruning and adaptive K score while the round samples: with the newest model that exists by then
+    assert paths.budget_reward(0) == paths.reward and paths.budget_reward(2) == paths.round_reward(1)
+    assert plain.budget_reward(0) == plain.budget_reward(2) == plain.reward
     assert paths.eval_reward == paths.reward == plain.eval_reward
     assert paths.other_run("y").dpo and paths.other_run("y").refresh_reward
 

@@ -133,3 +133,76 @@ def test_shards_of_other_settings_are_never_reused(make_cfg, monkeypatch):
     assert other.to_list() == fresh.to_list() and read_meta(run_stage(make_cfg(
         "stage=sample", "data.limit=4", "sample.temperature=0.9", "sample.shard_prompts=2")).path)["sampling"][
         "shards_resumed"] == 0
+
+
+BUDGET = ["data.limit=4", "sample.num_samples=6", "sample.max_new_tokens=8", "sample.prune.at=[2,4]",
+          "sample.adaptive.k0=3", "sample.adaptive.budget=4.5"]
+
+
+def test_pruning_and_adaptive_k_record_stopped_rows_and_spend_the_budget(make_cfg, monkeypatch):
+    """Stopped rows stay in samples/ (their prefix and checkpoint) and never reach scored/ or selected/;
+    adaptive K draws k0 per prompt, then the rest of budget x prompts where the reward model says."""
+    from fake_reward import install_fake_reward
+
+    cfg = make_cfg("stage=sample", *BUDGET)
+    install_fake_reward(monkeypatch, cfg)
+    samples = load_from_disk(str(run_stage(cfg).path))
+    assert len(samples) == 18  # 4.5 x 4 prompts
+    counts = {p: sum(1 for x in samples["prompt_id"] if x == p) for p in set(samples["prompt_id"])}
+    assert min(counts.values()) >= 3 and max(counts.values()) <= 6
+    for pid in counts:  # sample indices are contiguous: 0 .. count - 1
+        assert sorted(r["sample_idx"] for r in samples if r["prompt_id"] == pid) == list(range(counts[pid]))
+    pruned = [r for r in samples if r["finish_reason"] == "pruned"]
+    assert pruned and all(r["pruned_at"] in (2, 4) and r["num_tokens"] >= r["pruned_at"] for r in pruned)
+    assert all(r["pruned_at"] == 0 for r in samples if r["finish_reason"] != "pruned")
+    meta = read_meta(RunPaths.from_config(cfg).samples(0))["sampling"]
+    assert meta["pruned"] == len(pruned) == meta["prune_rows_stopped"] and meta["prune_prefixes_scored"] > 0
+    assert meta["adaptive"]["second_pass_completions"] == 18 - 12
+    assert json.loads(samples[0]["sampler"])["prune"]["at"] == [2, 4]
+
+    scored = load_from_disk(str(run_stage(make_cfg("stage=score", *BUDGET)).path))
+    assert len(scored) == 18 - len(pruned) and "pruned" not in scored["finish_reason"]
+    selected = load_from_disk(str(run_stage(make_cfg("stage=select", *BUDGET)).path))
+    assert "pruned" not in selected["finish_reason"]
+
+
+def test_sampling_with_a_budget_resumes_mid_way_and_is_reproducible(make_cfg, monkeypatch):
+    """A kill in adaptive K's second pass redoes only its unfinished shard; the artifact equals an
+    uninterrupted run's. Pruning and adaptive K off leave the fingerprint as it was before they existed."""
+    from fake_reward import install_fake_reward
+
+    from rsft.sample import wanted_fingerprint
+    from rsft.sampling.sampler import Sampler
+
+    real_generate, sampled = Sampler.generate, []
+
+    def counting(self, prompts, *args, **kwargs):
+        sampled.append(len(prompts))
+        if kill_at and len(sampled) == kill_at:
+            raise KeyboardInterrupt("killed")
+        return real_generate(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(Sampler, "generate", counting)
+    settings = ["stage=sample", "sample.shard_prompts=2", *BUDGET]
+    kill_at = 0
+    straight_cfg = make_cfg(*settings, "run_name=straight")
+    install_fake_reward(monkeypatch, straight_cfg)
+    straight = load_from_disk(str(run_stage(straight_cfg).path))
+    assert sampled == [2, 2, 2, 2]  # two shards per pass
+    sampled.clear()
+    kill_at = 4
+    cfg = make_cfg(*settings, "run_name=killed")
+    install_fake_reward(monkeypatch, cfg)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    kill_at = 0
+    resumed = load_from_disk(str(run_stage(cfg).path))
+    assert sampled == [2, 2, 2, 2, 2]  # after the kill only the second pass's last shard is sampled
+    assert resumed.to_list() == straight.to_list()
+
+    paths = RunPaths.from_config(cfg)
+    wanted = wanted_fingerprint(cfg, paths)
+    assert "sample.prune.at" in wanted["config"] and "reward" in wanted["inputs"]
+    plain = wanted_fingerprint(make_cfg("stage=sample", "run_name=killed"), paths)
+    assert not any(k.startswith(("sample.prune", "sample.adaptive")) for k in plain["config"])
+    assert "reward" not in plain["inputs"]

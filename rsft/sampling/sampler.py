@@ -57,6 +57,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from rsft.sampling.budget import PRUNED, PruneSchedule, rows_to_stop, scored_tokens
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.processing import (
     check_finite,
@@ -105,6 +106,7 @@ class Completion:
     num_drafted: int = 0
     num_accepted: int = 0
     num_target_forwards: int = 0
+    pruned_at: int = 0  # the checkpoint where pruning stopped it (finish_reason "pruned"); 0: not pruned
 
 
 @dataclass
@@ -216,17 +218,27 @@ class Sampler:
     """Generates completions from `target`; with `draft` (ModelDraft / NgramDraft), speculatively."""
 
     def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None,
-                 clock: Callable[[], float] = time.perf_counter):
-        """clock: what the controller's costs are measured with (tests inject a simulated one)."""
+                 clock: Callable[[], float] = time.perf_counter, prune: PruneSchedule | None = None,
+                 score: Callable[[list[tuple[int, list[int]]]], list[float]] | None = None):
+        """clock: what the controller's costs are measured with (tests inject a simulated one).
+        prune and score: stop the lowest-ranked rows of each prompt at prune.checkpoints (see
+        _Pruning); score([(prompt_index, token_ids), ...]) gives the reward of each, the tokens read
+        as a finished answer, prompt_index being the prompt's index in the whole set."""
         settings.check()
         if draft is not None:
             check_gamma(settings.gamma)
+        if prune is not None:
+            prune.check(settings.max_new_tokens)
+            if score is None:
+                raise ValueError("pruning needs a score function (a reward model)")
         self.target, self.settings, self.draft, self.clock = target, settings, draft, clock
+        self.prune, self.score = (prune, score) if prune is not None and prune.checkpoints else (None, None)
+        self.prune_counts = {"prefixes_scored": 0, "score_calls": 0, "rows_stopped": 0, "finished_then_stopped": 0}
         self.eos = set(int(t) for t in eos_token_ids)
         self.stats = AcceptanceStats()
         self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
         self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
-                        "prefill_seconds": 0.0}
+                        "prefill_seconds": 0.0, "prune_score_seconds": 0.0}
         self._draft_behind = False  # a step ran without the draft: it has tokens to catch up on
 
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
@@ -237,23 +249,32 @@ class Sampler:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], num_samples: int, seed: int, progress: bool = True,
-                 prompt_indices: list[int] | None = None) -> list[Completion]:
+                 prompt_indices: list[int] | None = None, sample_ranges: list[range] | None = None
+                 ) -> list[Completion]:
         """K = num_samples completions for each prompt (token ids, chat-formatted); in prompt order.
 
         prompt_indices: each prompt's index in the whole prompt set (default 0, 1, ...), which seeds its
         completions and is their `prompt_index`: a shard of the prompts (one process of several) gets
-        exactly the completions the whole set would."""
+        exactly the completions the whole set would. sample_ranges: per prompt, the sample indices to
+        draw instead of range(num_samples) (adaptive K's second pass draws k0, k0 + 1, ...); completion
+        (prompt, k) is the same whichever call draws it. With pruning, stopped rows are returned too,
+        with finish_reason "pruned", the tokens they had and `pruned_at`."""
         indices = list(range(len(prompts))) if prompt_indices is None else list(prompt_indices)
         if len(indices) != len(prompts):
             raise ValueError(f"prompt_indices has {len(indices)} entries for {len(prompts)} prompts")
-        if num_samples < 1:
-            raise ValueError(f"sample.num_samples={num_samples}: expected >= 1")
+        if sample_ranges is None:
+            if num_samples < 1:
+                raise ValueError(f"sample.num_samples={num_samples}: expected >= 1")
+            sample_ranges = [range(num_samples)] * len(prompts)
+        if len(sample_ranges) != len(prompts):
+            raise ValueError(f"sample_ranges has {len(sample_ranges)} entries for {len(prompts)} prompts")
         for i, ids in enumerate(prompts):
             if not ids:
                 raise ValueError(f"prompt {i} tokenizes to nothing; expected at least one token")
-        waiting = [(p, k) for p in range(len(prompts)) for k in range(num_samples)]
+        waiting = [(p, k) for p in range(len(prompts)) for k in sample_ranges[p]]
         waiting.reverse()  # pop() from the end takes them in prompt order
         done: list[Completion] = []
+        pruning = None if self.prune is None else _Pruning(self, [len(r) for r in sample_ranges], indices)
         target = KVBatch(self.target, keep_features=getattr(self.draft, "needs_policy_features", False))
         rows: list[_Row] = []
         last = torch.zeros(0, dtype=torch.long)  # [rows] the token each row feeds next
@@ -265,8 +286,18 @@ class Sampler:
                     new_rows = self._admit(target, admitted, prompts, indices, seed)
                     rows.extend(new_rows)
                     last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
+                    if pruning is not None:
+                        pruning.admitted(new_rows)
                 emitted = self._step(target, rows, last.to(target.device))
                 rows, last, finished = self._collect(target, rows, emitted)
+                if pruning is not None:
+                    started = self.clock()
+                    stopped = pruning.decide()
+                    self.timings["prune_score_seconds"] += self.clock() - started
+                    if stopped:
+                        keep = [i for i, r in enumerate(rows) if id(r.completion) not in stopped]
+                        finished += [r.completion for r in rows if id(r.completion) in stopped]
+                        rows, last = self._keep(target, rows, last, keep)
                 done.extend(finished)
                 bar.update(len(finished))
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
@@ -376,13 +407,19 @@ class Sampler:
             else:
                 keep.append(i)
                 new_last.append(emitted[i][-1])
-        if len(keep) < len(rows):
-            index = torch.tensor(keep, dtype=torch.long, device=target.device)
-            target.keep_rows(index)
-            if self.draft is not None:
-                self.draft.keep_rows(index)
-            rows = [rows[i] for i in keep]
-        return rows, torch.tensor(new_last, dtype=torch.long), finished
+        rows, last = self._keep(target, rows, torch.tensor(new_last, dtype=torch.long), keep, last_kept=True)
+        return rows, last, finished
+
+    def _keep(self, target: KVBatch, rows: list[_Row], last: torch.Tensor, keep: list[int], last_kept: bool = False):
+        """Only rows[keep] go on (the policy's and the draft's state of the others is dropped); `last`
+        is either every row's next token or, with last_kept, already only the kept rows'."""
+        if len(keep) == len(rows):
+            return rows, last
+        index = torch.tensor(keep, dtype=torch.long, device=target.device)
+        target.keep_rows(index)
+        if self.draft is not None:
+            self.draft.keep_rows(index)
+        return [rows[i] for i in keep], last if last_kept else last[torch.tensor(keep, dtype=torch.long)]
 
     def summary(self) -> dict:
         out = self.stats.summary()
@@ -390,4 +427,76 @@ class Sampler:
         history = self.controller.history
         out["gamma_chosen_mean"] = sum(history) / len(history) if history else 0.0
         out["gamma_max"] = self.controller.gamma_max
+        if self.prune is not None:
+            out.update({f"prune_{k}": v for k, v in self.prune_counts.items()})
         return out
+
+
+class _Pruning:
+    """The pruning decisions of one generate() call (rsft.sampling.budget has the rule and its bias).
+
+    A prompt's checkpoint c is decided once every one of its rows has been admitted and every row not
+    yet stopped has either finished or emitted more than c tokens; rows that got there first keep decoding
+    meanwhile (they are never paused, so the batch stays full), and are judged by their first c tokens
+    all the same. A decision therefore depends only on the completions' own tokens, which depend only
+    on their own generators: sampling with pruning keeps what a replay on the exhaustive set keeps.
+    A row stopped after it had finished (it ran ahead) is stopped all the same, for that reason."""
+
+    def __init__(self, sampler: Sampler, group_sizes: list[int], indices: list[int]):
+        self.sampler, self.schedule, self.indices = sampler, sampler.prune, indices
+        self.sizes = group_sizes
+        self.members: dict[int, list[_Row]] = {}  # prompt -> its admitted rows
+        self.next_checkpoint: dict[int, int] = {}  # prompt -> index into checkpoints
+        self.cache: dict[tuple[int, int, int], float] = {}  # (prompt, sample, tokens scored) -> score
+
+    def admitted(self, rows: list[_Row]) -> None:
+        for row in rows:
+            self.members.setdefault(row.group, []).append(row)
+            self.next_checkpoint.setdefault(row.group, 0)
+
+    def _ready(self, p: int) -> int | None:
+        """The checkpoint prompt p can decide now, if any."""
+        i = self.next_checkpoint[p]
+        if i >= len(self.schedule.checkpoints) or len(self.members[p]) < self.sizes[p]:
+            return None
+        c = self.schedule.checkpoints[i]
+        candidates = [r.completion for r in self.members[p] if r.completion.finish_reason != PRUNED]
+        # past c: finished, or beyond c tokens (with exactly c, whether the next token is EOS is not known yet)
+        if all(x.finish_reason or len(x.token_ids) > c for x in candidates):
+            return c
+        return None
+
+    def decide(self) -> set[int]:
+        """Decide every checkpoint that is ready; the ids of the completions stopped."""
+        stopped: set[int] = set()
+        while True:
+            ready = [(p, c) for p in list(self.next_checkpoint) if (c := self._ready(p)) is not None]
+            if not ready:
+                return stopped
+            plans, requests = [], []
+            for p, c in ready:
+                self.next_checkpoint[p] += 1
+                candidates = [r.completion for r in self.members[p] if r.completion.finish_reason != PRUNED]
+                scored = [scored_tokens(x.token_ids, x.finish_reason == "eos", c) for x in candidates]
+                if all(done for _, done in scored):  # every answer finished within c tokens: nothing to stop
+                    continue
+                plans.append((p, c, candidates, scored))
+                for x, (tokens, _) in zip(candidates, scored):
+                    if (p, x.sample_idx, len(tokens)) not in self.cache:
+                        requests.append((p, x.sample_idx, tokens))
+            if requests:
+                values = self.sampler.score([(self.indices[p], tokens) for p, _, tokens in requests])
+                self.sampler.prune_counts["score_calls"] += 1
+                self.sampler.prune_counts["prefixes_scored"] += len(requests)
+                for (p, k, tokens), value in zip(requests, values):
+                    self.cache[(p, k, len(tokens))] = float(value)
+            for p, c, candidates, scored in plans:
+                values = [self.cache[(p, x.sample_idx, len(t))] for x, (t, _) in zip(candidates, scored)]
+                live = [not done for _, done in scored]
+                for i in rows_to_stop(values, live, self.schedule.share, self.schedule.rank_finished):
+                    x = candidates[i]
+                    if x.finish_reason:
+                        self.sampler.prune_counts["finished_then_stopped"] += 1
+                    x.finish_reason, x.pruned_at = PRUNED, c
+                    stopped.add(id(x))
+                    self.sampler.prune_counts["rows_stopped"] += 1

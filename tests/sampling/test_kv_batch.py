@@ -34,6 +34,7 @@ def test_packed_logits_match_full_forwards_through_joins_rejections_and_leaves()
     histories: list[list[int]] = []  # per caller row: the tokens its cache holds (committed)
     prompts = [[1, 2, 3, 4], [5, 6], [1, 2, 3, 4], [7], [8, 9, 10, 11, 12, 1, 2]]
     checked = 0
+    lasts: list[int] = []
     for step in range(30):
         if step % 6 == 0 and prompts:  # join: a prompt's prefix (all but its last token) for 1-3 rows
             prompt = prompts.pop(0)
@@ -41,7 +42,7 @@ def test_packed_logits_match_full_forwards_through_joins_rejections_and_leaves()
             batch.admit([prompt[:-1]], [copies])
             histories += [prompt[:-1] for _ in range(copies)]
             pending_last = [prompt[-1]] * copies
-            lasts = (lasts if step else []) + pending_last
+            lasts = lasts + pending_last
         rows = len(histories)
         n = rng.randint(1, 4)
         ids = torch.tensor([[lasts[r]] + [rng.randrange(13) for _ in range(n - 1)] for r in range(rows)])

@@ -1,0 +1,154 @@
+"""Spending best-of-K's sampling budget where it can change the pick: pruning and adaptive K.
+
+Both rules are pure functions of reward scores, shared by the sampler (which acts on them) and by
+scripts/replay_budget.py (which replays them on an exhaustive sample set), so a replayed schedule
+keeps exactly what sampling with it keeps: every completion has its own generator, so stopping or
+never starting some rows does not change the tokens of the others.
+
+Pruning (Speculative Rejection, Sun et al. 2024, arXiv 2410.20290, without its memory-driven
+checkpoints): at checkpoints (token counts) every candidate of a prompt is scored and the lowest
+ranked live rows are stopped. A candidate's score at checkpoint c:
+- a row that emitted EOS within its first c tokens: the score of its finished answer;
+- any other row: the score of its first c tokens read as if they were a finished answer (the prefix
+  is handed to the full-answer reward model unchanged). That is the rule whatever the row did after
+  token c, so the decision does not depend on which rows happened to run ahead in the batch.
+Bias: the reward model never saw cut answers in training. A prefix cut mid-sentence tends to score
+below a short finished answer of the same quality (the demo's gold, and any reward model that learnt
+"finished answers are better", penalise the cut), so `rank_finished=True` (finished answers compete
+with prefixes) favours short answers; with `rank_finished=False` the live rows rank among themselves
+only (all prefixes of exactly c tokens: no length bias between them) and finished rows never take a
+live row's place. scripts/replay_budget.py measures both.
+
+Adaptive K (in the spirit of AdaBoN, arXiv 2505.12050): sample k0 per prompt, then give the rest of
+the round's completions, one at a time, to the prompt where one more sample raises the expected best
+score the most (`allocate`), under a normal model of each prompt's scores.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+PRUNED = "pruned"  # the finish_reason of a stopped row: a prefix, never a completion
+
+
+@dataclass(frozen=True)
+class PruneSchedule:
+    """checkpoints: token counts at which a prompt's candidates are ranked (ascending, >= 1);
+    share: the fraction stopped at each checkpoint, in [0, 1); rank_finished: see the module docstring."""
+
+    checkpoints: tuple[int, ...]
+    share: float = 0.5
+    rank_finished: bool = True
+
+    def check(self, max_new_tokens: int) -> None:
+        points = list(self.checkpoints)
+        if any(int(c) != c or c < 1 for c in points) or points != sorted(set(points)):
+            raise ValueError(f"sample.prune.at={points}: expected ascending, distinct token counts >= 1")
+        if points and points[-1] >= max_new_tokens:
+            raise ValueError(f"sample.prune.at={points}: every checkpoint must be below sample.max_new_tokens="
+                             f"{max_new_tokens} (a row that long has finished)")
+        if not 0.0 <= self.share < 1.0:
+            raise ValueError(f"sample.prune.share={self.share}: expected a fraction in [0, 1)")
+
+
+def scored_tokens(token_ids: list[int], finished_by_eos: bool, checkpoint: int) -> tuple[list[int], bool]:
+    """What is scored for a candidate at `checkpoint`: (tokens, whether they are a finished answer)."""
+    if finished_by_eos and len(token_ids) <= checkpoint:
+        return token_ids, True
+    return token_ids[:checkpoint], False
+
+
+def rows_to_stop(scores: list[float], live: list[bool], share: float, rank_finished: bool) -> list[int]:
+    """Indices (into scores) of the live candidates to stop at a checkpoint.
+
+    rank_finished: all candidates rank together; the top ceil((1 - share) n) stay (at least one), and
+    the live ones below them stop. Otherwise the live ones rank among themselves and the lowest
+    floor(share x live) stop, never all of them. Ties keep the lower index."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    if rank_finished:
+        keep = max(1, math.ceil((1.0 - share) * len(scores) - 1e-9))
+        return sorted(i for i in order[keep:] if live[i])
+    alive = [i for i in order if live[i]]
+    stop = min(math.floor(share * len(alive) + 1e-9), len(alive) - 1)
+    return sorted(alive[len(alive) - stop:]) if stop > 0 else []
+
+
+@dataclass
+class Allocation:
+    """How many completions each prompt gets (`counts`) and the expected gain of each extra one."""
+
+    counts: list[int]
+    gains: list[float] = field(default_factory=list)
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def expected_best(current: float, mean: float, sd: float, keep_rate: float, extra: int, points: int = 64) -> float:
+    """E[max(current, best keepable score of `extra` new samples)] when a new sample is keepable with
+    probability keep_rate and then scores N(mean, sd): current + integral over x > current of
+    1 - F(x)^extra, F(x) = 1 - keep_rate + keep_rate Phi((x - mean) / sd) (trapezoid rule)."""
+    if extra <= 0 or keep_rate <= 0.0:
+        return current
+    top = max(current, mean) + 6.0 * sd
+    if top <= current:
+        return current
+    step = (top - current) / points
+    total = 0.0
+    for j in range(points + 1):
+        x = current + j * step
+        cdf = 1.0 - keep_rate + keep_rate * _normal_cdf((x - mean) / sd)
+        weight = 0.5 if j in (0, points) else 1.0
+        total += weight * (1.0 - cdf ** extra)
+    return current + total * step
+
+
+def allocate(scores: list[list[float]], keepable: list[list[bool]], extra: int, max_per_prompt: int,
+             prior_weight: float = 2.0) -> Allocation:
+    """Give `extra` more completions to the prompts whose expected best score they raise most.
+
+    scores[p] / keepable[p]: the scores of prompt p's first samples and whether select could keep each
+    (finished, not empty). Each prompt's scores are modelled as N(mean_p, sd_p), sd_p shrunk toward the
+    pooled sd with `prior_weight` pseudo-samples (k0 is small), and a new sample is keepable with the
+    prompt's rate, shrunk the same way toward the pooled rate. The current best is the best keepable
+    score; a prompt with none counts from mean_p - 2 sd_p, so an empty prompt is filled first. Greedy:
+    each extra completion goes to the prompt with the largest marginal gain (gains fall with every one
+    a prompt gets), never past max_per_prompt in all. Ties go to the lower prompt index."""
+    counts = [len(s) for s in scores]
+    flat = [x for s in scores for x in s]
+    if not flat:
+        return Allocation(counts)
+    pooled_mean = sum(flat) / len(flat)
+    pooled_sd = math.sqrt(sum((x - pooled_mean) ** 2 for x in flat) / max(len(flat) - 1, 1)) or 1.0
+    flat_keep = [k for ks in keepable for k in ks]
+    pooled_rate = sum(flat_keep) / len(flat_keep)
+    models = []
+    for s, ks in zip(scores, keepable):
+        n = len(s)
+        mean = sum(s) / n if n else pooled_mean
+        var = sum((x - mean) ** 2 for x in s)
+        sd = math.sqrt((var + prior_weight * pooled_sd ** 2) / (max(n - 1, 0) + prior_weight))
+        rate = (sum(ks) + prior_weight * pooled_rate) / (n + prior_weight)
+        kept = [x for x, k in zip(s, ks) if k]
+        current = max(kept) if kept else mean - 2.0 * sd
+        models.append((current, mean, sd, rate))
+    added = [0] * len(scores)
+
+    def gain(p: int) -> float:
+        current, mean, sd, rate = models[p]
+        return expected_best(current, mean, sd, rate, added[p] + 1) - expected_best(current, mean, sd, rate, added[p])
+
+    # a heap of (-gain, prompt): a prompt's gain changes only when it gets a completion
+    heap = [(-gain(p), p) for p in range(len(scores)) if counts[p] < max_per_prompt]
+    heapq.heapify(heap)
+    gains = []
+    while heap and len(gains) < extra:
+        negative, p = heapq.heappop(heap)
+        gains.append(-negative)
+        added[p] += 1
+        if counts[p] + added[p] < max_per_prompt:
+            heapq.heappush(heap, (-gain(p), p))
+    return Allocation([c + a for c, a in zip(counts, added)], gains)

@@ -1,0 +1,306 @@
+"""Replay pruning and adaptive-K schedules on an exhaustive best-of-K sample set, without new sampling.
+
+    python scripts/replay_budget.py runs/demo --rounds 0 2 --k 32
+    python scripts/replay_budget.py runs/demo --rounds 0 2 --k 32 --json budget.json --markdown budget.md
+
+For each round it needs the run's round_XX/samples (for its recorded config) and the policy that
+round sampled from. It samples K completions per prompt of that round's prompts with the round's own
+settings and seeds (rsft.sample.sample_dataset, so the first sample.num_samples of them are the
+run's own samples, completion for completion) and caches them in runs/<run>/replay/. Then, with no
+more sampling, it scores every completion's prefix at every candidate checkpoint with the reward
+model pruning would use (RunPaths.budget_reward), and every completion with the one select uses
+(RunPaths.scoring_reward), and replays each schedule with the sampler's own rules
+(rsft.sampling.budget.rows_to_stop, allocate). Every completion has its own generator, so a replay
+keeps exactly what sampling with the schedule keeps (tests/sampling/test_budget.py checks that).
+
+Per schedule and round, against exhaustive best-of-`sample.num_samples` (the reference):
+- tokens: the policy tokens the schedule generates, as a share of the reference's (a stopped row is
+  charged c + 1 tokens: the sampler decides a checkpoint once its rows are past it);
+- calls: reward-model scores the schedule needs while sampling (prefixes, and adaptive K's first pass);
+- recall: how often its pick is the reference's pick (same completion);
+- gold (or judge) of the kept completion, and its paired difference from the reference's with a 95%
+  bootstrap interval over prompts (rsft.stats); "target" is -0.1 x (best-of-K gold - best-of-1 gold),
+  best-of-1 being the mean gold of a prompt's keepable completions;
+- lost: prompts where the reference keeps a completion and the schedule keeps none.
+Kendall tau between each checkpoint's prefix score and the final score (same reward model), averaged
+over prompts, says how early the ranking is settled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import numpy as np
+from datasets import load_from_disk
+from omegaconf import OmegaConf
+
+from rsft import stats
+from rsft.data import load_prompts
+from rsft.models import load_policy, resolve_device
+from rsft.paths import RunPaths, read_meta
+from rsft.sample import round_seed, sampling_settings, sample_dataset
+from rsft.sampling.budget import PruneSchedule, allocate, rows_to_stop, scored_tokens
+import rsft.score
+
+log = logging.getLogger("replay_budget")
+
+CHECKPOINTS = (4, 8, 12, 16, 24, 32)
+
+
+def round_config(run: Path, round_idx: int):
+    """The config round r's samples were made with (recorded in their meta.json), pointed at `run`."""
+    cfg = OmegaConf.create(read_meta(RunPaths(run).samples(round_idx))["config"])
+    cfg.paths.run_dir, cfg.paths.runs_root, cfg.round = str(run), str(run.parent), round_idx
+    return cfg
+
+
+def exhaustive_set(run: Path, round_idx: int, k: int, device):
+    """K completions per prompt of round r, sampled as stage=sample would (cached under runs/<run>/replay/)."""
+    out = run / "replay" / f"round_{round_idx:02d}_k{k}"
+    if (out / "dataset_info.json").is_file():
+        return load_from_disk(str(out))
+    cfg = round_config(run, round_idx)
+    paths = RunPaths.from_config(cfg)
+    prompts = load_prompts(cfg.data, "train", round_idx)
+    model, tokenizer, source = load_policy(cfg, paths.sampling_policy(round_idx), device)
+    settings = sampling_settings(cfg.sample)  # plain: a draft changes only speed
+    ds, summary = sample_dataset(model, tokenizer, None, prompts, settings, k, round_seed(cfg.seed, round_idx),
+                                 cfg.data.get("system_prompt"), {"round": round_idx, "policy": source, "sampler": ""})
+    ds.save_to_disk(str(out))
+    log.info("sampled %d x %d completions of round %d into %s (%.0f s)", len(prompts), k, round_idx, out,
+             summary["seconds"])
+    return ds
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Kendall's tau-a between two score lists (None with fewer than two items)."""
+    n = len(a)
+    if n < 2:
+        return None
+    s = sum(np.sign(a[i] - a[j]) * np.sign(b[i] - b[j]) for i in range(n) for j in range(i + 1, n))
+    return float(s) / (n * (n - 1) / 2)
+
+
+class Prompt:
+    """One prompt's exhaustive completions and their scores."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = sorted(rows, key=lambda r: r["sample_idx"])
+        self.prefix: dict[tuple[int, int], float] = {}  # (sample index, tokens scored) -> budget model score
+        self.final: list[float] = []  # select's reward model, whole completion
+        self.gold: list[float] = []
+
+    def eos(self, k: int) -> bool:
+        return self.rows[k]["finish_reason"] == "eos"
+
+    def keepable(self, k: int) -> bool:
+        return self.eos(k) and bool(self.rows[k]["completion"].strip())
+
+    def tokens(self, k: int, stopped_at: int | None) -> int:
+        full = self.rows[k]["num_tokens"] + self.eos(k)
+        return full if stopped_at is None else min(full, stopped_at + 1)
+
+    def prune(self, members: list[int], schedule: PruneSchedule | None, used: set) -> dict[int, int]:
+        """The sampler's pruning of one group: sample index -> checkpoint where it is stopped."""
+        stopped: dict[int, int] = {}
+        if schedule is None:
+            return stopped
+        alive = list(members)
+        for c in schedule.checkpoints:
+            scored = [scored_tokens(self.rows[k]["completion_ids"], self.eos(k), c) for k in alive]
+            if all(done for _, done in scored):
+                continue
+            keys = [(k, len(t)) for k, (t, _) in zip(alive, scored)]
+            used.update(keys)
+            out = rows_to_stop([self.prefix[key] for key in keys], [not d for _, d in scored], schedule.share,
+                               schedule.rank_finished)
+            for i in out:
+                stopped[alive[i]] = c
+            alive = [k for i, k in enumerate(alive) if i not in out]
+        return stopped
+
+    def pick(self, kept: list[int]) -> int | None:
+        """select's top-1 among the kept completions: best final reward, ties to the lower index."""
+        candidates = [k for k in kept if self.keepable(k)]
+        return min(candidates, key=lambda k: (-self.final[k], k)) if candidates else None
+
+
+def score_all(prompts: list[Prompt], budget_scorer, final_scorer, tokenizer, texts, checkpoints, judge=None):
+    """Prefix scores at every checkpoint (budget model), final scores (select's model), gold or judge."""
+    from reward.gold import gold_score
+
+    requests = []
+    for i, p in enumerate(prompts):
+        for k, row in enumerate(p.rows):
+            ids = row["completion_ids"]
+            wanted = {len(scored_tokens(ids, p.eos(k), c)[0]) for c in checkpoints} | {len(ids)}
+            requests += [(i, k, n) for n in sorted(wanted)]
+    framed = budget_scorer.as_trained(texts)
+    values = budget_scorer.score([framed[i] for i, _, _ in requests],
+                                 [tokenizer.decode(prompts[i].rows[k]["completion_ids"][:n], skip_special_tokens=True)
+                                  for i, k, n in requests], progress=True)
+    for (i, k, n), v in zip(requests, values):
+        prompts[i].prefix[(k, n)] = float(v)
+    flat = [(i, k) for i, p in enumerate(prompts) for k in range(len(p.rows))]
+    finals = final_scorer.score(final_scorer.as_trained([texts[i] for i, _ in flat]),
+                                [prompts[i].rows[k]["completion"] for i, k in flat], progress=True)
+    if judge is not None:
+        golds = judge.score(judge.as_trained([texts[i] for i, _ in flat]),
+                            [prompts[i].rows[k]["completion"] for i, k in flat], progress=True)
+    else:
+        golds = [gold_score(prompts[i].rows[k]["task"], prompts[i].rows[k]["completion"],
+                            prompts[i].rows[k]["finish_reason"]) for i, k in flat]
+    for (i, k), f, g in zip(flat, finals, golds):
+        prompts[i].final.append(float(f))
+        prompts[i].gold.append(float(g))
+
+
+def replay(prompts: list[Prompt], k: int, prune: PruneSchedule | None = None,
+           adaptive: tuple[int, float] | None = None):
+    """Per prompt: (kept sample indices, pick, tokens generated, reward-model calls)."""
+    out = []
+    extra_calls = 0
+    if adaptive is None:
+        groups = [[list(range(k))] for _ in prompts]
+    else:
+        k0, budget = adaptive
+        first = []
+        for p in prompts:
+            used: set = set()
+            stopped = p.prune(list(range(k0)), prune, used)
+            done = [j for j in range(k0) if j not in stopped]
+            first.append(([p.prefix[(j, len(p.rows[j]["completion_ids"]))] for j in done],
+                          [p.keepable(j) for j in done], len(done)))
+            extra_calls += len(done)
+        extra = max(0, round(budget * len(prompts)) - k0 * len(prompts))
+        allocation = allocate([f[0] for f in first], [f[1] for f in first], extra, max_per_prompt=k)
+        groups = [[list(range(k0)), list(range(k0, k0 + count - f[2]))]
+                  for f, count in zip(first, allocation.counts)]
+    for p, parts in zip(prompts, groups):
+        used: set = set()
+        kept, tokens = [], 0
+        for members in parts:
+            stopped = p.prune(members, prune, used)
+            kept += [j for j in members if j not in stopped]
+            tokens += sum(p.tokens(j, stopped.get(j)) for j in members)
+        out.append((kept, p.pick(kept), tokens, len(used)))
+    return out, extra_calls
+
+
+def summarise(name: str, prompts: list[Prompt], result, extra_calls: int, reference, reference_tokens: int) -> dict:
+    per_prompt, lost, recall = {}, 0, []
+    for i, (p, (kept, pick, _, _), (_, ref_pick, _, _)) in enumerate(zip(prompts, result, reference)):
+        if ref_pick is None:
+            continue
+        recall.append(pick == ref_pick)
+        if pick is None:
+            lost += 1
+            continue
+        per_prompt[i] = [p.gold[pick] - p.gold[ref_pick]]
+    golds = [p.gold[pick] for p, (_, pick, _, _) in zip(prompts, result) if pick is not None]
+    diff = stats.bootstrap(per_prompt) if per_prompt else None
+    return {"schedule": name, "tokens_share": sum(r[2] for r in result) / reference_tokens,
+            "calls": sum(r[3] for r in result) + extra_calls, "recall": statistics.fmean(recall) if recall else None,
+            "gold": statistics.fmean(golds) if golds else None,
+            "gold_diff": diff, "lost": lost, "completions": sum(len(r[0]) for r in result)}
+
+
+def schedules(k_ref: int, k: int) -> list[tuple[str, int, PruneSchedule | None, tuple[int, float] | None]]:
+    """(name, K drawn from, pruning, adaptive K) to replay: the grid the docs' table comes from."""
+    out = [(f"best-of-{k_ref}", k_ref, None, None)]
+    for points in ((8,), (16,), (8, 16), (8, 16, 24), (4, 8, 16), (16, 32)):
+        for share in (0.5, 0.75):
+            for ranked in (True, False):
+                tag = f"prune {list(points)} x{share} {'rank' if ranked else 'apart'}"
+                out.append((f"K={k_ref} {tag}", k_ref, PruneSchedule(points, share, ranked), None))
+    for k0, budget in ((2, 4), (3, 4), (4, 5), (2, 3), (4, 6)):
+        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget}", k_ref, None, (k0, float(budget))))
+        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget} + prune [16] x0.5 apart", k_ref,
+                    PruneSchedule((16,), 0.5, False), (k0, float(budget))))
+    if k > k_ref:
+        out.append((f"best-of-{k}", k, None, None))
+        for points, share in (((4, 8, 16), 0.5), ((4, 8), 0.75), ((4, 8, 16), 0.6), ((4,), 0.75), ((8,), 0.75),
+                              ((4, 8), 0.5), ((4, 8, 16, 24), 0.5)):
+            for ranked in (True, False):
+                out.append((f"K={k} prune {list(points)} x{share} {'rank' if ranked else 'apart'}", k,
+                            PruneSchedule(points, share, ranked), None))
+        out.append((f"K<={k} adaptive k0=4 mean {k_ref}", k, None, (4, float(k_ref))))
+        out.append((f"K<={k} adaptive k0=4 mean {k_ref} + prune [8] x0.5 apart", k,
+                    PruneSchedule((8,), 0.5, False), (4, float(k_ref))))
+    return out
+
+
+def fmt(row: dict, target: float) -> str:
+    d = row["gold_diff"]
+    diff = "n/a" if d is None else f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+    ok = "" if d is None else (" yes" if d["low"] >= target else " no")
+    return (f"| {row['schedule']} | {row['tokens_share']:.2f} | {row['calls']} | {row['recall']:.2f} | "
+            f"{row['gold']:.3f} | {diff} |{ok} | {row['lost']} |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--rounds", type=int, nargs="+", default=[0])
+    parser.add_argument("--k", type=int, default=32, help="completions per prompt in the exhaustive set")
+    parser.add_argument("--judge", default=None, help="a reward-model folder in place of the demo's gold")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
+    device = resolve_device(args.device)
+    report, lines = {}, []
+    for r in args.rounds:
+        cfg = round_config(args.run, r)
+        paths = RunPaths.from_config(cfg)
+        k_ref = int(cfg.sample.num_samples)
+        ds = exhaustive_set(args.run, r, max(args.k, k_ref), device)
+        _, tokenizer, _ = load_policy(cfg, paths.sampling_policy(r), device)
+        budget_scorer = rsft.score.load_reward_scorer(cfg, device, paths.budget_reward(r))
+        final_scorer = rsft.score.load_reward_scorer(cfg, device, paths.scoring_reward(r))
+        judge = rsft.score.load_reward_scorer(cfg, device, Path(args.judge)) if args.judge else None
+        by_prompt: dict[str, list[dict]] = {}
+        for row in ds:
+            by_prompt.setdefault(row["prompt_id"], []).append(row)
+        prompts = [Prompt(rows) for rows in by_prompt.values()]
+        score_all(prompts, budget_scorer, final_scorer, tokenizer, [p.rows[0]["prompt"] for p in prompts],
+                  CHECKPOINTS, judge)
+        reference, _ = replay(prompts, k_ref)
+        reference_tokens = sum(x[2] for x in reference)
+        best1 = statistics.fmean(statistics.fmean(p.gold[j] for j in range(k_ref) if p.keepable(j))
+                                 for p in prompts if any(p.keepable(j) for j in range(k_ref)))
+        best_k = statistics.fmean(p.gold[x[1]] for p, x in zip(prompts, reference) if x[1] is not None)
+        target = -0.1 * (best_k - best1)
+        taus = {c: statistics.fmean(t for p in prompts if (t := kendall_tau(
+            [p.prefix[(j, len(scored_tokens(p.rows[j]["completion_ids"], p.eos(j), c)[0]))] for j in range(len(p.rows))],
+            [p.prefix[(j, len(p.rows[j]["completion_ids"]))] for j in range(len(p.rows))])) is not None)
+            for c in CHECKPOINTS}
+        rows = []
+        for name, k, prune, adaptive in schedules(k_ref, args.k):
+            result, extra_calls = replay(prompts, k, prune, adaptive)
+            rows.append(summarise(name, prompts, result, extra_calls, reference, reference_tokens))
+        report[f"round {r}"] = {"prompts": len(prompts), "best_of_1_gold": best1, f"best_of_{k_ref}_gold": best_k,
+                                "target": target, "kendall_tau": taus, "schedules": rows}
+        lines += [f"### Round {r} ({len(prompts)} prompts)", "",
+                  f"best-of-1 gold {best1:.3f}, best-of-{k_ref} {best_k:.3f}: a schedule passes when its gold "
+                  f"difference's lower bound is >= {target:+.3f} (10% of the gap).", "",
+                  "Kendall tau, checkpoint score vs final score: "
+                  + ", ".join(f"{c} tokens {t:.2f}" for c, t in taus.items()), "",
+                  "| schedule | tokens | RM calls | recall | gold | gold - best-of-K [95%] | within 10% | lost |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [fmt(row, target) for row in rows] + [""]
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
