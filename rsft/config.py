@@ -34,7 +34,7 @@ import os
 import typing
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Callable, ClassVar, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
@@ -581,11 +581,11 @@ class PruneConfig:
 
     def __post_init__(self):
         for i, point in enumerate(self.at):
-            _integer(f"at[{i}]", point, 1)
+            _integer(f"prune.at[{i}]", point, 1)
         if list(self.at) != sorted(set(self.at)):
-            _fail("at", list(self.at), "ascending, distinct token counts")
-        _number("share", self.share, "a fraction in [0, 1)", lambda v: 0 <= v < 1)
-        _boolean("rank_finished", self.rank_finished)
+            _fail("prune.at", list(self.at), "ascending, distinct token counts")
+        _number("prune.share", self.share, "a fraction in [0, 1)", lambda v: 0 <= v < 1)
+        _boolean("prune.rank_finished", self.rank_finished)
 
 
 @dataclass
@@ -598,9 +598,36 @@ class AdaptiveKConfig:
                                             "prompt gets more than num_samples.")
 
     def __post_init__(self):
-        _integer("k0", self.k0, 0, "(0 = off)")
+        _integer("adaptive.k0", self.k0, 0, "(0 = off)")
         if self.budget is not None:
-            _number("budget", self.budget, "a mean completions per prompt >= k0, or null", lambda v: v >= self.k0)
+            _number("adaptive.budget", self.budget, "a mean completions per prompt >= k0, or null",
+                    lambda v: v >= self.k0)
+
+
+@dataclass
+class VllmConfig:
+    """The vLLM engine behind sample.backend=vllm (docs/vllm.md)."""
+
+    dtype: Optional[str] = setting(None, "The engine's dtype (auto, float32, bfloat16, float16); null = policy.dtype "
+                                         "(float32 unless set).")
+    tensor_parallel_size: int = setting(1, "GPUs one engine shards the policy over (vLLM starts its own workers; "
+                                           "1 under a launcher, where each process is one engine).")
+    gpu_memory_utilization: float = setting(0.5, "Share of a GPU's memory the engine may take, in (0, 1].")
+    max_model_len: Optional[int] = setting(None, "The engine's context; null = the model's.")
+    engine_args: Dict[str, Any] = setting({}, "More vllm.LLM arguments as they are, e.g. {enforce_eager: true, "
+                                              "speculative_config: {...}}.")
+
+    def __post_init__(self):
+        if self.dtype is not None:
+            _one_of("vllm.dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        _integer("vllm.tensor_parallel_size", self.tensor_parallel_size, 1)
+        _number("vllm.gpu_memory_utilization", self.gpu_memory_utilization, "a fraction in (0, 1]",
+                lambda v: 0 < v <= 1)
+        if self.max_model_len is not None:
+            _integer("vllm.max_model_len", self.max_model_len, 1, "(or null)")
+
+
+SAMPLING_BACKENDS = ("rsft", "vllm")
 
 
 @dataclass
@@ -617,6 +644,9 @@ class SampleConfig:
     batch_rows: int = setting(64, "Rows decoded together; finished rows leave, waiting ones join.")
     shard_prompts: int = setting(256, "Sampling stages (sample, prefs, eval) save each finished shard of this many "
                                       "prompts; a rerun after a kill samples only the rest (0 = one shard).")
+    backend: str = setting("rsft", "rsft (its own exact sampler and drafts) | vllm (a vLLM engine; every sampling "
+                                   "stage: prefs, sample, eval).")
+    vllm: VllmConfig = setting(VllmConfig, "The vLLM engine, for backend=vllm.")
     prune: PruneConfig = setting(PruneConfig, "stage=sample only: stop low-ranked rows at checkpoints.")
     adaptive: AdaptiveKConfig = setting(AdaptiveKConfig, "stage=sample only: adaptive K per prompt.")
 
@@ -626,6 +656,10 @@ class SampleConfig:
         _check_sampling(self)
         if self.prune.at and self.prune.at[-1] >= self.max_new_tokens:
             _fail("prune.at", list(self.prune.at), f"checkpoints below max_new_tokens={self.max_new_tokens}")
+        _one_of("backend", self.backend, SAMPLING_BACKENDS)
+        if self.backend == "vllm" and self.prune.at:
+            _fail("prune.at", list(self.prune.at), "[] with backend=vllm (pruning needs rsft's sampler, which controls "
+                                                   "every row between steps)")
         if self.adaptive.k0 > self.num_samples:
             _fail("adaptive.k0", self.adaptive.k0, f"at most num_samples={self.num_samples}")
         if self.adaptive.budget is not None and self.adaptive.budget > self.num_samples:
@@ -1043,6 +1077,10 @@ def check_across_groups(cfg, groups) -> None:
         # checked against this run's sampling settings; pairs pooled across rounds are not counted
         raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): a pair "
                           f"is the best and the worst completion of a prompt; or set select.pairs=false")
+    if "draft" in groups and cfg.sample.get("backend", "rsft") == "vllm" and cfg.draft.kind != "none":
+        raise ConfigError(f"sample.backend=vllm samples without rsft's drafts: set draft=none (got draft="
+                          f"{cfg.draft.kind}); vLLM's own speculative decoding is sample.vllm.engine_args."
+                          f"speculative_config")
     if cfg.stage == "prefs" and not simulated_labels_available(cfg):
         raise ConfigError(f"stage=prefs simulates labels with the demo task's gold oracle, and data.kind="
                           f"{cfg.data.kind} has none; bring your own pairs instead: stage=reward "

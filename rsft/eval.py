@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from rsft import distributed, score
 from rsft.data import load_prompts, prompt_files, prompt_keys
 from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
-from rsft.models import load_policy, resolve_device
+from rsft.models import resolve_device
 from rsft.paths import (
     RunPaths,
     ShardStore,
@@ -63,7 +63,7 @@ from rsft.paths import (
     load_dataset_artifact,
     should_skip,
 )
-from rsft.sample import SAMPLING_KEYS, sample_dataset, sampling_settings
+from rsft.sample import SAMPLING_KEYS, engine_keys, open_policy, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ def wanted_fingerprint(cfg: DictConfig, paths: RunPaths, policy_path, scored, ju
     inputs = [paths.reward] + [p for p in (judge,) if p is not None]
     if policy_path is not None:
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
-    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *prompt_keys("eval", cfg.data.kind)), inputs,
+    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *engine_keys(cfg), *prompt_keys("eval", cfg.data.kind)),
+                       inputs,
                        prompt_files(cfg.data, "eval"))
 
 
@@ -102,13 +103,16 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
 
-    model, tokenizer, source = load_policy(cfg, policy_path, device)
+    model, tokenizer, source, engine = open_policy(cfg, policy_path, device, settings, int(cfg.eval.seed))
     provenance = {"round": -1 if initial else round_idx, "policy": source,
-                  "sampler": json.dumps({**settings.__dict__, "draft": "none"}, sort_keys=True)}
+                  "sampler": json.dumps({**settings.__dict__, "draft": "none",
+                                         **({"backend": "vllm"} if engine is not None else {})}, sort_keys=True)}
     store = ShardStore(out, wanted)  # a killed evaluation resumes at its first unfinished shard of prompts
     ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
                                   int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance,
-                                  shard_prompts=int(cfg.sample.shard_prompts), store=store)
+                                  shard_prompts=int(cfg.sample.shard_prompts), store=store, engine=engine)
+    if engine is not None:
+        engine.close()
     del model
     scorer = score.load_reward_scorer(cfg, device)
     raw = score.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)

@@ -281,6 +281,52 @@ def load_policy(cfg: DictConfig, path: str | Path | None, device: torch.device) 
     return model, tokenizer, str(path)
 
 
+def policy_folder(cfg: DictConfig, path: str | Path | None) -> tuple[str, str]:
+    """(folder or hub id, where it came from) of the policy at `path`, or with path=None of the configured
+    one, for an engine that loads the weights itself (vLLM). The tiny random policy is saved once to
+    paths.cache_dir/models/tiny-<digest of its config> (same config, same weights, same folder)."""
+    if path is not None:
+        if not is_complete(path):
+            raise FileNotFoundError(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it")
+        return str(path), str(path)
+    policy = cfg.policy
+    if policy.kind != "tiny":
+        return model_source(policy, cfg.paths.cache_dir), str(policy.name_or_path)
+    import hashlib
+    import json
+
+    from omegaconf import OmegaConf
+
+    digest = hashlib.sha256(json.dumps(OmegaConf.to_container(policy, resolve=True), sort_keys=True).encode())
+    folder = Path(cfg.paths.cache_dir) / "models" / f"tiny-{digest.hexdigest()[:12]}"
+    if not is_complete(folder) and distributed.is_main():
+        tokenizer = build_byte_tokenizer()
+        model = build_tiny_causal_lm(policy, len(tokenizer), tokenizer)
+        with atomic_artifact(folder, {"source": "tiny", "config": OmegaConf.to_container(policy, resolve=True)}) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        log.info("saved the tiny random policy to %s (an engine loads it from there)", folder)
+    distributed.barrier()
+    return str(folder), str(policy.name_or_path)
+
+
+def load_policy_tokenizer(folder: str) -> tuple[Any, Any]:
+    """(tokenizer, a stand-in with the model's config and generation_config) without the weights: what a
+    stage needs to render prompts and know the EOS ids when an engine holds the model."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json: the tokenizer's EOS is all there is
+        generation = GenerationConfig()
+    return tokenizer, SimpleNamespace(config=AutoConfig.from_pretrained(folder), generation_config=generation)
+
+
 def restrict_head(model, head_token_ids: list[int], full_weight: torch.Tensor | None = None) -> None:
     """Replace the output layer by one over `head_token_ids` only (rows of `full_weight` if given)."""
     head = torch.nn.Linear(model.config.hidden_size, len(head_token_ids), bias=False)

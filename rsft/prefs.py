@@ -29,9 +29,9 @@ from reward.annotators import label_pair
 from reward.gold import gold_score
 from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
-from rsft.models import load_policy, resolve_device
+from rsft.models import resolve_device
 from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sample import sample_dataset, sampling_settings
+from rsft.sample import engine_keys, open_policy, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     settings = sampling_settings(p)
     # fingerprint: the configured policy, the prompts and every prefs setting except batch_rows (plain
     # sampling does not depend on it)
-    keys = ("policy", *prompt_keys("train", cfg.data.kind), "prefs")
+    keys = ("policy", *prompt_keys("train", cfg.data.kind), "prefs", *engine_keys(cfg))
     wanted = fingerprint(cfg, keys, (), prompt_files(cfg.data, "train"))
     wanted["config"].pop("prefs.batch_rows")
     wanted["config"].pop("data.rotate")  # prefs takes the first prompts of the split, rotating or not
@@ -90,12 +90,14 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
     device = resolve_device(cfg.device)
-    model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(0), device)
+    model, tokenizer, policy_source, engine = open_policy(cfg, paths.sampling_policy(0), device, settings, int(p.seed))
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
     store = ShardStore(out, wanted)  # killed prefs sampling resumes at its first unfinished shard of prompts
     samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
                                       cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source},
-                                      shard_prompts=int(cfg.sample.shard_prompts), store=store)
+                                      shard_prompts=int(cfg.sample.shard_prompts), store=store, engine=engine)
+    if engine is not None:
+        engine.close()
     golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
     rng = random.Random(int(p.seed))
     rows, identical = label_pairs(samples, golds, float(p.tau), bool(p.soft), rng)

@@ -29,6 +29,8 @@ from rsft.models import (
     load_distilled_draft,
     load_feature_draft,
     load_policy,
+    load_policy_tokenizer,
+    policy_folder,
     resolve_device,
 )
 from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
@@ -60,6 +62,37 @@ def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> Sa
     )
     settings.check()
     return settings
+
+
+def engine_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """The fingerprint keys of the sampling engine: sample.backend and sample.vllm with backend=vllm,
+    none for rsft's own sampler (so artifacts made before the choice existed still match)."""
+    return ("sample.backend", "sample.vllm") if cfg.sample.get("backend", "rsft") == "vllm" else ()
+
+
+def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed: int):
+    """(model, tokenizer, source, engine) for a sampling stage: with sample.backend=rsft the policy
+    loaded as a model (engine None); with vllm a vLLM engine over the policy's folder (round r's saved
+    policy, or the configured one), and in place of the model a stand-in holding its config and
+    generation config (what prompt cutting and the EOS ids need). Close the engine when done."""
+    if cfg.sample.get("backend", "rsft") != "vllm":
+        model, tokenizer, source = load_policy(cfg, path, device)
+        return model, tokenizer, source, None
+    from rsft.sampling.vllm_engine import VllmSampler
+
+    folder, source = policy_folder(cfg, path)
+    tokenizer, stand_in = load_policy_tokenizer(folder)
+    v = cfg.sample.vllm
+    engine_args = dict(OmegaConf.to_container(v.engine_args, resolve=True))
+    if distributed.world_size() > 1:  # one engine per process, on its own device, beside torch.distributed
+        engine_args.setdefault("distributed_executor_backend", "external_launcher")
+    engine = VllmSampler(folder, settings, eos_token_ids(stand_in, tokenizer), seed=seed,
+                         dtype=v.dtype or str(cfg.policy.get("dtype", "float32")),
+                         tensor_parallel_size=int(v.tensor_parallel_size),
+                         gpu_memory_utilization=float(v.gpu_memory_utilization), max_model_len=v.max_model_len,
+                         engine_args=engine_args)
+    log.info("vLLM engine over %s started in %.1f s", folder, engine.timings["engine_start_seconds"])
+    return stand_in, tokenizer, source, engine
 
 
 def _ngram_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
@@ -134,7 +167,8 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
             continue
         sampler.stats = AcceptanceStats()  # this shard's own counts, saved with it
         part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
-                                prompt_indices=shard, sample_ranges=None if ranges is None else [ranges[i] for i in shard])
+                                prompt_indices=shard,
+                                sample_ranges=None if ranges is None else [ranges[i] for i in shard])
         if store is not None:
             store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
         total.merge(sampler.stats)
@@ -185,9 +219,8 @@ def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: floa
     order = sorted(everyone)
     extra = max(0, round(budget * num_prompts) - k0 * num_prompts)
     allocation = allocate([everyone[p][0] for p in order], [everyone[p][1] for p in order], extra,
-                          max_per_prompt=num_samples)
-    # allocate counts scored completions; a pruned one still took a sample index, so counts are offsets past k0
-    added = {p: count - len(everyone[p][0]) for p, count in zip(order, allocation.counts)}
+                          max_per_prompt=num_samples, drawn=[k0] * len(order))  # pruned ones were drawn too
+    added = {p: count - k0 for p, count in zip(order, allocation.counts)}
     ranges = {p: range(k0, k0 + added[p]) for p in mine}
     counts = {"first_pass_per_prompt": k0, "second_pass_completions": sum(added.values()),
               "first_pass_scored": sum(len(everyone[p][0]) for p in order),
@@ -199,7 +232,7 @@ def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: floa
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
                    seed: int, system_prompt: str | None, provenance: dict, progress: bool = True,
                    shard_prompts: int = 0, store: ShardStore | None = None, scorer=None,
-                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None):
+                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None, engine=None):
     """Sample and assemble the samples dataset; returns (dataset, sampler summary).
 
     Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
@@ -212,7 +245,8 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     With a reward-model `scorer`, `prune` stops low-ranked rows (they stay in the dataset with
     finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, budget) draws
     k0 per prompt and then spends the rest of budget x prompts completions (second_pass), no prompt
-    past num_samples."""
+    past num_samples. With an `engine` (open_policy's vLLM engine) it samples instead of rsft's
+    Sampler, and `model` is open_policy's stand-in."""
     budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
     encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
@@ -224,7 +258,10 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"])
     if (prune is not None or adaptive is not None) and score is None:
         raise ValueError("pruning and adaptive K need a reward model to score with")
-    sampler = Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune, score=score)
+    if engine is not None and (draft is not None or prune is not None):
+        raise ValueError("the vLLM backend samples without rsft's drafts and pruning")
+    sampler = engine or Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune,
+                                score=score)
     mine = distributed.shard(len(prompt_ids))
     started = time.perf_counter()
     adaptive_counts = None
@@ -235,7 +272,9 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         k0, mean_budget = adaptive
         first, shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
         first_stats = sampler.stats
+        scoring_started = time.perf_counter()
         ranges, adaptive_counts = second_pass(first, score, tokenizer, k0, mean_budget, num_samples, len(prompt_ids))
+        sampler.timings["budget_reward_seconds"] += time.perf_counter() - scoring_started
         more, _, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
                                                 progress, ranges=ranges, first_shard=shards)
         sampler.stats.merge(first_stats)
@@ -331,8 +370,10 @@ def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     wanted = fingerprint(cfg, keys, inputs, prompt_files(cfg.data, "train"))
     if cfg.draft.kind == "none":
         wanted["config"].pop("sample.batch_rows")
+    off = [prefix for prefix, on in (("sample.prune.", prune), ("sample.adaptive.", adaptive),
+                                     ("sample.backend", engine_keys(cfg)), ("sample.vllm.", engine_keys(cfg))) if not on]
     for key in list(wanted["config"]):
-        if (prune is None and key.startswith("sample.prune.")) or (adaptive is None and key.startswith("sample.adaptive.")):
+        if key.startswith(tuple(off)):
             wanted["config"].pop(key)
     return wanted
 
@@ -346,8 +387,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         return finished(out)
     prompts = load_prompts(cfg.data, "train", int(cfg.round))  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
-    model, tokenizer, policy_source = load_policy(cfg, paths.sampling_policy(int(cfg.round)), device)
-    draft = build_draft(cfg, model, tokenizer, device)
+    seed = round_seed(cfg.seed, cfg.round)
+    model, tokenizer, policy_source, engine = open_policy(cfg, paths.sampling_policy(int(cfg.round)), device,
+                                                          settings, seed)
+    draft = None if engine is not None else build_draft(cfg, model, tokenizer, device)
     prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
     scorer = None
     if prune is not None or adaptive is not None:
@@ -361,16 +404,18 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "policy": policy_source,
         "sampler": json.dumps({**settings.__dict__, "draft": cfg.draft.kind,
                                **({"prune": OmegaConf.to_container(cfg.sample.prune)} if prune else {}),
-                               **({"adaptive": OmegaConf.to_container(cfg.sample.adaptive)} if adaptive else {})},
+                               **({"adaptive": OmegaConf.to_container(cfg.sample.adaptive)} if adaptive else {}),
+                               **({"backend": "vllm"} if engine is not None else {})},
                               sort_keys=True),
     }
-    seed = round_seed(cfg.seed, cfg.round)
     log.info("sampling %d x %d completions (draft=%s, gamma=%d, batch_rows=%d)", len(prompts),
              cfg.sample.num_samples, cfg.draft.kind, settings.gamma, settings.batch_rows)
     store = ShardStore(out, wanted)
     ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, int(cfg.sample.num_samples), seed,
                                  cfg.data.get("system_prompt"), provenance, shard_prompts=int(cfg.sample.shard_prompts),
-                                 store=store, scorer=scorer, prune=prune, adaptive=adaptive)
+                                 store=store, scorer=scorer, prune=prune, adaptive=adaptive, engine=engine)
+    if engine is not None:
+        engine.close()
     meta = {"stage": "sample", "round": int(cfg.round), "policy": policy_source, "counts": {"rows": len(ds)},
             "duplicate_prompts": duplicate_prompts(prompts), "sampling": summary,
             "config": OmegaConf.to_container(cfg, resolve=True)}

@@ -51,19 +51,23 @@ log = logging.getLogger("replay_budget")
 CHECKPOINTS = (4, 8, 12, 16, 24, 32)
 
 
-def round_config(run: Path, round_idx: int):
-    """The config round r's samples were made with (recorded in their meta.json), pointed at `run`."""
+def round_config(run: Path, round_idx: int, prompts: int | None = None):
+    """The config round r's samples were made with (recorded in their meta.json), pointed at `run`;
+    with `prompts`, that many train prompts from the round's first (data.limit; with data.rotate the
+    round's slice is then that long, so later rounds read other prompts than the run did)."""
     cfg = OmegaConf.create(read_meta(RunPaths(run).samples(round_idx))["config"])
     cfg.paths.run_dir, cfg.paths.runs_root, cfg.round = str(run), str(run.parent), round_idx
+    if prompts is not None:
+        cfg.data.limit = prompts
     return cfg
 
 
-def exhaustive_set(run: Path, round_idx: int, k: int, device):
+def exhaustive_set(run: Path, round_idx: int, k: int, device, prompts: int | None = None):
     """K completions per prompt of round r, sampled as stage=sample would (cached under runs/<run>/replay/)."""
-    out = run / "replay" / f"round_{round_idx:02d}_k{k}"
+    out = run / "replay" / (f"round_{round_idx:02d}_k{k}" + ("" if prompts is None else f"_p{prompts}"))
     if (out / "dataset_info.json").is_file():
         return load_from_disk(str(out))
-    cfg = round_config(run, round_idx)
+    cfg = round_config(run, round_idx, prompts)
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", round_idx)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(round_idx), device)
@@ -174,12 +178,12 @@ def replay(prompts: list[Prompt], k: int, prune: PruneSchedule | None = None,
             stopped = p.prune(list(range(k0)), prune, used)
             done = [j for j in range(k0) if j not in stopped]
             first.append(([p.prefix[(j, len(p.rows[j]["completion_ids"]))] for j in done],
-                          [p.keepable(j) for j in done], len(done)))
+                          [p.keepable(j) for j in done]))
             extra_calls += len(done)
         extra = max(0, round(budget * len(prompts)) - k0 * len(prompts))
-        allocation = allocate([f[0] for f in first], [f[1] for f in first], extra, max_per_prompt=k)
-        groups = [[list(range(k0)), list(range(k0, k0 + count - f[2]))]
-                  for f, count in zip(first, allocation.counts)]
+        allocation = allocate([f[0] for f in first], [f[1] for f in first], extra, max_per_prompt=k,
+                              drawn=[k0] * len(first))
+        groups = [[list(range(k0)), list(range(k0, count))] for count in allocation.counts]
     for p, parts in zip(prompts, groups):
         used: set = set()
         kept, tokens = [], 0
@@ -211,26 +215,26 @@ def summarise(name: str, prompts: list[Prompt], result, extra_calls: int, refere
 
 def schedules(k_ref: int, k: int) -> list[tuple[str, int, PruneSchedule | None, tuple[int, float] | None]]:
     """(name, K drawn from, pruning, adaptive K) to replay: the grid the docs' table comes from."""
+    def pruned(kk: int, points: tuple[int, ...], share: float):
+        return [(f"K={kk} prune {list(points)} x{share} {'rank' if ranked else 'apart'}", kk,
+                 PruneSchedule(points, share, ranked), None) for ranked in (True, False)]
+
     out = [(f"best-of-{k_ref}", k_ref, None, None)]
-    for points in ((8,), (16,), (8, 16), (8, 16, 24), (4, 8, 16), (16, 32)):
-        for share in (0.5, 0.75):
-            for ranked in (True, False):
-                tag = f"prune {list(points)} x{share} {'rank' if ranked else 'apart'}"
-                out.append((f"K={k_ref} {tag}", k_ref, PruneSchedule(points, share, ranked), None))
-    for k0, budget in ((2, 4), (3, 4), (4, 5), (2, 3), (4, 6)):
+    for points, share in (((8,), 0.5), ((16,), 0.5), ((24,), 0.5), ((32,), 0.5), ((24,), 0.75), ((8, 16), 0.5),
+                          ((16, 32), 0.5), ((8, 16, 24), 0.5), ((24, 32), 0.5)):
+        out += pruned(k_ref, points, share)
+    for k0, budget in ((2, 3), (2, 4), (3, 4), (4, 5), (4, 6)):
         out.append((f"K<={k_ref} adaptive k0={k0} mean {budget}", k_ref, None, (k0, float(budget))))
-        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget} + prune [16] x0.5 apart", k_ref,
-                    PruneSchedule((16,), 0.5, False), (k0, float(budget))))
+        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget} + prune [24] x0.5 apart", k_ref,
+                    PruneSchedule((24,), 0.5, False), (k0, float(budget))))
     if k > k_ref:
         out.append((f"best-of-{k}", k, None, None))
-        for points, share in (((4, 8, 16), 0.5), ((4, 8), 0.75), ((4, 8, 16), 0.6), ((4,), 0.75), ((8,), 0.75),
-                              ((4, 8), 0.5), ((4, 8, 16, 24), 0.5)):
-            for ranked in (True, False):
-                out.append((f"K={k} prune {list(points)} x{share} {'rank' if ranked else 'apart'}", k,
-                            PruneSchedule(points, share, ranked), None))
+        for points, share in (((4, 8, 16), 0.5), ((4, 8), 0.75), ((8, 16), 0.75), ((8, 16, 24), 0.5),
+                              ((16, 24), 0.75)):
+            out += pruned(k, points, share)
         out.append((f"K<={k} adaptive k0=4 mean {k_ref}", k, None, (4, float(k_ref))))
-        out.append((f"K<={k} adaptive k0=4 mean {k_ref} + prune [8] x0.5 apart", k,
-                    PruneSchedule((8,), 0.5, False), (4, float(k_ref))))
+        out.append((f"K<={k} adaptive k0=4 mean {k_ref} + prune [16] x0.5 apart", k,
+                    PruneSchedule((16,), 0.5, False), (4, float(k_ref))))
     return out
 
 
@@ -247,6 +251,8 @@ def main(argv=None) -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--rounds", type=int, nargs="+", default=[0])
     parser.add_argument("--k", type=int, default=32, help="completions per prompt in the exhaustive set")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="train prompts per round (default: the run's own; more give tighter intervals)")
     parser.add_argument("--judge", default=None, help="a reward-model folder in place of the demo's gold")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
@@ -259,7 +265,7 @@ def main(argv=None) -> None:
         cfg = round_config(args.run, r)
         paths = RunPaths.from_config(cfg)
         k_ref = int(cfg.sample.num_samples)
-        ds = exhaustive_set(args.run, r, max(args.k, k_ref), device)
+        ds = exhaustive_set(args.run, r, max(args.k, k_ref), device, args.prompts)
         _, tokenizer, _ = load_policy(cfg, paths.sampling_policy(r), device)
         budget_scorer = rsft.score.load_reward_scorer(cfg, device, paths.budget_reward(r))
         final_scorer = rsft.score.load_reward_scorer(cfg, device, paths.scoring_reward(r))

@@ -64,6 +64,12 @@ def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_pat
     ("sft.learning_rate=-1", "sft.learning_rate=-1.0: expected"),
     ("reward.epochs=0", "reward.epochs=0: expected"),
     ("draft=feature", None), ("draft=feature draft.train.num_layers=0", "draft.train.num_layers=0: expected"),
+    ("sample.prune.at=[16,8]", "sample.prune.at=[16, 8]: expected ascending"),
+    ("sample.prune.at=[4,8]", "sample.prune.at=[4, 8]: expected checkpoints below max_new_tokens=8"),
+    ("sample.prune.at=[4] sample.prune.share=1.0", "sample.prune.share=1.0: expected"),
+    ("sample.adaptive.k0=4", "sample.adaptive.k0=4: expected at most num_samples=3"),
+    ("sample.adaptive.k0=2 sample.adaptive.budget=1", "sample.adaptive.budget=1.0: expected"),
+    ("sample.prune.at=[2,4] sample.adaptive.k0=2 sample.adaptive.budget=3", None),
 ])
 def test_a_value_out_of_range_names_the_setting(make_cfg, override, message):
     cfg = make_cfg("stage=loop", *override.split())

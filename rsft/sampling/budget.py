@@ -107,17 +107,18 @@ def expected_best(current: float, mean: float, sd: float, keep_rate: float, extr
 
 
 def allocate(scores: list[list[float]], keepable: list[list[bool]], extra: int, max_per_prompt: int,
-             prior_weight: float = 2.0) -> Allocation:
+             prior_weight: float = 2.0, drawn: list[int] | None = None) -> Allocation:
     """Give `extra` more completions to the prompts whose expected best score they raise most.
 
     scores[p] / keepable[p]: the scores of prompt p's first samples and whether select could keep each
-    (finished, not empty). Each prompt's scores are modelled as N(mean_p, sd_p), sd_p shrunk toward the
+    (finished, not empty); drawn[p]: how many prompt p has drawn (default len(scores[p]); more when
+    pruning stopped some, which have no score), what `counts` and max_per_prompt count. Each prompt's scores are modelled as N(mean_p, sd_p), sd_p shrunk toward the
     pooled sd with `prior_weight` pseudo-samples (k0 is small), and a new sample is keepable with the
     prompt's rate, shrunk the same way toward the pooled rate. The current best is the best keepable
     score; a prompt with none counts from mean_p - 2 sd_p, so an empty prompt is filled first. Greedy:
     each extra completion goes to the prompt with the largest marginal gain (gains fall with every one
     a prompt gets), never past max_per_prompt in all. Ties go to the lower prompt index."""
-    counts = [len(s) for s in scores]
+    counts = [len(s) for s in scores] if drawn is None else list(drawn)
     flat = [x for s in scores for x in s]
     if not flat:
         return Allocation(counts)

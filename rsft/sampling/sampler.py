@@ -238,7 +238,7 @@ class Sampler:
         self.stats = AcceptanceStats()
         self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
         self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
-                        "prefill_seconds": 0.0, "prune_score_seconds": 0.0}
+                        "prefill_seconds": 0.0, "budget_reward_seconds": 0.0}
         self._draft_behind = False  # a step ran without the draft: it has tokens to catch up on
 
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
@@ -293,7 +293,7 @@ class Sampler:
                 if pruning is not None:
                     started = self.clock()
                     stopped = pruning.decide()
-                    self.timings["prune_score_seconds"] += self.clock() - started
+                    self.timings["budget_reward_seconds"] += self.clock() - started
                     if stopped:
                         keep = [i for i, r in enumerate(rows) if id(r.completion) not in stopped]
                         finished += [r.completion for r in rows if id(r.completion) in stopped]

@@ -140,3 +140,10 @@ def test_allocate_spends_where_the_pick_can_still_change():
     assert sum(out.counts) == 9 + 6 and max(out.counts) <= 6
     assert out.counts[2] == 6 and out.counts[0] == 3  # empty first; a settled pick gets nothing
     assert all(a >= b - 1e-12 for a, b in zip(out.gains, out.gains[1:]))  # greedy: gains never rise
+
+
+def test_allocate_caps_what_was_drawn_not_what_was_scored():
+    """Pruning stopped two of four first samples: the cap counts all four draws."""
+    out = allocate([[0.0, 1.0], [0.5, 0.6]], [[True, True], [True, True]], extra=20, max_per_prompt=6,
+                   drawn=[4, 4])
+    assert out.counts == [6, 6] and len(out.gains) == 4

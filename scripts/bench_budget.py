@@ -1,0 +1,84 @@
+"""Wall time of stage=sample's sampling with pruning or adaptive K against exhaustive best-of-K.
+
+    python scripts/bench_budget.py runs/demo --round 0 --schedule "prune=8,16 share=0.5 apart" --repeats 2
+
+Samples the round's prompts from the policy that round sampled from, with the round's recorded
+settings (as scripts/replay_budget.py does), once exhaustively and once per schedule, alternating,
+`--repeats` times; reports the median seconds (reward-model calls included: they run inside the
+sampling loop), the policy tokens generated and the reward-model seconds. A schedule is a few
+words: `prune=8,16` (checkpoints), `share=0.5`, `apart` (rank_finished=false), `k0=4 mean=6`
+(adaptive K), `k=32` (K drawn from, default sample.num_samples).
+Run it alone: two heavy processes on two cores slow each other several-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from pathlib import Path
+
+import rsft.score
+from rsft.data import load_prompts
+from rsft.models import load_policy, resolve_device
+from rsft.paths import RunPaths
+from rsft.sample import round_seed, sample_dataset, sampling_settings
+from rsft.sampling.budget import PruneSchedule
+from replay_budget import round_config
+
+
+def parse_schedule(text: str, k_ref: int) -> tuple[int, PruneSchedule | None, tuple[int, float] | None]:
+    words = dict(w.split("=", 1) if "=" in w else (w, "") for w in text.split())
+    k = int(words.get("k", k_ref))
+    prune = None
+    if "prune" in words:
+        prune = PruneSchedule(tuple(int(c) for c in words["prune"].split(",")), float(words.get("share", 0.5)),
+                              "apart" not in words)
+    adaptive = (int(words["k0"]), float(words.get("mean", k_ref))) if "k0" in words else None
+    return k, prune, adaptive
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--round", type=int, default=0)
+    parser.add_argument("--schedule", action="append", default=[])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    device = resolve_device(args.device)
+    cfg = round_config(args.run, args.round)
+    paths = RunPaths.from_config(cfg)
+    prompts = load_prompts(cfg.data, "train", args.round)
+    model, tokenizer, source = load_policy(cfg, paths.sampling_policy(args.round), device)
+    scorer = rsft.score.load_reward_scorer(cfg, device, paths.budget_reward(args.round))
+    settings = sampling_settings(cfg.sample)
+    k_ref = int(cfg.sample.num_samples)
+    runs = [("exhaustive", (k_ref, None, None))] + [(s, parse_schedule(s, k_ref)) for s in args.schedule]
+    results = {name: [] for name, _ in runs}
+    for repeat in range(args.repeats):
+        for name, (k, prune, adaptive) in runs:
+            ds, summary = sample_dataset(model, tokenizer, None, prompts, settings, k,
+                                         round_seed(cfg.seed, args.round), cfg.data.get("system_prompt"),
+                                         {"round": args.round, "policy": source, "sampler": ""}, progress=False,
+                                         scorer=scorer if prune or adaptive else None, prune=prune, adaptive=adaptive)
+            results[name].append((summary["seconds"], summary["tokens"], summary.get("budget_reward_seconds", 0.0),
+                                  summary.get("prune_prefixes_scored", 0), len(ds)))
+    base_seconds = statistics.median(r[0] for r in results["exhaustive"])
+    base_tokens = results["exhaustive"][0][1]
+    print(f"round {args.round}, {len(prompts)} prompts, K={k_ref}, {settings.batch_rows} rows, "
+          f"{args.repeats} repeat(s), median seconds")
+    print("| schedule | seconds | vs exhaustive | policy tokens | vs exhaustive | reward-model seconds | prefixes "
+          "scored | rows |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, _ in runs:
+        seconds = statistics.median(r[0] for r in results[name])
+        tokens, reward_seconds, scored, rows = results[name][0][1], statistics.median(
+            r[2] for r in results[name]), results[name][0][3], results[name][0][4]
+        print(f"| {name} | {seconds:.1f} | {seconds / base_seconds:.2f} | {tokens} | {tokens / base_tokens:.2f} | "
+              f"{reward_seconds:.1f} | {scored} | {rows} |")
+
+
+if __name__ == "__main__":
+    main()
