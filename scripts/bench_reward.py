@@ -38,8 +38,10 @@ from reward.formats import to_preference_pairs
 from reward.model import load_reward_backbone
 from reward.scoring import RewardScorer, pairwise_accuracy, score_pairs
 from reward.trainer import train_reward_model, training_args
+from rsft.config import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
+register_configs()  # conf/ composes the typed schema (rsft.config)
 with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
     CONFIG = compose("config", overrides=["stage=reward", "reward=minilm"])  # the defaults come from conf/
 CONF = CONFIG.reward

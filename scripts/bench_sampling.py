@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from rsft.config import register_configs
 from rsft.data import load_prompts, prompt_token_ids
 from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, load_feature_draft, load_saved_causal_lm
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
@@ -237,6 +238,7 @@ def print_acceptance_needed(costs: dict[int, list[dict]], draft_cost: float, gam
 
 
 def main():
+    register_configs()  # conf/ composes the typed schema (rsft.config)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["stage=sample", "draft=ngram"])  # the defaults below come from conf/
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

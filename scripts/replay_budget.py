@@ -41,14 +41,20 @@ from omegaconf import OmegaConf
 from rsft import stats
 from rsft.data import load_prompts
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, read_meta
+from rsft.paths import RunPaths, load_dataset_artifact, read_meta
 from rsft.sample import round_seed, sampling_settings, sample_dataset
 from rsft.sampling.budget import PruneSchedule, allocate, rows_to_stop, scored_tokens
 import rsft.score
 
 log = logging.getLogger("replay_budget")
 
-CHECKPOINTS = (4, 8, 12, 16, 24, 32)
+CHECKPOINTS = (4, 8, 12, 16, 24, 32)  # at sample.max_new_tokens=48; scaled with it (checkpoints_for)
+
+
+def checkpoints_for(max_new_tokens: int, points=CHECKPOINTS) -> tuple[int, ...]:
+    """Checkpoints at the same share of max_new_tokens as `points` are of 48 (the demo's), each below it."""
+    scaled = sorted({max(1, round(p * max_new_tokens / 48)) for p in points})
+    return tuple(p for p in scaled if p < max_new_tokens)
 
 
 def round_config(run: Path, round_idx: int, prompts: int | None = None):
@@ -68,6 +74,9 @@ def exhaustive_set(run: Path, round_idx: int, k: int, device, prompts: int | Non
     if (out / "dataset_info.json").is_file():
         return load_from_disk(str(out))
     cfg = round_config(run, round_idx, prompts)
+    if prompts is None and k == int(cfg.sample.num_samples) and cfg.sample.get("backend", "rsft") == "rsft" \
+            and not cfg.sample.get("prune", {}).get("at") and not cfg.sample.get("adaptive", {}).get("k0"):
+        return load_dataset_artifact(RunPaths(run).samples(round_idx))  # the run's own exhaustive samples
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", round_idx)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(round_idx), device)
@@ -213,9 +222,12 @@ def summarise(name: str, prompts: list[Prompt], result, extra_calls: int, refere
             "gold_diff": diff, "lost": lost, "completions": sum(len(r[0]) for r in result)}
 
 
-def schedules(k_ref: int, k: int) -> list[tuple[str, int, PruneSchedule | None, tuple[int, float] | None]]:
-    """(name, K drawn from, pruning, adaptive K) to replay: the grid the docs' table comes from."""
+def schedules(k_ref: int, k: int, max_new_tokens: int = 48
+              ) -> list[tuple[str, int, PruneSchedule | None, tuple[int, float] | None]]:
+    """(name, K drawn from, pruning, adaptive K) to replay: the grid the docs' table comes from, its
+    checkpoints given at max_new_tokens=48 and scaled to the round's (checkpoints_for)."""
     def pruned(kk: int, points: tuple[int, ...], share: float):
+        points = checkpoints_for(max_new_tokens, points)
         return [(f"K={kk} prune {list(points)} x{share} {'rank' if ranked else 'apart'}", kk,
                  PruneSchedule(points, share, ranked), None) for ranked in (True, False)]
 
@@ -225,16 +237,18 @@ def schedules(k_ref: int, k: int) -> list[tuple[str, int, PruneSchedule | None, 
         out += pruned(k_ref, points, share)
     for k0, budget in ((2, 3), (2, 4), (3, 4), (4, 5), (4, 6)):
         out.append((f"K<={k_ref} adaptive k0={k0} mean {budget}", k_ref, None, (k0, float(budget))))
-        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget} + prune [24] x0.5 apart", k_ref,
-                    PruneSchedule((24,), 0.5, False), (k0, float(budget))))
+        late = checkpoints_for(max_new_tokens, (24,))
+        out.append((f"K<={k_ref} adaptive k0={k0} mean {budget} + prune {list(late)} x0.5 apart", k_ref,
+                    PruneSchedule(late, 0.5, False), (k0, float(budget))))
     if k > k_ref:
         out.append((f"best-of-{k}", k, None, None))
         for points, share in (((4, 8, 16), 0.5), ((4, 8), 0.75), ((8, 16), 0.75), ((8, 16, 24), 0.5),
                               ((16, 24), 0.75)):
             out += pruned(k, points, share)
         out.append((f"K<={k} adaptive k0=4 mean {k_ref}", k, None, (4, float(k_ref))))
-        out.append((f"K<={k} adaptive k0=4 mean {k_ref} + prune [16] x0.5 apart", k,
-                    PruneSchedule((16,), 0.5, False), (4, float(k_ref))))
+        mid = checkpoints_for(max_new_tokens, (16,))
+        out.append((f"K<={k} adaptive k0=4 mean {k_ref} + prune {list(mid)} x0.5 apart", k,
+                    PruneSchedule(mid, 0.5, False), (4, float(k_ref))))
     return out
 
 
@@ -274,8 +288,10 @@ def main(argv=None) -> None:
         for row in ds:
             by_prompt.setdefault(row["prompt_id"], []).append(row)
         prompts = [Prompt(rows) for rows in by_prompt.values()]
+        max_new_tokens = int(cfg.sample.max_new_tokens)
+        checkpoints = checkpoints_for(max_new_tokens)
         score_all(prompts, budget_scorer, final_scorer, tokenizer, [p.rows[0]["prompt"] for p in prompts],
-                  CHECKPOINTS, judge)
+                  checkpoints, judge)
         reference, _ = replay(prompts, k_ref)
         reference_tokens = sum(x[2] for x in reference)
         best1 = statistics.fmean(statistics.fmean(p.gold[j] for j in range(k_ref) if p.keepable(j))
@@ -285,9 +301,9 @@ def main(argv=None) -> None:
         taus = {c: statistics.fmean(t for p in prompts if (t := kendall_tau(
             [p.prefix[(j, len(scored_tokens(p.rows[j]["completion_ids"], p.eos(j), c)[0]))] for j in range(len(p.rows))],
             [p.prefix[(j, len(p.rows[j]["completion_ids"]))] for j in range(len(p.rows))])) is not None)
-            for c in CHECKPOINTS}
+            for c in checkpoints}
         rows = []
-        for name, k, prune, adaptive in schedules(k_ref, args.k):
+        for name, k, prune, adaptive in schedules(k_ref, args.k, max_new_tokens):
             result, extra_calls = replay(prompts, k, prune, adaptive)
             rows.append(summarise(name, prompts, result, extra_calls, reference, reference_tokens))
         report[f"round {r}"] = {"prompts": len(prompts), "best_of_1_gold": best1, f"best_of_{k_ref}_gold": best_k,

@@ -29,3 +29,16 @@ def test_acceptance_needed_inverts_the_speedup_model():
     assert bench.acceptance_needed(1.25, 1, plain, 0.170, draft) is None  # 2 / 1.75 < 1.25 even when always right
     # free verification: any acceptance above zero pays
     assert bench.acceptance_needed(1.0, 1, plain, plain, 0.0) == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("script", ["bench_sampling.py", "bench_reward.py", "replay_budget.py", "bench_budget.py"])
+def test_the_benchmark_scripts_compose_the_config_and_parse_their_arguments(script):
+    """Each composes conf/ (with the typed schema registered) or imports the stages before it parses
+    its arguments: `--help` fails when either breaks."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout

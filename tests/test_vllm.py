@@ -72,8 +72,9 @@ def engine(sharp_policy):
     sampler.close()
 
 
-def exact_pairs(model, prompt: list[int], settings, eos: int) -> dict[tuple, float]:
-    """P(first two tokens) under rsft's processing; a first token that is EOS ends the completion."""
+def exact_pairs(model, prompt: list[int], settings, eos: int, smallest: float = 1e-7) -> dict[tuple, float]:
+    """P(first two tokens) under rsft's processing; a first token that is EOS ends the completion. First
+    tokens less likely than `smallest` are left out (their mass lands in chi_square_p's pooled bin)."""
     from rsft.sampling.processing import probs_from_logits
 
     def probs(ids):
@@ -83,7 +84,7 @@ def exact_pairs(model, prompt: list[int], settings, eos: int) -> dict[tuple, flo
 
     first = probs(prompt)
     out = {}
-    for t1 in torch.nonzero(first > 1e-7).flatten().tolist():
+    for t1 in torch.nonzero(first > smallest).flatten().tolist():
         if t1 == eos:
             out[(t1,)] = float(first[t1])
             continue
