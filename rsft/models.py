@@ -19,6 +19,7 @@ and the folder renamed into place complete (rsft.paths.atomic_artifact).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rsft import distributed
@@ -292,11 +293,6 @@ def policy_folder(cfg: DictConfig, path: str | Path | None) -> tuple[str, str]:
     policy = cfg.policy
     if policy.kind != "tiny":
         return model_source(policy, cfg.paths.cache_dir), str(policy.name_or_path)
-    import hashlib
-    import json
-
-    from omegaconf import OmegaConf
-
     digest = hashlib.sha256(json.dumps(OmegaConf.to_container(policy, resolve=True), sort_keys=True).encode())
     folder = Path(cfg.paths.cache_dir) / "models" / f"tiny-{digest.hexdigest()[:12]}"
     if not is_complete(folder) and distributed.is_main():

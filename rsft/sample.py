@@ -34,7 +34,7 @@ from rsft.models import (
     resolve_device,
 )
 from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sampling.budget import PRUNED, PruneSchedule, allocate
+from rsft.sampling.budget import PRUNED, PruneSchedule, adaptive_counts, keepable
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
@@ -193,14 +193,9 @@ def token_scorer(scorer, tokenizer, prompt_texts: list[str]):
     return score
 
 
-def keepable(completion: Completion, text: str) -> bool:
-    """Whether select (with its default filters) could keep this completion: finished by EOS, not empty."""
-    return completion.finish_reason == "eos" and bool(text.strip())
-
-
-def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: float, num_samples: int,
-                num_prompts: int) -> tuple[dict[int, range], dict]:
-    """Adaptive K: the sample indices each prompt draws after its first k0 (rsft.sampling.budget.allocate),
+def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: float, num_samples: int
+                ) -> tuple[dict[int, range], dict]:
+    """Adaptive K: the sample indices each prompt draws after its first k0 (rsft.sampling.budget.adaptive_counts),
     from the reward model's scores of the first pass. The first pass's scores of every process are
     gathered and one allocation is made over the whole prompt set, so the dataset does not depend on the
     number of processes; each process draws its own prompts' share. Returns (ranges for this
@@ -212,15 +207,15 @@ def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: floa
         mine.setdefault(c.prompt_index, ([], []))
     for c, value in zip(done, values):
         mine[c.prompt_index][0].append(float(value))
-        mine[c.prompt_index][1].append(keepable(c, tokenizer.decode(c.token_ids, skip_special_tokens=True)))
+        mine[c.prompt_index][1].append(keepable(c.finish_reason, tokenizer.decode(c.token_ids,
+                                                                                  skip_special_tokens=True)))
     everyone = {}
     for part in distributed.gather_each(mine):
         everyone.update({int(p): v for p, v in part.items()})
     order = sorted(everyone)
-    extra = max(0, round(budget * num_prompts) - k0 * num_prompts)
-    allocation = allocate([everyone[p][0] for p in order], [everyone[p][1] for p in order], extra,
-                          max_per_prompt=num_samples, drawn=[k0] * len(order))  # pruned ones were drawn too
-    added = {p: count - k0 for p, count in zip(order, allocation.counts)}
+    counts = adaptive_counts([everyone[p][0] for p in order], [everyone[p][1] for p in order], k0, budget,
+                             num_samples)
+    added = {p: count - k0 for p, count in zip(order, counts)}
     ranges = {p: range(k0, k0 + added[p]) for p in mine}
     counts = {"first_pass_per_prompt": k0, "second_pass_completions": sum(added.values()),
               "first_pass_scored": sum(len(everyone[p][0]) for p in order),
@@ -264,7 +259,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
                                 score=score)
     mine = distributed.shard(len(prompt_ids))
     started = time.perf_counter()
-    adaptive_counts = None
+    adaptive_meta = None
     if adaptive is None:
         completions, _, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts,
                                                   store, progress)
@@ -273,7 +268,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         first, shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
         first_stats = sampler.stats
         scoring_started = time.perf_counter()
-        ranges, adaptive_counts = second_pass(first, score, tokenizer, k0, mean_budget, num_samples, len(prompt_ids))
+        ranges, adaptive_meta = second_pass(first, score, tokenizer, k0, mean_budget, num_samples)
         sampler.timings["budget_reward_seconds"] += time.perf_counter() - scoring_started
         more, _, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
                                                 progress, ranges=ranges, first_shard=shards)
@@ -281,9 +276,9 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         completions, reused = sorted(first + more, key=lambda c: (c.prompt_index, c.sample_idx)), reused + reused_more
     seconds = time.perf_counter() - started
     own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
-    # every process's pruning and scoring counts, summed
-    budget_counts = {k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts))
-                     for k in sampler.prune_counts}
+    # every process's pruning counts, summed (prune is the same on every process: all reach the collective)
+    budget_counts = {} if prune is None else {
+        k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts)) for k in sampler.prune_counts}
     per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
                                         "tokens": own_tokens, "seconds": round(seconds, 2),
                                         "tokens_per_second": round(own_tokens / max(seconds, 1e-9), 2)})
@@ -320,9 +315,9 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         "seconds": round(seconds, 2),
         "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
         "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
-        **({f"prune_{k}": v for k, v in budget_counts.items()} if prune is not None else {}),
+        **{f"prune_{k}": v for k, v in budget_counts.items()},
         **({"pruned": sum(c.finish_reason == PRUNED for c in completions)} if prune is not None else {}),
-        **({"adaptive": adaptive_counts} if adaptive_counts is not None else {}),
+        **({"adaptive": adaptive_meta} if adaptive_meta is not None else {}),
         "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
         "shards_resumed": sum(distributed.gather_each(reused)),
         "prompts_cut": sum(n > 0 for n in cut),
@@ -338,9 +333,7 @@ def prune_schedule(sample: DictConfig) -> PruneSchedule | None:
     prune = sample.get("prune")
     if prune is None or not prune.at:
         return None
-    schedule = PruneSchedule(tuple(int(c) for c in prune.at), float(prune.share), bool(prune.rank_finished))
-    schedule.check(int(sample.max_new_tokens))
-    return schedule
+    return PruneSchedule(tuple(int(c) for c in prune.at), float(prune.share), bool(prune.rank_finished))
 
 
 def adaptive_k(sample: DictConfig) -> tuple[int, float] | None:
@@ -396,9 +389,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if prune is not None or adaptive is not None:
         budget_reward = paths.budget_reward(int(cfg.round))
         scorer = rsft.score.load_reward_scorer(cfg, device, budget_reward)
-        log.info("sample: %s%s%s with the reward model at %s", f"pruning at {list(prune.checkpoints)} tokens "
-                 f"(share {prune.share})" if prune else "", " and " if prune and adaptive else "",
-                 f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)" if adaptive else "", budget_reward)
+        spending = ([f"pruning at {list(prune.checkpoints)} tokens (share {prune.share})"] if prune else []) + (
+            [f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)"] if adaptive else [])
+        log.info("sample: %s with the reward model at %s", " and ".join(spending), budget_reward)
     provenance = {
         "round": int(cfg.round),
         "policy": policy_source,

@@ -10,7 +10,7 @@ run's own samples, completion for completion) and caches them in runs/<run>/repl
 more sampling, it scores every completion's prefix at every candidate checkpoint with the reward
 model pruning would use (RunPaths.budget_reward), and every completion with the one select uses
 (RunPaths.scoring_reward), and replays each schedule with the sampler's own rules
-(rsft.sampling.budget.rows_to_stop, allocate). Every completion has its own generator, so a replay
+(rsft.sampling.budget.rows_to_stop, adaptive_counts). Every completion has its own generator, so a replay
 keeps exactly what sampling with the schedule keeps (tests/sampling/test_budget.py checks that).
 
 Per schedule and round, against exhaustive best-of-`sample.num_samples` (the reference):
@@ -43,7 +43,7 @@ from rsft.data import load_prompts
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, load_dataset_artifact, read_meta
 from rsft.sample import round_seed, sampling_settings, sample_dataset
-from rsft.sampling.budget import PruneSchedule, allocate, rows_to_stop, scored_tokens
+from rsft.sampling.budget import PruneSchedule, adaptive_counts, keepable, rows_to_stop, scored_tokens
 import rsft.score
 
 log = logging.getLogger("replay_budget")
@@ -111,7 +111,7 @@ class Prompt:
         return self.rows[k]["finish_reason"] == "eos"
 
     def keepable(self, k: int) -> bool:
-        return self.eos(k) and bool(self.rows[k]["completion"].strip())
+        return keepable(self.rows[k]["finish_reason"], self.rows[k]["completion"])
 
     def tokens(self, k: int, stopped_at: int | None) -> int:
         full = self.rows[k]["num_tokens"] + self.eos(k)
@@ -189,10 +189,8 @@ def replay(prompts: list[Prompt], k: int, prune: PruneSchedule | None = None,
             first.append(([p.prefix[(j, len(p.rows[j]["completion_ids"]))] for j in done],
                           [p.keepable(j) for j in done]))
             extra_calls += len(done)
-        extra = max(0, round(budget * len(prompts)) - k0 * len(prompts))
-        allocation = allocate([f[0] for f in first], [f[1] for f in first], extra, max_per_prompt=k,
-                              drawn=[k0] * len(first))
-        groups = [[list(range(k0)), list(range(k0, count))] for count in allocation.counts]
+        counts = adaptive_counts([f[0] for f in first], [f[1] for f in first], k0, budget, max_per_prompt=k)
+        groups = [[list(range(k0)), list(range(k0, count))] for count in counts]
     for p, parts in zip(prompts, groups):
         used: set = set()
         kept, tokens = [], 0

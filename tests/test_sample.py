@@ -66,6 +66,24 @@ def test_draft_with_a_different_vocabulary_is_refused(make_cfg, tmp_path):
         run_stage(make_cfg("stage=sample", "draft=model", f"draft.name_or_path={other}"))
 
 
+class CountedSampling:
+    """Sampler.generate, counted (`prompts`: how many prompts each call got) and killed with
+    KeyboardInterrupt at call number `kill_at` (0: never): work is counted, never timed."""
+
+    def __init__(self, monkeypatch, kill_at: int = 0):
+        from rsft.sampling.sampler import Sampler
+
+        real_generate, self.prompts, self.kill_at = Sampler.generate, [], kill_at
+
+        def counting(sampler, prompts, *args, **kwargs):
+            self.prompts.append(len(prompts))
+            if self.kill_at and len(self.prompts) == self.kill_at:
+                raise KeyboardInterrupt("killed")
+            return real_generate(sampler, prompts, *args, **kwargs)
+
+        monkeypatch.setattr(Sampler, "generate", counting)
+
+
 @pytest.mark.parametrize("stage,overrides,artifact", [
     ("sample", ["data.limit=6"], lambda p: p.samples(0)),
     ("eval", ["data.eval_limit=6", "eval.num_samples=2"], lambda p: p.initial_eval),
@@ -76,32 +94,22 @@ def test_a_sampling_stage_killed_mid_way_resumes_at_its_first_unfinished_shard(m
     uninterrupted run's row for row. The work is counted (prompts given to the sampler), not timed."""
     from fake_reward import install_fake_reward
 
-    from rsft.sampling.sampler import Sampler
-
-    real_generate, sampled = Sampler.generate, []
-
-    def counting(self, prompts, *args, **kwargs):
-        sampled.append(len(prompts))
-        if kill_at and len(sampled) == kill_at:
-            raise KeyboardInterrupt("killed")
-        return real_generate(self, prompts, *args, **kwargs)
-
-    monkeypatch.setattr(Sampler, "generate", counting)
+    sampling = CountedSampling(monkeypatch)
+    sampled = sampling.prompts
     settings = [f"stage={stage}", "sample.shard_prompts=2", "eval.policy=initial", *overrides]
-    kill_at = 0
     straight_cfg = make_cfg(*settings, "run_name=straight")
     install_fake_reward(monkeypatch, straight_cfg)
     straight = load_from_disk(str(run_stage(straight_cfg).path))
     assert sampled == [2, 2, 2]
     sampled.clear()
-    kill_at = 2
+    sampling.kill_at = 2
     cfg = make_cfg(*settings, "run_name=killed")
     install_fake_reward(monkeypatch, cfg)
     with pytest.raises(KeyboardInterrupt):
         run_stage(cfg)
     paths = RunPaths.from_config(cfg)
     assert not artifact(paths).exists() and len(list(paths.root.rglob(".*.shards/*.json"))) == 1
-    kill_at = 0
+    sampling.kill_at = 0
     resumed = load_from_disk(str(run_stage(cfg).path))
     assert sampled == [2, 2, 2, 2]  # the first shard once, the killed one again, the third once
     assert resumed.to_list() == straight.to_list()
@@ -111,21 +119,10 @@ def test_a_sampling_stage_killed_mid_way_resumes_at_its_first_unfinished_shard(m
 
 
 def test_shards_of_other_settings_are_never_reused(make_cfg, monkeypatch):
-    from rsft.sampling.sampler import Sampler
-
-    real_generate = Sampler.generate
-    calls = []
-
-    def killed_after_one_shard(self, prompts, *args, **kwargs):
-        calls.append(len(prompts))
-        if len(calls) == 2:
-            raise KeyboardInterrupt("killed")
-        return real_generate(self, prompts, *args, **kwargs)
-
-    monkeypatch.setattr(Sampler, "generate", killed_after_one_shard)
+    sampling = CountedSampling(monkeypatch, kill_at=2)  # killed after one shard
     with pytest.raises(KeyboardInterrupt):
         run_stage(make_cfg("stage=sample", "data.limit=4", "sample.shard_prompts=2"))
-    monkeypatch.setattr(Sampler, "generate", real_generate)
+    sampling.kill_at = 0
     other = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.limit=4", "sample.shard_prompts=2",
                                                   "sample.temperature=0.9")).path))
     fresh = load_from_disk(str(run_stage(make_cfg("stage=sample", "data.limit=4", "sample.temperature=0.9",
@@ -172,30 +169,21 @@ def test_sampling_with_a_budget_resumes_mid_way_and_is_reproducible(make_cfg, mo
     from fake_reward import install_fake_reward
 
     from rsft.sample import wanted_fingerprint
-    from rsft.sampling.sampler import Sampler
 
-    real_generate, sampled = Sampler.generate, []
-
-    def counting(self, prompts, *args, **kwargs):
-        sampled.append(len(prompts))
-        if kill_at and len(sampled) == kill_at:
-            raise KeyboardInterrupt("killed")
-        return real_generate(self, prompts, *args, **kwargs)
-
-    monkeypatch.setattr(Sampler, "generate", counting)
+    sampling = CountedSampling(monkeypatch)
+    sampled = sampling.prompts
     settings = ["stage=sample", "sample.shard_prompts=2", *BUDGET]
-    kill_at = 0
     straight_cfg = make_cfg(*settings, "run_name=straight")
     install_fake_reward(monkeypatch, straight_cfg)
     straight = load_from_disk(str(run_stage(straight_cfg).path))
     assert sampled == [2, 2, 2, 2]  # two shards per pass
     sampled.clear()
-    kill_at = 4
+    sampling.kill_at = 4
     cfg = make_cfg(*settings, "run_name=killed")
     install_fake_reward(monkeypatch, cfg)
     with pytest.raises(KeyboardInterrupt):
         run_stage(cfg)
-    kill_at = 0
+    sampling.kill_at = 0
     resumed = load_from_disk(str(run_stage(cfg).path))
     assert sampled == [2, 2, 2, 2, 2]  # after the kill only the second pass's last shard is sampled
     assert resumed.to_list() == straight.to_list()

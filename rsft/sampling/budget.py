@@ -83,6 +83,20 @@ class Allocation:
     gains: list[float] = field(default_factory=list)
 
 
+def keepable(finish_reason: str, text: str) -> bool:
+    """Whether select (with its default filters) could keep a completion: finished by EOS, not empty."""
+    return finish_reason == "eos" and bool(text.strip())
+
+
+def adaptive_counts(scores: list[list[float]], keepable: list[list[bool]], k0: int, mean_budget: float,
+                    max_per_prompt: int) -> list[int]:
+    """Adaptive K: how many completions each prompt draws in all, having drawn k0 (scores[p] / keepable[p]
+    are those of its first k0 that pruning did not stop), when the whole set may draw mean_budget per
+    prompt on average and no prompt more than max_per_prompt."""
+    extra = max(0, round(mean_budget * len(scores)) - k0 * len(scores))
+    return allocate(scores, keepable, extra, max_per_prompt, drawn=[k0] * len(scores)).counts
+
+
 def _normal_cdf(z: float) -> float:
     return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 

@@ -66,9 +66,10 @@ class VllmSampler:
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=int(seed), tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                        generation_config="vllm", **(engine_args or {}))
-        self.timings = {"engine_start_seconds": time.perf_counter() - started, "generate_seconds": 0.0}
+        # budget_reward_seconds: adaptive K's scoring between its passes, added by rsft.sample as for the Sampler
+        self.timings = {"engine_start_seconds": time.perf_counter() - started, "generate_seconds": 0.0,
+                        "budget_reward_seconds": 0.0}
         self.stats = AcceptanceStats()  # no rsft drafts: stays empty (the stages merge it like the Sampler's)
-        self.prune_counts: dict[str, int] = {}
 
     def _params(self, n: int, seed: int | None):
         from vllm import SamplingParams
