@@ -686,6 +686,11 @@ class SelectConfig:
                                           "complete one.")
     max_opening_share: Optional[float] = setting(None, "At most this share of the kept set may open with the same 5 "
                                                        "words (a collapse lever, e.g. 0.2); null = no cap.")
+    truncated_penalty: Optional[float] = setting(None, "With drop_truncated=false: a truncated completion ranks by "
+                                                       "reward_normalised less this (reward std units, >= 0); null = "
+                                                       "prefer_complete decides.")
+    diversity: float = setting(0.0, "top_k only: pick by reward_normalised - this x the share of a completion's word "
+                                    "bigrams the kept set already has (a collapse lever, >= 0; 0 = off).")
 
     def __post_init__(self):
         _one_of("strategy", self.strategy, SELECT_STRATEGIES)
@@ -697,6 +702,9 @@ class SelectConfig:
         for key in ("drop_empty", "drop_truncated", "dedupe", "pairs", "prefer_complete"):
             _boolean(key, getattr(self, key))
         _integer("pool_rounds", self.pool_rounds, -1, "(-1 = all earlier rounds)")
+        if self.truncated_penalty is not None:
+            _non_negative("truncated_penalty", self.truncated_penalty)
+        _non_negative("diversity", self.diversity)
         if self.max_opening_share is not None:
             _number("max_opening_share", self.max_opening_share, "a fraction in (0, 1] or null (no cap)",
                     lambda v: 0 < v <= 1)
@@ -951,6 +959,8 @@ class RewardConfig(TrainingConfig):
     data: RewardDataConfig = setting(RewardDataConfig, "The training pairs.")
     center_rewards_coefficient: Optional[float] = setting(None, "Weight of a penalty on the rewards' mean square "
                                                                 "(TRL's centring); null = off.")
+    label_smoothing: float = setting(0.0, "Train on labels pulled toward a tie: P(chosen wins) becomes (1 - e) hp + e/2, "
+                                          "in [0, 0.5); 0 = off. Held-out accuracy reads the raw labels.")
     seed: int = setting(0, "Seed of the pairs' shuffle and of training.")
     score_batch_size: int = setting(32, "Completions per forward when scoring.")
     score_shard_rows: int = setting(4096, "Scoring (stage=score) saves each finished shard of this many completions; "
@@ -963,6 +973,7 @@ class RewardConfig(TrainingConfig):
         super().__post_init__()
         if self.center_rewards_coefficient is not None:
             _non_negative("center_rewards_coefficient", self.center_rewards_coefficient)
+        _number("label_smoothing", self.label_smoothing, "a number in [0, 0.5)", lambda v: 0 <= v < 0.5)
         _integer("seed", self.seed)
         _integer("score_batch_size", self.score_batch_size, 1)
         _integer("score_shard_rows", self.score_shard_rows, 0, "(0 = one shard)")

@@ -439,6 +439,15 @@ def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = 
     return wanted
 
 
+def omit_when_off(wanted: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """Drop the settings that are at their "off" value from a fingerprint (`off`: flattened key -> that
+    value), so an artifact made before such a setting existed still matches while it stays off."""
+    for key, value in off.items():
+        if key in wanted["config"] and wanted["config"][key] == value:
+            wanted["config"].pop(key)
+    return wanted
+
+
 def _interpolated_from(cfg, key: str) -> str | None:
     """The key a setting takes its value from (prefs.temperature: ${sample.temperature} -> sample.temperature)."""
     parent_key, _, last = key.rpartition(".")

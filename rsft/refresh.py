@@ -51,11 +51,12 @@ from rsft.paths import (
     finished,
     is_complete,
     load_dataset_artifact,
+    omit_when_off,
     should_skip,
 )
 from rsft.sampling.budget import PRUNED
 from rsft.prefs import label_pairs, split_by_prompt
-from rsft.reward import load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
+from rsft.reward import REWARD_OFF, load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
 from rsft.sample import round_seed
 from rsft.tracking import Tracker, stage_tracker
 from rsft.training import TrainingCheckpoints, check_trained
@@ -149,7 +150,7 @@ def reward_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int, start_f
     initial = initial_reward_fingerprint(cfg, paths)
     inputs = ([paths.prefs] if cfg.reward.data.path is None else []) + paths.refresh_labels(round_idx)
     inputs += [start_from] if start_from is not None else []
-    wanted = fingerprint(cfg, ("round", "reward", "refresh.init", "refresh.epochs"), inputs)
+    wanted = omit_when_off(fingerprint(cfg, ("round", "reward", "refresh.init", "refresh.epochs"), inputs), REWARD_OFF)
     wanted["user_files"] = initial["user_files"]
     return wanted
 

@@ -46,6 +46,7 @@ from rsft.paths import (
     is_complete,
     load_dataset_artifact,
     loading_artifact,
+    omit_when_off,
     should_skip,
 )
 from rsft.tracking import Tracker, stage_tracker
@@ -53,6 +54,7 @@ from rsft.training import TrainingCheckpoints, check_trained
 
 log = logging.getLogger(__name__)
 
+REWARD_OFF = {"reward.label_smoothing": 0.0}  # settings left out of fingerprints while off (rsft.paths.omit_when_off)
 PAIR_HASHES_FILE = "pair_hashes.json"  # reward.formats.pair_hash of every training / held-out pair
 
 
@@ -96,6 +98,15 @@ def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]
     return sum(agree) / len(agree) if agree else None
 
 
+def smoothed(pairs: Dataset, epsilon: float) -> Dataset:
+    """The pairs with label smoothing: hp -> (1 - epsilon) hp + epsilon / 2 (a hard label 1 becomes
+    1 - epsilon / 2). Real preference labels are noisy (crowd workers disagree), and a BT model trained on
+    hard labels is pushed to ever larger margins on pairs it cannot get right."""
+    if epsilon == 0.0:
+        return pairs
+    return pairs.map(lambda row: {"label_prob": (1.0 - epsilon) * float(row["label_prob"]) + epsilon / 2.0})
+
+
 def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,
                       start_from: Path | None = None, checkpoints: TrainingCheckpoints | None = None):
     """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from
@@ -106,7 +117,8 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     else:
         with loading_artifact(start_from):
             model, tokenizer = load_trained_reward_model(start_from)
-    train_tokens, truncation = tokenize_preferences(train, tokenizer, int(reward_cfg.max_length))
+    train_tokens, truncation = tokenize_preferences(smoothed(train, float(reward_cfg.get("label_smoothing", 0.0))),
+                                                    tokenizer, int(reward_cfg.max_length))
     _, test_truncation = tokenize_preferences(test, tokenizer, int(reward_cfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", reward_cfg.max_length, truncation, test_truncation)
     started = time.perf_counter()
@@ -146,9 +158,10 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
 
 def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
     """The reward model's fingerprint: every reward setting (not progress, logging_steps,
-    score_batch_size), this run's prefs/ or the user's pair files by content."""
+    score_batch_size; reward.label_smoothing only when on, so models trained before it existed still
+    match), this run's prefs/ or the user's pair files by content."""
     inputs = [paths.prefs] if cfg.reward.data.path is None else []
-    return fingerprint(cfg, ("reward",), inputs, pair_files(cfg.reward.data))
+    return omit_when_off(fingerprint(cfg, ("reward",), inputs, pair_files(cfg.reward.data)), REWARD_OFF)
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):

@@ -19,13 +19,17 @@ Per prompt, in this order:
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,
    same filters, that shows what the reward model adds.
-4. Collapse lever (select.max_opening_share, off by default): at most that share of the kept set may
-   open with the same words (rsft.stats.opening). Prompts are visited from the highest best reward
-   down; a prompt picks among its survivors whose opening is still under the cap, and keeps nothing
-   when none is (counted in meta.json: prompts_capped, dropped_opening_cap).
-With select.drop_truncated=false, truncated completions stay candidates but rank after every
-complete one (select.prefer_complete), so a prompt falls back to a cut answer only when it has no
-whole one. meta.json counts the survivors per prompt and the truncated completions kept.
+   The baseline draws from the best tier present (see truncated completions below), as top_k does.
+4. Collapse levers, off by default. Prompts are visited from the highest best reward down.
+   - select.max_opening_share: at most that share of the kept set may open with the same words
+     (rsft.stats.opening); a prompt picks among its survivors whose opening is still under the cap,
+     and keeps nothing when none is (counted in meta.json: prompts_capped, dropped_opening_cap).
+   - select.diversity (top_k only): maximal marginal relevance over the kept set, diverse_choice.
+Truncated completions with select.drop_truncated=false stay candidates. By default they rank after
+every complete one (select.prefer_complete: a prompt falls back to a cut answer only when it has no
+whole one); with select.truncated_penalty they rank by reward_normalised less that penalty. SFT
+trains a cut answer without the end of turn (rsft.sft), so it never learns to stop mid-sentence.
+meta.json counts the survivors per prompt and the truncated completions kept.
 Pairs: the best and the worst survivor of a prompt (skipped when they tie), in TRL's conversational
 preference format: prompt = [user message], chosen / rejected = [assistant message].
 The reward model decides everything here; the gold oracle is never read.
@@ -44,11 +48,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.data import chat_messages
-from rsft.stats import opening, top_opening
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
+from rsft.stats import ngrams, opening, top_opening
+from rsft.paths import (RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact,
+                        omit_when_off, should_skip)
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
+
+SELECT_OFF = {"select.truncated_penalty": None, "select.diversity": 0.0}  # left out of fingerprints while off
 
 
 
@@ -77,13 +84,33 @@ def scored_by(row: dict) -> str:
     return row.get("reward_model") or "reward"
 
 
+def is_cut(row: dict) -> bool:
+    return row["finish_reason"] == "length"
+
+
+def tier(row: dict, select_cfg: DictConfig) -> int:
+    """1 for a truncated completion that ranks after every complete one (drop_truncated=false,
+    truncated_penalty=null, prefer_complete=true), else 0: a lower tier always ranks first."""
+    cut_last = (not select_cfg.drop_truncated and select_cfg.get("truncated_penalty") is None
+                and bool(select_cfg.get("prefer_complete", True)))
+    return int(cut_last and is_cut(row))
+
+
+def value(row: dict, select_cfg: DictConfig) -> float:
+    """What ranks a prompt's candidates within a tier: the raw reward, or with select.truncated_penalty
+    reward_normalised less the penalty for a truncated completion (in the reward model's std units)."""
+    penalty = select_cfg.get("truncated_penalty")
+    if penalty is None or select_cfg.drop_truncated:
+        return row["reward"]
+    return row["reward_normalised"] - float(penalty) * is_cut(row)
+
+
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
     newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
     comparable = [c for c in candidates if scored_by(c) == newest_model]
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
-    last = bool(select_cfg.get("prefer_complete", True)) and not select_cfg.drop_truncated  # kept truncated ones rank last
-    ranked = sorted(comparable, key=lambda c: (last and c["finish_reason"] == "length", -c["reward"], -c["round"],
+    ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg), -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
     for c in ranked:
@@ -128,8 +155,32 @@ def choose(ranked: list[dict], select_cfg: DictConfig, seed: int, round_idx: int
         return ranked[: int(select_cfg.k)]
     if select_cfg.strategy == "threshold":
         return [c for c in ranked if c["reward_normalised"] >= float(select_cfg.threshold)]
-    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(ranked)), min(int(select_cfg.k), len(ranked)))
-    return [ranked[i] for i in sorted(picked)]
+    # the baseline draws from the best tier present, as top_k does: only the reward's part of the ranking is left out
+    pool = [c for c in ranked if tier(c, select_cfg) == tier(ranked[0], select_cfg)]
+    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(pool)), min(int(select_cfg.k), len(pool)))
+    return [pool[i] for i in sorted(picked)]
+
+
+def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) -> list[dict]:
+    """top_k with select.diversity = lam > 0: pick k one at a time, each time the candidate of the best
+    tier with the highest reward_normalised (less the truncation penalty) - lam x the share of its
+    distinct word bigrams that the kept set (kept_grams: its bigrams) or this prompt's earlier picks
+    already have. Maximal marginal relevance (Carbonell & Goldstein 1998) over the whole kept set, so a
+    prompt whose best answer repeats what other prompts kept gives way to its next-best one."""
+    lam, penalty = float(select_cfg.diversity), select_cfg.get("truncated_penalty")
+    remaining, picked, seen = list(ranked), [], set(kept_grams)
+    while remaining and len(picked) < int(select_cfg.k):
+        def score(c):
+            grams = set(ngrams(c["completion"], 2))
+            overlap = len(grams & seen) / len(grams) if grams else 1.0
+            cut = penalty is not None and not select_cfg.drop_truncated and is_cut(c)
+            return c["reward_normalised"] - float(penalty or 0.0) * cut - lam * overlap
+        best_tier = min(tier(c, select_cfg) for c in remaining)
+        c = max((c for c in remaining if tier(c, select_cfg) == best_tier), key=score)  # ties: the higher rank
+        remaining.remove(c)
+        picked.append(c)
+        seen.update(ngrams(c["completion"], 2))
+    return picked
 
 
 def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
@@ -171,7 +222,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                     f"`python -m rsft.run stage=score round={r}` first")
     # fingerprint: the select settings, the seed and round (random selection and the pairs' prompt
     # messages depend on them), and the scored sets pooled
-    wanted = fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"), [paths.scored(r) for r in rounds])
+    wanted = omit_when_off(fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"),
+                                       [paths.scored(r) for r in rounds]), SELECT_OFF)
     if should_skip(out_selected, cfg.overwrite, "select", wanted) and (
             not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", wanted)):
         return finished(out_selected)
@@ -202,10 +254,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     cap = opening_cap(select_cfg, sum(len(choose(ranked, select_cfg, int(cfg.seed), round_idx, prompt_id))
                              for prompt_id, ranked in ranked_by_prompt.items()))
     openings: Counter = Counter()
-    capped = []
-    # with a cap, the prompts whose best survivor the reward model likes most claim their openings first
-    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid)) if cap else list(
-        ranked_by_prompt)
+    capped, kept_grams = [], set()
+    diverse = select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
+    # with a cap or diversity, the prompts whose best survivor the reward model likes most choose first
+    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid)) if (
+        cap or diverse) else list(ranked_by_prompt)
     for prompt_id in order:
         ranked = ranked_by_prompt[prompt_id]
         allowed = ranked if cap is None else [c for c in ranked if not opening(c["completion"])
@@ -214,8 +267,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         if not allowed:
             capped.append(prompt_id)
             continue
-        picked = choose(allowed, select_cfg, int(cfg.seed), round_idx, prompt_id)
+        picked = (diverse_choice(allowed, select_cfg, kept_grams) if diverse
+                  else choose(allowed, select_cfg, int(cfg.seed), round_idx, prompt_id))
         kept = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
+        for c in kept:
+            kept_grams.update(ngrams(c["completion"], 2))
         dropped_total["opening_cap"] += len(picked) - len(kept)  # a prompt's own k picks count too
         for rank, c in enumerate(kept):
             selected.append({**c, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx})
@@ -226,7 +282,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
                  "(select.max_opening_share=%s)", len(capped), cap, select_cfg.max_opening_share)
 
-    if cap is not None:  # the cap's visiting order decides who keeps what, not the order of the output
+    if cap is not None or diverse:  # the visiting order decides who keeps what, not the order of the output
         position = {prompt_id: i for i, prompt_id in enumerate(by_prompt)}
         selected.sort(key=lambda c: position[c["prompt_id"]])  # stable: ranks stay in order within a prompt
         pairs.sort(key=lambda p: position[p["prompt_id"]])

@@ -18,7 +18,8 @@ their best completions (pooled with the earlier ones) are better training target
 TRL's SFTTrainer does the work. Each selected row becomes a conversational prompt-completion
 example, prompt = [system?, user] messages as stage=sample showed them, completion = [assistant],
 so TRL renders both with the policy's chat template and masks the loss to the completion tokens
-(including the end-of-turn token, so the policy also learns where to stop). LoRA (sft.mode=lora)
+(including the end-of-turn token, so the policy also learns where to stop). A truncated completion
+(kept with select.drop_truncated=false) trains without its end of turn (cut_examples). LoRA (sft.mode=lora)
 is merged into the weights before saving, so the next round loads a plain folder. TRL's defaults
 for bf16 and gradient checkpointing are chosen for GPUs; on a CPU they are ~30x slower, so the
 device decides: fp32 without checkpointing on CPU, bf16 where the GPU supports it. Losses go to our
@@ -50,6 +51,43 @@ def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dat
         "prompt": [chat_messages(p, system_prompt) for p in selected["prompt"]],
         "completion": [[{"role": "assistant", "content": c}] for c in selected["completion"]],
     })
+
+
+def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dataset:
+    """Pre-tokenised examples (input_ids, completion_mask) for a selected set with truncated completions
+    (finish_reason "length", kept by select.drop_truncated=false). A cut answer is rendered with the
+    chat template and the text after its last character (the end-of-turn token and what follows) is
+    left out, so the loss teaches its tokens and never a stop there. TRL's SFTTrainer always renders
+    the whole conversation, end of turn included, so this is done by hand; complete rows are rendered
+    as TRL renders them (prompt + completion through the chat template, the loss where the tokenised
+    prompt ends)."""
+    rows = []
+    for prompt, completion, reason in zip(selected["prompt"], selected["completion"], selected["finish_reason"]):
+        messages = chat_messages(prompt, system_prompt)
+        prompt_ids = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
+        text = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": completion}],
+                                             tokenize=False)
+        if reason == "length":
+            answer = completion.rstrip()
+            end = text.rfind(answer)
+            if not answer or end < 0:
+                raise ValueError(f"sft: the policy's chat template does not show the truncated completion {answer[:60]!r} "
+                                 f"verbatim, so its end of turn cannot be left out; set select.drop_truncated=true")
+            text = text[:end + len(answer)]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
+        rows.append({"input_ids": ids, "completion_mask": [0] * start + [1] * (len(ids) - start)})
+    return Dataset.from_list(rows)
+
+
+def training_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> tuple[Dataset, int]:
+    """(SFT examples, how many are truncated completions): conversational ones for TRL to render, or, when
+    the set holds truncated completions, cut_examples."""
+    cut = sum(r == "length" for r in selected["finish_reason"]) if "finish_reason" in selected.column_names else 0
+    if not cut:
+        return conversational_examples(selected, system_prompt), 0
+    return cut_examples(selected, tokenizer, system_prompt), cut
 
 
 def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
@@ -128,10 +166,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
         raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
-    train = conversational_examples(selected, cfg.data.get("system_prompt"))
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
-    log.info("sft: round %d fine-tunes %s (sft.init=%s)", round_idx, policy_source, cfg.sft.init)
+    train, cut = training_examples(selected, tokenizer, cfg.data.get("system_prompt"))
+    log.info("sft: round %d fine-tunes %s (sft.init=%s)%s", round_idx, policy_source, cfg.sft.init,
+             f"; {cut} truncated completions train without their end of turn" if cut else "")
     history = LossHistory()
     checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
     trainer = SFTTrainer(
@@ -149,6 +188,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "loss_last": losses[-1] if losses else None,
         "steps": int(result.global_step),
         "examples": len(train),
+        "truncated_examples": cut,
         "world_size": distributed.world_size(),
         "seconds": float(result.metrics.get("train_runtime", 0.0)),
     }

@@ -112,7 +112,13 @@ def top_opening(texts: list[str], count: int = OPENING_WORDS) -> tuple[str, floa
     return text, n / len(texts)
 
 
+def ngrams(text: str, n: int) -> list[tuple[str, ...]]:
+    """The word n-grams of a text as distinct_n counts them (lower-cased, split on whitespace)."""
+    w = text.lower().split()
+    return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+
+
 def distinct_n(texts: list[str], n: int) -> float | None:
     """Distinct word n-grams / all word n-grams over the texts (None when there are none)."""
-    grams = [tuple(w[i:i + n]) for w in (t.lower().split() for t in texts) for i in range(len(w) - n + 1)]
+    grams = [g for t in texts for g in ngrams(t, n)]
     return len(set(grams)) / len(grams) if grams else None

@@ -211,3 +211,67 @@ def test_dpo_pairs_that_no_margin_admits_stop_select_before_sft(make_cfg):
     with pytest.raises(ValueError, match=r"reward gap >= dpo\.min_margin=100\.0.*lower dpo\.min_margin"):
         run_stage(cfg)
     assert run_stage(make_cfg("stage=select", "loop.dpo=true", "dpo.min_margin=0.5")).path
+
+
+def test_truncated_penalty_ranks_cut_answers_by_reward_less_the_penalty(make_cfg):
+    # reward_normalised = reward / 2: a's cut answer 4.5, its best whole one 2.5
+    picks = {}
+    for penalty in (1.0, 3.0):
+        cfg = make_cfg("stage=select", "select.drop_truncated=false", f"select.truncated_penalty={penalty}",
+                       f"run_name=penalty{penalty:g}")
+        write_scored(cfg, ROWS)
+        picks[penalty] = {r["prompt_id"]: r["completion"] for r in selected_of(run_stage(cfg).path)}
+    assert picks[1.0]["a"] == "best but cut off"  # 4.5 - 1 = 3.5 > 2.5
+    assert picks[3.0]["a"] == "good"              # 4.5 - 3 = 1.5 < 2.5
+    bad = make_cfg("stage=select", "select.truncated_penalty=-1")
+    write_scored(bad, ROWS)
+    with pytest.raises(ValueError, match="select.truncated_penalty=-1"):
+        run_stage(bad)
+
+
+def test_random_baseline_draws_from_the_complete_answers_when_cut_ones_rank_after_them(make_cfg):
+    rows = [row(p, i, f"{p} whole {i}", float(i)) for p in "abcdefgh" for i in range(2)]
+    rows += [row(p, i, f"{p} cut {i}", 10.0 + i, finish_reason="length") for p in "abcdefgh" for i in range(2, 8)]
+    rows += [row("z", i, f"z cut {i}", float(i), finish_reason="length") for i in range(4)]
+    cfg = make_cfg("stage=select", "select.strategy=random", "select.drop_truncated=false")
+    write_scored(cfg, rows)
+    kept = {r["prompt_id"]: r["completion"] for r in selected_of(run_stage(cfg).path)}
+    assert all("whole" in kept[p] for p in "abcdefgh")  # 6 of 8 are cut, yet the draw is among the whole ones
+    assert "cut" in kept["z"]  # nothing whole: a cut one, as top_k would fall back to
+    flat = make_cfg("stage=select", "select.strategy=random", "select.drop_truncated=false",
+                    "select.prefer_complete=false", "run_name=flat")
+    write_scored(flat, rows)
+    assert any("cut" in r["completion"] for r in selected_of(run_stage(flat).path) if r["prompt_id"] != "z")
+
+
+def test_diversity_gives_way_to_a_prompts_next_best_answer_when_its_best_repeats_the_kept_set(make_cfg):
+    # every prompt's best answer is the same boilerplate; its second is its own, 0.5 (normalised) lower
+    rows = []
+    for i in range(6):
+        rows.append(row(f"p{i}", 0, "i am sorry but i cannot help with that request", 4.0 + 0.1 * i))
+        rows.append(row(f"p{i}", 1, f"topic {i} answer number {i} with words {i}", 3.0 + 0.1 * i))
+    kept = {}
+    for lam in (0.0, 0.4, 2.0):
+        cfg = make_cfg("stage=select", f"select.diversity={lam}", f"run_name=div{lam:g}")
+        write_scored(cfg, rows)
+        out = run_stage(cfg).path
+        kept[lam] = [r["sample_idx"] for r in selected_of(out)]
+        assert [r["prompt_id"] for r in selected_of(out)] == [f"p{i}" for i in range(6)]  # output in prompt order
+    assert kept[0.0] == [0] * 6
+    assert kept[0.4] == [0] * 6  # the repeat costs 0.4 < the 0.5 gap: the best stays
+    # lam 2: the highest-reward prompt (p5) keeps the boilerplate first; every later one repeats it and gives way
+    assert kept[2.0] == [1, 1, 1, 1, 1, 0]
+
+
+def test_diversity_leaves_the_random_baseline_alone_and_must_not_be_negative(make_cfg):
+    many = [row(p, i, f"{p} text {i}", float(i)) for p in "abcdef" for i in range(6)]
+    picks = []
+    for lam in (0.0, 5.0):
+        cfg = make_cfg("stage=select", "select.strategy=random", f"select.diversity={lam}", f"run_name=r{lam:g}")
+        write_scored(cfg, many)
+        picks.append([r["sample_idx"] for r in selected_of(run_stage(cfg).path)])
+    assert picks[0] == picks[1]
+    bad = make_cfg("stage=select", "select.diversity=-0.5")
+    write_scored(bad, ROWS)
+    with pytest.raises(ValueError, match="select.diversity=-0.5"):
+        run_stage(bad)

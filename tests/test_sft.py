@@ -10,14 +10,14 @@ from datasets import Dataset, load_from_disk
 from rsft.models import load_policy, load_saved_causal_lm
 from rsft.paths import RunPaths, atomic_artifact, read_meta
 from rsft.run import run_stage
-from rsft.sft import conversational_examples
+from rsft.sft import conversational_examples, cut_examples
 
 COMPLETION = "Bees make honey."
 
 
-def write_selected(cfg, n=4, round_idx=0):
-    rows = [{"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": COMPLETION, "reward": 1.0}
-            for i in range(n)]
+def write_selected(cfg, n=4, round_idx=0, finish_reason=None):
+    rows = [{"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": COMPLETION, "reward": 1.0,
+             **({"finish_reason": finish_reason} if finish_reason else {})} for i in range(n)]
     with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(round_idx), {"stage": "select"}) as tmp:
         Dataset.from_list(rows).save_to_disk(str(tmp))
 
@@ -136,3 +136,46 @@ def test_sft_killed_mid_way_resumes_from_its_last_checkpoint(make_cfg, monkeypat
     b, _ = load_saved_causal_lm(out, torch.device("cpu"))
     worst = max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
     assert worst < 1e-5, f"resumed weights differ from an uninterrupted run's by up to {worst}"
+
+
+def end_of_turn_nll(model, tokenizer, prompt: str) -> float:
+    """-log P(the end-of-turn token right after COMPLETION)."""
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": COMPLETION}]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    answer_end = full.rfind(COMPLETION) + len(COMPLETION)
+    ids = tokenizer(full[:answer_end], add_special_tokens=False)["input_ids"]
+    end = tokenizer(full[answer_end:], add_special_tokens=False)["input_ids"][0]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1]
+    return float(-torch.log_softmax(logits, -1)[end])
+
+
+def test_cut_examples_render_complete_rows_as_trl_and_cut_rows_without_the_end_of_turn(make_cfg):
+    _, tokenizer, _ = load_policy(make_cfg("stage=sft"), None, torch.device("cpu"))
+    rows = Dataset.from_list([{"prompt": "hi", "completion": "hello there", "finish_reason": "eos"},
+                              {"prompt": "hi", "completion": "hello there", "finish_reason": "length"}])
+    whole, cut = cut_examples(rows, tokenizer, "sys")
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    prompt_ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                           add_special_tokens=False)["input_ids"]
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": "hello there"}], tokenize=False)
+    assert whole["input_ids"] == tokenizer(full, add_special_tokens=False)["input_ids"]
+    assert whole["completion_mask"] == [0] * len(prompt_ids) + [1] * (len(whole["input_ids"]) - len(prompt_ids))
+    assert whole["input_ids"][:len(cut["input_ids"])] == cut["input_ids"] and len(cut["input_ids"]) < len(whole["input_ids"])
+    assert tokenizer.decode(cut["input_ids"]).endswith("hello there")
+    assert sum(cut["completion_mask"]) == len(cut["input_ids"]) - len(prompt_ids)
+
+
+def test_sft_on_cut_answers_does_not_teach_the_stop_a_finished_one_teaches(make_cfg):
+    nll = {}
+    for reason in ("eos", "length"):
+        cfg = make_cfg("stage=sft", "sft.learning_rate=1e-2", "sft.epochs=4", "device=cpu", f"run_name=sft-{reason}")
+        write_selected(cfg, finish_reason=reason)
+        out = run_stage(cfg).path
+        after, tokenizer = load_saved_causal_lm(out, torch.device("cpu"))
+        nll[reason] = end_of_turn_nll(after, tokenizer, "Tell me about bees, 0.")
+        assert read_meta(out)["stats"]["truncated_examples"] == (4 if reason == "length" else 0)
+    before, tokenizer, _ = load_policy(make_cfg("stage=sft"), None, torch.device("cpu"))
+    initial = end_of_turn_nll(before, tokenizer, "Tell me about bees, 0.")
+    assert nll["eos"] < initial - 0.5  # learnt to stop there
+    assert nll["length"] > nll["eos"] + 1.0  # trained on the same text, cut: no stop learnt

@@ -47,3 +47,16 @@ def test_soft_label_optimum_is_the_label():
         bradley_terry_loss(margin, torch.zeros(1), torch.tensor([0.8])).backward()
         optimiser.step()
     assert torch.sigmoid(margin).item() == pytest.approx(0.8, abs=1e-3)
+
+
+def test_label_smoothing_pulls_labels_toward_a_tie_and_must_be_below_one_half(make_cfg):
+    from datasets import Dataset
+
+    from rsft.reward import smoothed
+    from rsft.run import run_stage
+
+    pairs = Dataset.from_list([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": hp} for hp in (1.0, 0.7, 0.0)])
+    assert smoothed(pairs, 0.0) is pairs
+    assert [round(x, 6) for x in smoothed(pairs, 0.1)["label_prob"]] == [0.95, 0.68, 0.05]
+    with pytest.raises(ValueError, match="reward.label_smoothing=0.5"):
+        run_stage(make_cfg("stage=reward", "reward.label_smoothing=0.5"))
