@@ -31,7 +31,7 @@ def test_acceptance_needed_inverts_the_speedup_model():
     assert bench.acceptance_needed(1.0, 1, plain, plain, 0.0) == pytest.approx(0.0, abs=1e-9)
 
 
-@pytest.mark.parametrize("script", ["bench_sampling.py", "bench_reward.py", "replay_budget.py", "bench_budget.py", "reward_levers.py"])
+@pytest.mark.parametrize("script", ["bench_sampling.py", "bench_reward.py", "replay_budget.py", "bench_budget.py", "reward_levers.py", "diversity_curve.py"])
 def test_the_benchmark_scripts_compose_the_config_and_parse_their_arguments(script):
     """Each composes conf/ (with the typed schema registered) or imports the stages before it parses
     its arguments: `--help` fails when either breaks."""
