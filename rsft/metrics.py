@@ -86,6 +86,9 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         "mean_tokens": statistics.fmean(ds["num_tokens"]),
         "mean_words": statistics.fmean(len(c.split()) for c in completions),
         "eos_fraction": statistics.fmean(f == "eos" for f in ds["finish_reason"]),
+        # of the answers that ended on EOS, those whose text stops without closing punctuation: a policy
+        # taught to stop mid-sentence (SFT on cut answers with their end of turn) shows it here
+        "eos_mid_sentence": stats.mid_sentence_share([c for c, f in zip(completions, ds["finish_reason"]) if f == "eos"]),
     }
     intervals = {}
     for column in score_columns(ds):

@@ -118,6 +118,16 @@ def ngrams(text: str, n: int) -> list[tuple[str, ...]]:
     return [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
 
 
+_SENTENCE_END = re.compile(r"""[.!?:;)\]"'*`]\s*$""")
+
+
+def mid_sentence_share(texts: list[str]) -> float:
+    """The share of texts (with visible text) that do not end on closing punctuation (. ! ? : ; ) ] quotes
+    * or a code fence's backtick): a crude "stopped mid-sentence" signal, 0.0 for none."""
+    visible = [t for t in texts if t.strip()]
+    return sum(not _SENTENCE_END.search(t) for t in visible) / len(visible) if visible else 0.0
+
+
 def distinct_n(texts: list[str], n: int) -> float | None:
     """Distinct word n-grams / all word n-grams over the texts (None when there are none)."""
     grams = [g for t in texts for g in ngrams(t, n)]

@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rsft.paths import RunPaths, is_complete, load_dataset_artifact
-from rsft.stats import bootstrap, distinct_n
+from rsft.stats import bootstrap, distinct_n, mid_sentence_share
 
 Z95 = 1.959964
 
@@ -72,7 +72,9 @@ def point(folder: Path, column: str | None) -> dict:
         scores[pid].append(float(value))
         texts[pid].append(text)
     return {"column": column, "score": bootstrap(dict(scores)), "distinct_2_all": jackknife_distinct(dict(texts)),
-            "completions": len(ds), "eos_fraction": sum(r == "eos" for r in ds["finish_reason"]) / max(len(ds), 1)}
+            "completions": len(ds), "eos_fraction": sum(r == "eos" for r in ds["finish_reason"]) / max(len(ds), 1),
+            "eos_mid_sentence": mid_sentence_share([t for t, r in zip(ds["completion"], ds["finish_reason"]) if r == "eos"]),
+            "mean_tokens": sum(ds["num_tokens"]) / max(len(ds), 1) if "num_tokens" in ds.column_names else None}
 
 
 def plot(points: list[dict], out: Path) -> None:
@@ -130,12 +132,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 continue
             points.append({"label": "initial" if policy == "initial" else (label or Path(run).name),
                            "policy": policy, **point(folder, args.column)})
-    print(f"| run | policy | {points[0]['column']} [95% CI] | distinct-2 (all) [95% CI] | ends with EOS |")
-    print("|---|---|---|---|---|")
+    print(f"| run | policy | {points[0]['column']} [95% CI] | distinct-2 (all) [95% CI] | ends with EOS | of those, "
+          f"mid-sentence |")
+    print("|---|---|---|---|---|---|")
     for p in points:
         s, d = p["score"], p["distinct_2_all"]
         print(f"| {p['label']} | {p['policy']} | {s['mean']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | "
-              f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}] | {p['eos_fraction']:.2f} |")
+              f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}] | {p['eos_fraction']:.2f} | {p['eos_mid_sentence']:.2f} |")
     if args.out is not None:
         plot(points, args.out)
         args.out.with_suffix(".json").write_text(json.dumps(points, indent=2))

@@ -57,3 +57,10 @@ def test_openings_and_distinct_n_across_prompts():
     assert stats.distinct_n(["a b a", "a b"], 1) == pytest.approx(2 / 5)
     assert stats.distinct_n(["a b a", "a b"], 2) == pytest.approx(2 / 3)
     assert stats.distinct_n(["", "x"], 2) is None
+
+
+def test_mid_sentence_share_counts_visible_texts_that_stop_without_closing_punctuation():
+    from rsft.stats import mid_sentence_share
+
+    assert mid_sentence_share(["Hello.", "I am", "ok!\n", "", 'He said "hi"', "list:"]) == pytest.approx(1 / 5)
+    assert mid_sentence_share([]) == 0.0 and mid_sentence_share(["  "]) == 0.0
