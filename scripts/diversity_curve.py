@@ -83,8 +83,9 @@ def plot(points: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
     runs = list(dict.fromkeys(p["label"] for p in points))
+    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
     for i, run in enumerate(runs):
         mine = [p for p in points if p["label"] == run]
         xs = [p["distinct_2_all"]["value"] for p in mine]
@@ -93,7 +94,7 @@ def plot(points: list[dict], out: Path) -> None:
                 [p["distinct_2_all"]["high"] - x for x, p in zip(xs, mine)]]
         yerr = [[y - p["score"]["low"] for y, p in zip(ys, mine)], [p["score"]["high"] - y for y, p in zip(ys, mine)]]
         ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, fmt="o-" if len(mine) > 1 else "o", capsize=3, label=run,
-                    color=f"C{i}")
+                    color=colours(i))
         for x, y, p in zip(xs, ys, mine):
             ax.annotate(p["policy"].replace("round ", "r"), (x, y), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
