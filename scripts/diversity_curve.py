@@ -134,12 +134,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             points.append({"label": "initial" if policy == "initial" else (label or Path(run).name),
                            "policy": policy, **point(folder, args.column)})
     print(f"| run | policy | {points[0]['column']} [95% CI] | distinct-2 (all) [95% CI] | ends with EOS | of those, "
-          f"mid-sentence |")
-    print("|---|---|---|---|---|---|")
+          f"mid-sentence | mean tokens |")
+    print("|---|---|---|---|---|---|---|")
     for p in points:
         s, d = p["score"], p["distinct_2_all"]
         print(f"| {p['label']} | {p['policy']} | {s['mean']:.2f} [{s['low']:.2f}, {s['high']:.2f}] | "
-              f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}] | {p['eos_fraction']:.2f} | {p['eos_mid_sentence']:.2f} |")
+              f"{d['value']:.3f} [{d['low']:.3f}, {d['high']:.3f}] | {p['eos_fraction']:.2f} | {p['eos_mid_sentence']:.2f} | "
+              f"{p['mean_tokens'] if p['mean_tokens'] is None else round(p['mean_tokens'], 1)} |")
     if args.out is not None:
         plot(points, args.out)
         args.out.with_suffix(".json").write_text(json.dumps(points, indent=2))

@@ -128,7 +128,7 @@ def parse_models(specs: list[str]) -> dict[str, list[Member]]:
     """{name: members} from the --model NAME=PATH[,PATH...] arguments, in order."""
     models: dict[str, list[Member]] = {}
     for spec in specs:
-        name, sep, paths = spec.partition("=")
+        name, sep, paths = spec.rpartition("=")  # the last "=": a name may hold one (seed=1), a path rarely does
         name, texts = name.strip(), [t.strip() for t in paths.split(",")]
         if not sep or not name or not all(texts):
             raise ValueError(f"--model {spec!r}: expected NAME=PATH or NAME=PATH,PATH,... (an ensemble), each PATH a "
