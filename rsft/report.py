@@ -117,8 +117,13 @@ def plot_best_of_n(paths: RunPaths, rounds: int, out: Path) -> Path | None:
     return out
 
 
-def evaluations(paths: RunPaths, rounds: int) -> list[tuple[str, Path]]:
-    """(name, folder) of every complete evaluation: the initial policy, then each round's."""
+def evaluations(paths: RunPaths, rounds: int | None = None) -> list[tuple[str, Path]]:
+    """(name, folder) of every complete evaluation: the initial policy, then each round's; rounds=None:
+    every round the run has begun (an eval or a policy folder), for scripts that read finished runs."""
+    if rounds is None:
+        rounds = 0
+        while paths.eval(rounds).exists() or paths.policy(rounds).exists():
+            rounds += 1
     points = [("initial", paths.initial_eval)] + [(f"round {r}", paths.eval(r)) for r in range(rounds)]
     return [(name, path) for name, path in points if is_complete(path)]
 

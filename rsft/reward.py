@@ -32,7 +32,7 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from reward.encoding import tokenize_preferences
-from reward.formats import check_pairs, load_raw, pair_files, pair_hashes, partition, to_preference_pairs
+from reward.formats import LABEL_COLUMN, check_pairs, load_raw, pair_files, pair_hashes, partition, to_preference_pairs
 from reward.model import load_reward_backbone, load_trained_reward_model
 from reward.scoring import RewardScorer, pairwise_accuracy, prompt_template, save_reward_model, score_pairs
 from reward.trainer import train_reward_model
@@ -104,7 +104,7 @@ def smoothed(pairs: Dataset, epsilon: float) -> Dataset:
     hard labels is pushed to ever larger margins on pairs it cannot get right."""
     if epsilon == 0.0:
         return pairs
-    return pairs.map(lambda row: {"label_prob": (1.0 - epsilon) * float(row["label_prob"]) + epsilon / 2.0})
+    return pairs.map(lambda row: {LABEL_COLUMN: (1.0 - epsilon) * float(row[LABEL_COLUMN]) + epsilon / 2.0})
 
 
 def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,

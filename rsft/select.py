@@ -96,13 +96,20 @@ def tier(row: dict, select_cfg: DictConfig) -> int:
     return int(cut_last and is_cut(row))
 
 
-def value(row: dict, select_cfg: DictConfig) -> float:
-    """What ranks a prompt's candidates within a tier: the raw reward, or with select.truncated_penalty
-    reward_normalised less the penalty for a truncated completion (in the reward model's std units)."""
+def penalised(row: dict, select_cfg: DictConfig) -> float:
+    """reward_normalised less select.truncated_penalty for a truncated completion (in the reward model's
+    std units), when that penalty applies (drop_truncated=false)."""
     penalty = select_cfg.get("truncated_penalty")
-    if penalty is None or select_cfg.drop_truncated:
+    cut = penalty is not None and not select_cfg.drop_truncated and is_cut(row)
+    return row["reward_normalised"] - (float(penalty) if cut else 0.0)
+
+
+def value(row: dict, select_cfg: DictConfig) -> float:
+    """What ranks a prompt's candidates within a tier: the raw reward, or with a truncation penalty that
+    applies, `penalised`."""
+    if select_cfg.get("truncated_penalty") is None or select_cfg.drop_truncated:
         return row["reward"]
-    return row["reward_normalised"] - float(penalty) * is_cut(row)
+    return penalised(row, select_cfg)
 
 
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
@@ -167,14 +174,13 @@ def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) 
     distinct word bigrams that the kept set (kept_grams: its bigrams) or this prompt's earlier picks
     already have. Maximal marginal relevance (Carbonell & Goldstein 1998) over the whole kept set, so a
     prompt whose best answer repeats what other prompts kept gives way to its next-best one."""
-    lam, penalty = float(select_cfg.diversity), select_cfg.get("truncated_penalty")
+    lam = float(select_cfg.diversity)
     remaining, picked, seen = list(ranked), [], set(kept_grams)
     while remaining and len(picked) < int(select_cfg.k):
         def score(c):
             grams = set(ngrams(c["completion"], 2))
             overlap = len(grams & seen) / len(grams) if grams else 1.0
-            cut = penalty is not None and not select_cfg.drop_truncated and is_cut(c)
-            return c["reward_normalised"] - float(penalty or 0.0) * cut - lam * overlap
+            return penalised(c, select_cfg) - lam * overlap
         best_tier = min(tier(c, select_cfg) for c in remaining)
         c = max((c for c in remaining if tier(c, select_cfg) == best_tier), key=score)  # ties: the higher rank
         remaining.remove(c)

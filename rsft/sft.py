@@ -64,8 +64,8 @@ def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dat
     rows = []
     for prompt, completion, reason in zip(selected["prompt"], selected["completion"], selected["finish_reason"]):
         messages = chat_messages(prompt, system_prompt)
-        prompt_ids = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
+        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
         text = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": completion}],
                                              tokenize=False)
         if reason == "length":

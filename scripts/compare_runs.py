@@ -18,18 +18,8 @@ import argparse
 from pathlib import Path
 
 from rsft import stats
-from rsft.paths import RunPaths, is_complete, load_dataset_artifact
-
-
-def evaluations(run: Path) -> dict[str, Path]:
-    paths = RunPaths(run)
-    found = {"initial": paths.initial_eval} if is_complete(paths.initial_eval) else {}
-    r = 0
-    while paths.eval(r).exists() or paths.policy(r).exists():
-        if is_complete(paths.eval(r)):
-            found[f"round {r}"] = paths.eval(r)
-        r += 1
-    return found
+from rsft.paths import RunPaths, load_dataset_artifact
+from rsft.report import evaluations
 
 
 def pick_column(a, b, wanted: str | None) -> str:
@@ -51,7 +41,7 @@ def main(argv=None) -> None:
     parser.add_argument("run_b", type=Path)
     parser.add_argument("--column", choices=["judge", "gold", "reward"], default=None)
     args = parser.parse_args(argv)
-    a_evals, b_evals = evaluations(args.run_a), evaluations(args.run_b)
+    a_evals, b_evals = (dict(evaluations(RunPaths(run))) for run in (args.run_a, args.run_b))
     shared = [name for name in a_evals if name in b_evals]
     if not shared:
         raise SystemExit(f"{args.run_a} and {args.run_b} have no evaluation of the same policy stage in common")

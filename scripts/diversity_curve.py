@@ -30,22 +30,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from rsft.paths import RunPaths, is_complete, load_dataset_artifact
+from rsft.paths import RunPaths, load_dataset_artifact
+from rsft.report import evaluations
 from rsft.stats import bootstrap, distinct_n, mid_sentence_share
 
 Z95 = 1.959964
-
-
-def evaluations(run: Path) -> list[tuple[str, Path]]:
-    paths, found = RunPaths(run), []
-    if is_complete(paths.initial_eval):
-        found.append(("initial", paths.initial_eval))
-    r = 0
-    while paths.eval(r).exists() or paths.policy(r).exists():
-        if is_complete(paths.eval(r)):
-            found.append((f"round {r}", paths.eval(r)))
-        r += 1
-    return found
 
 
 def jackknife_distinct(by_prompt: dict[str, list[str]], n: int = 2) -> dict:
@@ -121,7 +110,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         run, _, label = spec.partition(":")
         if not Path(run).is_dir():
             raise SystemExit(f"{spec}: {run} is not a run directory")
-        found = evaluations(Path(run))
+        found = evaluations(RunPaths(run))
         if not found:
             raise SystemExit(f"{spec}: {run} has no complete evaluation (eval_initial/ or round_XX/eval/)")
         for policy, folder in found:
