@@ -36,3 +36,60 @@ def test_compare_runs_prints_paired_differences_per_policy(tmp_path, capsys):
     lines = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
     assert "+0.000 [+0.000, +0.000]" in lines["| initial"]
     assert "+1.000 [+1.000, +1.000]" in lines["| round 0"] and "1.000 [1.000, 1.000] |" in lines["| round 0"]
+
+
+def write_kept(folder, rows):
+    with atomic_artifact(folder, {"stage": "select"}) as tmp:
+        Dataset.from_list(rows).save_to_disk(str(tmp))
+
+
+def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, capsys):
+    """--kept scores each run's round_XX/selected with a reward model: per prompt the mean of what it kept,
+    paired over the prompts both runs kept, and the difference equals the hand-scored one."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from reward.model import build_tiny_reward_model
+    from reward.scoring import HH_PROMPT, load_scorer, save_reward_model
+    from rsft.models import build_byte_tokenizer
+    from rsft.score import score_rows
+
+    torch.set_num_threads(1)
+    tokenizer = build_byte_tokenizer()
+    model = build_tiny_reward_model(OmegaConf.create(dict(
+        kind="tiny", name_or_path="tiny", arch="llama", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=32, seed=0)), tokenizer).eval()
+    judge = tmp_path / "judge"
+    with atomic_artifact(judge, {"stage": "reward"}) as tmp:
+        save_reward_model(model, tokenizer, tmp, {"mean": 0.0, "std": 1.0, "max_length": 64, "prompt_template": HH_PROMPT})
+    a, b = RunPaths(tmp_path / "a"), RunPaths(tmp_path / "b")
+    prompts = {"p0": "how do I bake bread", "p1": "what is the sun", "p2": "name a river"}
+    a_rows = [{"prompt_id": "p0", "prompt": prompts["p0"], "completion": "mix flour and water"},
+              {"prompt_id": "p0", "prompt": prompts["p0"], "completion": "knead it"},  # k=2: the mean counts
+              {"prompt_id": "p1", "prompt": prompts["p1"], "completion": "a star"},
+              {"prompt_id": "p2", "prompt": prompts["p2"], "completion": "the Nile"}]  # p2: only A kept it
+    b_rows = [{"prompt_id": "p0", "prompt": prompts["p0"], "completion": "no"},
+              {"prompt_id": "p1", "prompt": prompts["p1"], "completion": "a lamp in the sky"}]
+    write_kept(a.selected(0), a_rows)
+    write_kept(b.selected(0), b_rows)
+    load_script().main([str(a.root), str(b.root), "--kept", str(judge)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| round 0"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "2"  # p2 is left out: B kept nothing for it
+    scorer = load_scorer(str(judge), torch.device("cpu"))
+
+    def score(rows):
+        return score_rows(scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], progress=False)
+
+    sa, sb = score(a_rows), score(b_rows)
+    expected = ((sa[0] + sa[1]) / 2 - sb[0] + sa[2] - sb[1]) / 2
+    assert cells[4].startswith(f"{expected:+.3f}")
+    assert "round 1" not in out  # no round_01/selected in either run
+
+
+def test_kept_names_a_missing_reward_model(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="no such folder"):
+        load_script().main([str(tmp_path / "a"), str(tmp_path / "b"), "--kept", str(tmp_path / "nope")])
