@@ -104,7 +104,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     logged = [h for h in history.history if "loss" in h]
     stats = {
-        "train_loss": float(result.training_loss),
+        "train_loss": history.train_loss(result),
         "loss_first": logged[0]["loss"] if logged else None,
         "loss_last": logged[-1]["loss"] if logged else None,
         "margin_last": logged[-1].get("rewards/margins") if logged else None,

@@ -137,15 +137,41 @@ def write_policy(out, meta: dict, wanted: dict, trained, state_dict, tokenizer) 
 
 
 class LossHistory(TrainerCallback):
-    """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker)."""
+    """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker).
+
+    At the end it takes the trainer's own log instead, which a run resumed from a checkpoint restores with
+    the checkpoint, so the steps before the kill are in it too. A policy whose save failed (a full disk)
+    resumes from the checkpoint of its last step and trains no step at all; without this its meta.json
+    recorded no losses and a training loss of 0."""
 
     def __init__(self):
         self.history: list[dict] = []
+        self.steps_run = 0
+
+    @staticmethod
+    def entry(step: int, logs: dict) -> dict:
+        return {"step": step, **{k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps_run += 1
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
-            self.history.append({"step": state.global_step, **{k: v for k, v in logs.items()
-                                                               if isinstance(v, (int, float))}})
+            self.history.append(self.entry(state.global_step, logs))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        restored = [self.entry(int(logs.get("step", 0)), logs) for logs in state.log_history if logs]
+        if len(restored) > len(self.history):
+            self.history = restored
+
+    def train_loss(self, result) -> float:
+        """The mean training loss over every step. Trainer's `training_loss` averages the steps this process
+        ran, so after a resume it is the mean of the logged step losses instead (each the mean of
+        logging_steps steps)."""
+        losses = [h["loss"] for h in self.history if "loss" in h]
+        if self.steps_run >= int(result.global_step) or not losses:
+            return float(result.training_loss)
+        return float(sum(losses) / len(losses))
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
@@ -183,7 +209,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     losses = [h["loss"] for h in history.history if "loss" in h]
     stats = {
-        "train_loss": float(result.training_loss),
+        "train_loss": history.train_loss(result),
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "steps": int(result.global_step),

@@ -136,6 +136,45 @@ def test_sft_killed_mid_way_resumes_from_its_last_checkpoint(make_cfg, monkeypat
     b, _ = load_saved_causal_lm(out, torch.device("cpu"))
     worst = max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
     assert worst < 1e-5, f"resumed weights differ from an uninterrupted run's by up to {worst}"
+    assert_same_losses(read_meta(out), read_meta(straight))
+
+
+def assert_same_losses(resumed: dict, straight: dict) -> None:
+    """A resumed run's meta.json records every step's loss (those before the kill from the checkpoint) and
+    the same training loss as an uninterrupted run."""
+    logged = [h["step"] for h in resumed["loss_history"] if "loss" in h]
+    assert logged == [h["step"] for h in straight["loss_history"] if "loss" in h] == list(range(1, 9))
+    for key in ("train_loss", "loss_first", "loss_last"):
+        assert resumed["stats"][key] == pytest.approx(straight["stats"][key], abs=1e-4), key
+
+
+def test_sft_whose_save_failed_resumes_at_its_last_step_with_its_losses(make_cfg, monkeypatch):
+    """The policy's save fails (a full disk) after the last step: the rerun trains no step (the trainer's
+    checkpoint of the last step is kept), and its meta.json still has the run's losses, not 0."""
+    import rsft.sft as sft
+    from transformers import Trainer
+
+    settings = ["stage=sft", "sft.learning_rate=3e-3", "sft.epochs=2", "sft.batch_size=2", "sft.checkpoint_steps=3",
+                "device=cpu"]
+    straight_cfg = make_cfg(*settings, "run_name=straight")
+    write_selected(straight_cfg, n=8)
+    straight = run_stage(straight_cfg).path
+    cfg = make_cfg(*settings, "run_name=full-disk")
+    write_selected(cfg, n=8)
+    real_write = sft.write_policy
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sft, "write_policy", full_disk)
+    with pytest.raises(OSError):
+        run_stage(cfg)
+    monkeypatch.setattr(sft, "write_policy", real_write)
+    real_step, steps = Trainer.training_step, []
+    monkeypatch.setattr(Trainer, "training_step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    out = run_stage(cfg).path
+    assert steps == []
+    assert_same_losses(read_meta(out), read_meta(straight))
 
 
 def end_of_turn_nll(model, tokenizer, prompt: str) -> float:
