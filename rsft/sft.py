@@ -137,32 +137,22 @@ def write_policy(out, meta: dict, wanted: dict, trained, state_dict, tokenizer) 
 
 
 class LossHistory(TrainerCallback):
-    """Collects the trainer's logged losses (TRL reports to nobody; we report to our Tracker).
-
-    At the end it takes the trainer's own log instead, which a run resumed from a checkpoint restores with
-    the checkpoint, so the steps before the kill are in it too. A policy whose save failed (a full disk)
-    resumes from the checkpoint of its last step and trains no step at all; without this its meta.json
-    recorded no losses and a training loss of 0."""
+    """The trainer's logged losses (TRL reports to nobody; we report to our Tracker), taken from the
+    trainer's own log when training ends. A run resumed from a checkpoint restores that log with the
+    checkpoint, so the steps before the kill are in it too: a policy whose save failed (a full disk)
+    resumes from the checkpoint of its last step and trains no step at all, and still records its losses."""
 
     def __init__(self):
         self.history: list[dict] = []
         self.steps_run = 0
 
-    @staticmethod
-    def entry(step: int, logs: dict) -> dict:
-        return {"step": step, **{k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}}
-
     def on_step_end(self, args, state, control, **kwargs):
         self.steps_run += 1
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs:
-            self.history.append(self.entry(state.global_step, logs))
-
     def on_train_end(self, args, state, control, **kwargs):
-        restored = [self.entry(int(logs.get("step", 0)), logs) for logs in state.log_history if logs]
-        if len(restored) > len(self.history):
-            self.history = restored
+        self.history = [{"step": int(logs.get("step", 0)),
+                         **{k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}}
+                        for logs in state.log_history if logs]
 
     def train_loss(self, result) -> float:
         """The mean training loss over every step. Trainer's `training_loss` averages the steps this process

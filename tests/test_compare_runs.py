@@ -7,7 +7,7 @@ import importlib.util
 from datasets import Dataset
 
 from rsft.paths import RunPaths, atomic_artifact
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_REWARD
 
 
 def load_script():
@@ -56,9 +56,7 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
 
     torch.set_num_threads(1)
     tokenizer = build_byte_tokenizer()
-    model = build_tiny_reward_model(OmegaConf.create(dict(
-        kind="tiny", name_or_path="tiny", arch="llama", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=32, seed=0)), tokenizer).eval()
+    model = build_tiny_reward_model(OmegaConf.create({**TINY_REWARD, "seed": 0}), tokenizer).eval()
     judge = tmp_path / "judge"
     with atomic_artifact(judge, {"stage": "reward"}) as tmp:
         save_reward_model(model, tokenizer, tmp, {"mean": 0.0, "std": 1.0, "max_length": 64, "prompt_template": HH_PROMPT})

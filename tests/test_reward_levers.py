@@ -16,10 +16,8 @@ from reward.scoring import HH_PROMPT, PLAIN_PROMPT, load_scorer, save_reward_mod
 from rsft.models import build_byte_tokenizer
 from rsft.paths import atomic_artifact
 from rsft.reward import PAIR_HASHES_FILE
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_REWARD
 
-TINY = dict(kind="tiny", name_or_path="tiny", arch="llama", hidden_size=16, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
 # (question, chosen reply, rejected reply, label_prob): one tie (0.5, left out) and one reversed label
 PAIRS = [("how do I bake bread", "mix flour and water", "no", 1.0),
          ("what is the sun", "a star", "a lamp in the sky, obviously", 1.0),
@@ -57,7 +55,7 @@ def setup(tmp_path_factory):
     stats = {"a": (0.0, 1.0, HH_PROMPT), "b": (0.3, 2.5, HH_PROMPT), "plain": (0.0, 1.0, PLAIN_PROMPT)}
     folders = {}
     for seed, (name, (mean, std, frame)) in enumerate(stats.items()):
-        model = build_tiny_reward_model(OmegaConf.create({**TINY, "seed": seed}), tokenizer).eval()
+        model = build_tiny_reward_model(OmegaConf.create({**TINY_REWARD, "seed": seed}), tokenizer).eval()
         folders[name] = tmp_path / "runs" / name / "reward"
         folders[name].parent.mkdir(parents=True)
         with atomic_artifact(folders[name], {"stage": "reward"}) as tmp:  # as stage=reward writes it
