@@ -54,7 +54,7 @@ def _check_round_labels(cfg: DictConfig) -> None:
     """Every refresh.pairs round file the command will read: there, and readable as pairs."""
     if cfg.stage not in ("loop", "refresh") or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
         return
-    from rsft.refresh import check_round_labels  # loads the reward stack: only when there are files to read
+    from rsft.labelling import check_round_labels  # loads the reward stack: only when there are files to read
 
     check_round_labels(cfg, range(int(cfg.loop.rounds)) if cfg.stage == "loop" else range(int(cfg.round) + 1))
 

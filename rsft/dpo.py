@@ -34,10 +34,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.models import load_policy, resolve_device
-from rsft.training import TrainingCheckpoints, check_trained, training_arguments
-from rsft.paths import RunPaths, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
-from rsft.sft import LossHistory, lora_config, trained_policy, write_policy
+from rsft.paths import (
+    RunPaths,
+    fingerprint,
+    finished,
+    is_complete,
+    load_dataset_artifact,
+    should_skip,
+)
+from rsft.policy_training import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker
+from rsft.training import TrainingCheckpoints, check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 

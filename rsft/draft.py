@@ -74,6 +74,7 @@ from transformers import AutoModelForCausalLM
 
 from rsft import distributed
 from rsft.data import context_budget, prompt_token_ids
+from rsft.generation import SAMPLING_KEYS, sampling_settings
 from rsft.models import (
     DRAFT_HEAD_FILE,
     FEATURE_DRAFT_WEIGHTS,
@@ -83,8 +84,15 @@ from rsft.models import (
     restrict_head,
     seeded,
 )
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
-from rsft.sample import SAMPLING_KEYS, sampling_settings
+from rsft.paths import (
+    RunPaths,
+    atomic_artifact,
+    fingerprint,
+    finished,
+    is_complete,
+    load_dataset_artifact,
+    should_skip,
+)
 from rsft.sampling.drafts import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.sampler import Sampler

@@ -14,7 +14,7 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
   gold_mean                             the demo task's oracle (only when the prompts have `task`)
   judge_mean                            eval.judge's raw score: a reward model the proxy never was
                                         (trained on other pairs; Gao et al. 2022), the stand-in for
-                                        gold where there is no oracle (rsft.score.judge_model)
+                                        gold where there is no oracle (rsft.scoring.judge_model)
   intervals                             95% bootstrap interval over prompts of every *_mean and win
                                         rate (rsft.stats: prompts are the independent draws)
   win_rate_vs_initial                   P(this policy's completion scores above the initial policy's
@@ -49,9 +49,22 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed, score
+from rsft import distributed, scoring
 from rsft.data import load_prompts, prompt_files, prompt_keys
-from rsft.metrics import METRICS_FILE, best_of_n_curve, flat_metrics, gold_scores, policy_metrics
+from rsft.generation import (
+    SAMPLING_KEYS,
+    engine_keys,
+    open_policy,
+    sample_dataset,
+    sampling_settings,
+)
+from rsft.metrics import (
+    METRICS_FILE,
+    best_of_n_curve,
+    flat_metrics,
+    gold_scores,
+    policy_metrics,
+)
 from rsft.models import resolve_device
 from rsft.paths import (
     RunPaths,
@@ -63,7 +76,6 @@ from rsft.paths import (
     load_dataset_artifact,
     should_skip,
 )
-from rsft.sample import SAMPLING_KEYS, engine_keys, open_policy, sample_dataset, sampling_settings
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -92,8 +104,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         raise FileNotFoundError(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
                                 f"{policy_path} is missing; run `python -m rsft.run stage=sft "
                                 f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
-    score.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
-    judge = score.judge_model(cfg)
+    scoring.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
+    judge = scoring.judge_model(cfg)
     if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
         run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
     curve_round = 0 if initial else round_idx
@@ -114,13 +126,13 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     if engine is not None:
         engine.close()
     del model
-    scorer = score.load_reward_scorer(cfg, device)
-    raw = score.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
+    scorer = scoring.load_reward_scorer(cfg, device)
+    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
     ds = ds.add_column("reward", [float(r) for r in raw])
     ds = ds.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
     if judge is not None:
-        judge_scorer = score.load_reward_scorer(cfg, device, judge)
-        raw = score.score_rows(judge_scorer, ds["prompt"], ds["completion"], progress=False)
+        judge_scorer = scoring.load_reward_scorer(cfg, device, judge)
+        raw = scoring.score_rows(judge_scorer, ds["prompt"], ds["completion"], progress=False)
         ds = ds.add_column("judge", [float(r) for r in raw])
         ds = ds.add_column("judge_normalised", [float(r) for r in judge_scorer.normalise(raw)])
     gold = gold_scores(ds)
@@ -130,7 +142,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
     if judge is not None:
         metrics["judge"] = str(judge)
-        metrics["judge_warnings"] = score.judge_warnings(judge, paths.reward)
+        metrics["judge_warnings"] = scoring.judge_warnings(judge, paths.reward)
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}

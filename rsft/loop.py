@@ -38,8 +38,8 @@ import logging
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import distributed, report, stages
+from rsft.generation import TRAINED_DRAFT_KINDS
 from rsft.paths import Artifact, RunPaths, copy_artifact, is_complete
-from rsft.sample import TRAINED_DRAFT_KINDS
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)

@@ -19,57 +19,30 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import defaultdict
-from itertools import combinations
 
-from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig, OmegaConf
 
-from reward.annotators import label_pair
 from reward.gold import gold_score
 from rsft import distributed
 from rsft.data import load_prompts, prompt_files, prompt_keys
+from rsft.generation import engine_keys, open_policy, sample_dataset, sampling_settings
+from rsft.labelling import label_pairs, split_by_prompt
 from rsft.models import resolve_device
-from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sample import engine_keys, open_policy, sample_dataset, sampling_settings
+from rsft.paths import (
+    RunPaths,
+    ShardStore,
+    atomic_artifact,
+    fingerprint,
+    finished,
+    should_skip,
+)
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
 
-def label_pairs(samples: Dataset, golds: list[float], tau: float, soft: bool, rng: random.Random):
-    """Every within-prompt pair of distinct completions, labelled; returns (rows, identical pairs skipped)."""
-    by_prompt = defaultdict(list)
-    for row, prompt_id in enumerate(samples["prompt_id"]):
-        by_prompt[prompt_id].append(row)
-    rows, identical = [], 0
-    for prompt_id, members in by_prompt.items():
-        for i, j in combinations(members, 2):
-            a, b = samples[i], samples[j]
-            if a["completion"] == b["completion"]:
-                identical += 1
-                continue
-            p_i = label_pair(golds[i], golds[j], tau, rng, soft)  # P(i beats j), or its 0/1 draw
-            (win, lose, g_win, g_lose, p) = (a, b, golds[i], golds[j], p_i) if p_i >= 0.5 else \
-                (b, a, golds[j], golds[i], 1.0 - p_i)
-            rows.append({"prompt_id": prompt_id, "prompt": a["prompt"], "chosen": win["completion"],
-                         "rejected": lose["completion"], "label_prob": float(p), "gold_chosen": g_win,
-                         "gold_rejected": g_lose, "chosen_sample_idx": win["sample_idx"],
-                         "rejected_sample_idx": lose["sample_idx"], "chosen_finish_reason": win["finish_reason"],
-                         "rejected_finish_reason": lose["finish_reason"]})
-    return rows, identical
 
 
-def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) -> DatasetDict:
-    prompt_ids = sorted({r["prompt_id"] for r in rows})
-    if len(prompt_ids) < 2:
-        raise ValueError(f"prefs: pairs from {len(prompt_ids)} prompt(s); a train/test split by prompt needs >= 2 "
-                         f"(raise prefs.num_prompts, or prefs.num_samples so prompts yield distinct completions)")
-    rng.shuffle(prompt_ids)
-    n_test = min(max(1, round(test_fraction * len(prompt_ids))), len(prompt_ids) - 1)
-    test_ids = set(prompt_ids[:n_test])
-    return DatasetDict({"train": Dataset.from_list([r for r in rows if r["prompt_id"] not in test_ids]),
-                        "test": Dataset.from_list([r for r in rows if r["prompt_id"] in test_ids])})
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):

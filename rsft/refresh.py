@@ -33,16 +33,15 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, concatenate_datasets
+from datasets import Dataset, concatenate_datasets
 from omegaconf import DictConfig, OmegaConf
 
-from reward.formats import check_pairs, load_raw, to_preference_pairs
-from reward.gold import gold_score
+from reward.formats import check_pairs
 from reward.scoring import save_reward_model
 from rsft import distributed
+from rsft.labelling import round_pairs_path, simulated_labels, user_labels
 from rsft.models import resolve_device
 from rsft.paths import (
     RunPaths,
@@ -54,10 +53,9 @@ from rsft.paths import (
     omit_when_off,
     should_skip,
 )
-from rsft.sampling.budget import PRUNED
-from rsft.prefs import label_pairs, split_by_prompt
-from rsft.reward import REWARD_OFF, load_pairs, wanted_fingerprint as initial_reward_fingerprint, train_and_measure
-from rsft.sample import round_seed
+from rsft.reward import REWARD_OFF
+from rsft.reward import wanted_fingerprint as initial_reward_fingerprint
+from rsft.reward_training import load_pairs, train_and_measure
 from rsft.tracking import Tracker, stage_tracker
 from rsft.training import TrainingCheckpoints, check_trained
 
@@ -66,22 +64,6 @@ log = logging.getLogger(__name__)
 INIT = ("scratch", "previous")
 
 
-def round_pairs_path(cfg: DictConfig, round_idx: int) -> str | None:
-    """The user's labelled pairs of round r (refresh.pairs/round_XX*), or None (the demo's simulated labels)."""
-    folder = cfg.refresh.get("pairs")
-    if folder is None:
-        return None
-    name = f"round_{round_idx:02d}"
-    expected = f"{name}.jsonl, .json or .parquet, or a datasets folder {name}/, of pairs of round {round_idx}'s samples"
-    root = Path(str(folder)).expanduser()
-    if not root.is_dir():
-        raise FileNotFoundError(f"refresh.pairs={folder!r}: no such folder; expected a folder holding {expected}")
-    found = sorted(p for p in root.iterdir() if p.name == name or p.name.startswith(f"{name}."))
-    if len(found) != 1:
-        raise FileNotFoundError(f"refresh.pairs={folder!r}: {'no' if not found else len(found)} labelled pairs of "
-                                f"round {round_idx} ({', '.join(p.name for p in found) or 'nothing named ' + name}); "
-                                f"expected one entry: {expected}")
-    return str(found[0])
 
 
 def labels_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
@@ -95,46 +77,10 @@ def labels_fingerprint(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict
     return fingerprint(cfg, keys, [], [user_file])
 
 
-def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple[DatasetDict, dict]:
-    """Pairs among the first refresh.samples_per_prompt completions per prompt (rows stopped by pruning are
-    prefixes, not completions, and are passed over), labelled by the demo's annotators."""
-    per_prompt = int(cfg.refresh.samples_per_prompt)
-    taken: dict[str, int] = {}
-    keep = []  # rows are in prompt and sample order
-    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
-        if finish_reason != PRUNED and taken.get(prompt_id, 0) < per_prompt:
-            taken[prompt_id] = taken.get(prompt_id, 0) + 1
-            keep.append(i)
-    subset = samples.select(keep)
-    golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]
-    rng = random.Random(round_seed(int(cfg.prefs.seed), round_idx))
-    rows, identical = label_pairs(subset, golds, float(cfg.prefs.tau), bool(cfg.prefs.soft), rng)
-    splits = split_by_prompt(rows, float(cfg.prefs.test_fraction), rng)
-    counts = {"completions": len(subset), "pairs": len(rows), "identical_pairs_skipped": identical,
-              "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
-    return splits, counts
 
 
-def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
-    """The user's labelled pairs of the round, normalised by reward.formats, a held-out share by row."""
-    pairs_cfg = cfg.reward.data
-    raw, source = load_raw(OmegaConf.merge(pairs_cfg, {"path": path}), setting="refresh.pairs")
-    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
-    pairs = pairs.shuffle(seed=int(cfg.reward.seed))
-    if len(pairs) < 2:
-        raise ValueError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
-    n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)
-    splits = DatasetDict({"train": pairs.select(range(n_test, len(pairs))), "test": pairs.select(range(n_test))})
-    return splits, {"pairs": len(pairs), "source": source}
 
 
-def check_round_labels(cfg: DictConfig, rounds: range) -> None:
-    """Find and read every round's file of refresh.pairs that a command will train on, before it does any
-    work (rsft.checks calls it): a missing round_02.jsonl must not surface after two rounds of sampling."""
-    for round_idx in rounds:
-        path = round_pairs_path(cfg, round_idx)
-        if path is not None:
-            user_labels(cfg, path)
 
 
 def pooled(parts: list[Dataset]) -> Dataset:

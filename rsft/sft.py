@@ -33,14 +33,21 @@ import logging
 import torch
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
-from transformers import TrainerCallback
 
 from rsft import distributed
 from rsft.data import chat_messages
 from rsft.models import load_policy, resolve_device
-from rsft.training import TrainingCheckpoints, check_trained, training_arguments
-from rsft.paths import RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact, should_skip
+from rsft.paths import (
+    RunPaths,
+    fingerprint,
+    finished,
+    is_complete,
+    load_dataset_artifact,
+    should_skip,
+)
+from rsft.policy_training import LossHistory, lora_config, trained_policy, write_policy
 from rsft.tracking import Tracker, stage_tracker
+from rsft.training import TrainingCheckpoints, check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 
@@ -104,64 +111,12 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     )
 
 
-def lora_config(section: DictConfig):
-    """peft's LoraConfig from a training section's `lora` settings (sft.lora, dpo.lora)."""
-    from peft import LoraConfig
-
-    lora = section.lora
-    modules = lora.target_modules
-    return LoraConfig(r=int(lora.r), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
-                      target_modules=modules if isinstance(modules, str) else list(modules), task_type="CAUSAL_LM")
 
 
-def trained_policy(trainer, mode: str):
-    """(the model to save, its state dict or None) after a TRL trainer ran (SFT and DPO): LoRA merged into
-    the weights; under several processes every one takes part in gathering the state dict (FSDP shards)."""
-    trained, state_dict = trainer.accelerator.unwrap_model(trainer.model), None
-    if mode == "lora":
-        trained = trained.merge_and_unload()
-    elif distributed.world_size() > 1:
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)
-    trained.eval()
-    return trained, state_dict
 
 
-def write_policy(out, meta: dict, wanted: dict, trained, state_dict, tokenizer) -> None:
-    """Save a trained policy and its tokenizer as a complete artifact: every process trained the same
-    (DDP) model, so one writes it while the others wait."""
-    if distributed.is_main():
-        with atomic_artifact(out, meta, wanted) as tmp:
-            trained.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-    distributed.barrier()
 
 
-class LossHistory(TrainerCallback):
-    """The trainer's logged losses (TRL reports to nobody; we report to our Tracker), taken from the
-    trainer's own log when training ends. A run resumed from a checkpoint restores that log with the
-    checkpoint, so the steps before the kill are in it too: a policy whose save failed (a full disk)
-    resumes from the checkpoint of its last step and trains no step at all, and still records its losses."""
-
-    def __init__(self):
-        self.history: list[dict] = []
-        self.steps_run = 0
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.steps_run += 1
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.history = [{"step": int(logs.get("step", 0)),
-                         **{k: v for k, v in logs.items() if isinstance(v, (int, float)) and k != "step"}}
-                        for logs in state.log_history if logs]
-
-    def train_loss(self, result) -> float:
-        """The mean training loss over every step. Trainer's `training_loss` averages the steps this process
-        ran, so after a resume it is the mean of the logged step losses instead (each the mean of
-        logging_steps steps)."""
-        losses = [h["loss"] for h in self.history if "loss" in h]
-        if self.steps_run >= int(result.global_step) or not losses:
-            return float(result.training_loss)
-        return float(sum(losses) / len(losses))
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):

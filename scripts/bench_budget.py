@@ -18,11 +18,11 @@ import logging
 import statistics
 from pathlib import Path
 
-import rsft.score
+import rsft.scoring
 from rsft.data import load_prompts
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
-from rsft.sample import round_seed, sample_dataset, sampling_settings
+from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.sampling.budget import PruneSchedule
 from replay_budget import round_config
 
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", args.round)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(args.round), device)
-    scorer = rsft.score.load_reward_scorer(cfg, device, paths.budget_reward(args.round))
+    scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.budget_reward(args.round))
     settings = sampling_settings(cfg.sample)
     k_ref = int(cfg.sample.num_samples)
     runs = [("exhaustive", (k_ref, None, None))] + [(s, parse_schedule(s, k_ref)) for s in args.schedule]

@@ -44,7 +44,7 @@ def fmt(d: dict, signed: bool = False) -> str:
 
 def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int], float]:
     """{(prompt_id, 0): the scorer's mean over the completions round round_idx kept for that prompt}."""
-    from rsft.score import score_rows
+    from rsft.scoring import score_rows
 
     kept = load_dataset_artifact(paths.selected(round_idx))
     raw = score_rows(scorer, kept["prompt"], kept["completion"], progress=False)

@@ -42,9 +42,9 @@ from rsft import stats
 from rsft.data import load_prompts
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths, load_dataset_artifact, read_meta
-from rsft.sample import round_seed, sampling_settings, sample_dataset
+from rsft.generation import round_seed, sampling_settings, sample_dataset
 from rsft.sampling.budget import PruneSchedule, adaptive_counts, keepable, rows_to_stop, scored_tokens
-import rsft.score
+import rsft.scoring
 
 log = logging.getLogger("replay_budget")
 
@@ -279,9 +279,9 @@ def main(argv=None) -> None:
         k_ref = int(cfg.sample.num_samples)
         ds = exhaustive_set(args.run, r, max(args.k, k_ref), device, args.prompts)
         _, tokenizer, _ = load_policy(cfg, paths.sampling_policy(r), device)
-        budget_scorer = rsft.score.load_reward_scorer(cfg, device, paths.budget_reward(r))
-        final_scorer = rsft.score.load_reward_scorer(cfg, device, paths.scoring_reward(r))
-        judge = rsft.score.load_reward_scorer(cfg, device, Path(args.judge)) if args.judge else None
+        budget_scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.budget_reward(r))
+        final_scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.scoring_reward(r))
+        judge = rsft.scoring.load_reward_scorer(cfg, device, Path(args.judge)) if args.judge else None
         by_prompt: dict[str, list[dict]] = {}
         for row in ds:
             by_prompt.setdefault(row["prompt_id"], []).append(row)

@@ -64,7 +64,7 @@ from reward.scoring import PLAIN_PROMPT, STATS_FILE, load_scorer, pairwise_accur
 from rsft.config import check_run_name, register_configs
 from rsft.errors import ConfigError
 from rsft.paths import is_complete, loading_artifact, user_files_digest
-from rsft.reward import PAIR_HASHES_FILE
+from rsft.reward_training import PAIR_HASHES_FILE
 from rsft.stats import LEVEL, RESAMPLES, SEED, bootstrap, by_prompt, paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]

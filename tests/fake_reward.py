@@ -2,7 +2,7 @@
 
 Loading the real Bradley-Terry model is tested in tests/reward/ and in test_loop's end-to-end
 test; these tests check what the pipeline does with rewards, so they patch
-rsft.score.load_reward_scorer (stage=score and stage=eval both go through it).
+rsft.scoring.load_reward_scorer (stage=score and stage=eval both go through it).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class FakeJudge(FakeScorer):
 
 def install_fake_reward(monkeypatch, cfg) -> None:
     """A complete (empty) reward artifact, so the loop skips prefs/reward, and the fake scorer."""
-    import rsft.score
+    import rsft.scoring
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
@@ -43,4 +43,4 @@ def install_fake_reward(monkeypatch, cfg) -> None:
         judge = path is not None and Path(cfg.paths.run_dir).resolve() not in Path(path).resolve().parents
         return FakeJudge() if judge else FakeScorer()
 
-    monkeypatch.setattr(rsft.score, "load_reward_scorer", load)
+    monkeypatch.setattr(rsft.scoring, "load_reward_scorer", load)

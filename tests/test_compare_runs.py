@@ -52,7 +52,7 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
     from reward.model import build_tiny_reward_model
     from reward.scoring import HH_PROMPT, load_scorer, save_reward_model
     from rsft.models import build_byte_tokenizer
-    from rsft.score import score_rows
+    from rsft.scoring import score_rows
 
     torch.set_num_threads(1)
     tokenizer = build_byte_tokenizer()

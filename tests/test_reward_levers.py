@@ -15,7 +15,7 @@ from reward.model import build_tiny_reward_model
 from reward.scoring import HH_PROMPT, PLAIN_PROMPT, load_scorer, save_reward_model, score_pairs
 from rsft.models import build_byte_tokenizer
 from rsft.paths import atomic_artifact
-from rsft.reward import PAIR_HASHES_FILE
+from rsft.reward_training import PAIR_HASHES_FILE
 from tests.conftest import REPO, TINY_REWARD
 
 # (question, chosen reply, rejected reply, label_prob): one tie (0.5, left out) and one reversed label
