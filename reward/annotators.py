@@ -14,11 +14,13 @@ from __future__ import annotations
 import math
 import random
 
+from rsft.errors import ConfigError
+
 
 def preference_probability(gold_i: float, gold_j: float, temperature: float) -> float:
     """P(i preferred over j) = sigmoid((gold_i - gold_j) / temperature)."""
     if temperature <= 0:
-        raise ValueError(f"annotator temperature must be > 0, got {temperature}")
+        raise ConfigError(f"prefs.tau={temperature}: the annotator temperature must be > 0 (e.g. prefs.tau=0.05)")
     z = (gold_i - gold_j) / temperature
     # Two branches so that exp() only ever sees a non-positive argument and cannot overflow.
     if z >= 0:

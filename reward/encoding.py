@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
+from rsft.errors import ConfigError
+
 SEPARATOR = "\n\n"  # between prompt and completion for tokenizers without a [SEP] token
 
 
@@ -34,8 +36,8 @@ def encode_pair(tokenizer, prompt: str, completion: str, max_length: int) -> tup
     head, middle, tail = pair_frame(tokenizer)
     room = max_length - len(head) - len(middle) - len(tail)
     if room < 1:
-        raise ValueError(f"reward.max_length={max_length} leaves no room for text after {len(head + middle + tail)} "
-                         f"special tokens")
+        raise ConfigError(f"reward.max_length={max_length} leaves no room for text after {len(head + middle + tail)} "
+                          f"special tokens; raise reward.max_length")
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
     kept_completion = completion_ids[:room]

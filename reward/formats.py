@@ -28,6 +28,7 @@ from pathlib import Path
 from datasets import Dataset
 from omegaconf import DictConfig
 
+from rsft.errors import ConfigError, InputError, MissingInput, RsftError
 from rsft.tables import looks_local, read_table
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def pair_files(cfg: DictConfig) -> list[str]:
         if Path(str(path)).expanduser().exists():
             files.append(str(path))
         elif looks_local(str(path)):
-            raise FileNotFoundError(f"reward.data.{setting}={path!r}: no such file or folder")
+            raise MissingInput(f"reward.data.{setting}={path!r}: no such file or folder")
     return files
 
 
@@ -85,8 +86,8 @@ def split_hh_transcript(chosen: str, rejected: str) -> tuple[str, str, str]:
 def _require(ds: Dataset, columns: list[str], source: str, hint: str = "") -> None:
     for column in columns:
         if column not in ds.column_names:
-            raise KeyError(f"{source}: missing column {column!r} (row 0 onwards); its columns are "
-                           f"{ds.column_names}{hint}")
+            raise InputError(f"{source}: missing column {column!r} (row 0 onwards); its columns are "
+                             f"{ds.column_names}{hint}")
 
 
 def _label(value, source: str, row: int, column: str) -> float:
@@ -97,14 +98,14 @@ def _label(value, source: str, row: int, column: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{source}, row {row}, column {column!r}: soft label {value!r:.40} is not a number; "
+        raise InputError(f"{source}, row {row}, column {column!r}: soft label {value!r:.40} is not a number; "
                          f"expected P(chosen beats rejected) in [0, 1]") from None
 
 
 def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source: str) -> Dataset:
     """Normalise `ds` to prompt/chosen/rejected (text) + label_prob, then validate every row."""
     if len(ds) == 0:
-        raise ValueError(f"{source} has no rows; expected preference pairs")
+        raise InputError(f"{source} has no rows; expected preference pairs")
     _require(ds, ["chosen", "rejected"], source)
     labels = ([_label(v, source, row, label_column) for row, v in enumerate(ds[label_column])]
               if label_column in ds.column_names else [1.0] * len(ds))
@@ -123,11 +124,11 @@ def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source
                 _require(ds, ["prompt"], source, "; for HH-RLHF transcripts use reward.data.format=hh_rlhf")
                 prompt, chosen, rejected = (messages_to_text(example[c]) for c in ("prompt", "chosen", "rejected"))
             else:
-                raise ValueError(f"reward.data.format={data_format!r}: expected preference or hh_rlhf")
+                raise ConfigError(f"reward.data.format={data_format!r}: expected preference or hh_rlhf")
         except (ValueError, TypeError, KeyError, IndexError) as err:
-            if isinstance(err, KeyError) and "missing column" in str(err):
+            if isinstance(err, RsftError):  # a missing column or a bad setting: not this row's fault
                 raise
-            raise ValueError(f"{source}, row {row}: cannot read the pair ({err})") from err
+            raise InputError(f"{source}, row {row}: cannot read the pair ({err})") from err
         rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected, LABEL_COLUMN: labels[row]})
     pairs = Dataset.from_list(rows)
     check_pairs(pairs, source, label_column)
@@ -137,17 +138,18 @@ def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source
 def check_pairs(pairs: Dataset, source: str, label_column: str = LABEL_COLUMN) -> None:
     """Every row: text (may be empty) in prompt/chosen/rejected, chosen != rejected, a label in [0, 1] (not NaN)."""
     if len(pairs) == 0:
-        raise ValueError(f"{source}: no preference pairs left (after loading and limits)")
+        raise InputError(f"{source}: no preference pairs left (after loading and limits)")
     for row, example in enumerate(pairs):
         for column in ("prompt", "chosen", "rejected"):
             value = example[column]
             if not isinstance(value, str):  # an empty reply is data (HH-RLHF has a few preferred ones)
-                raise ValueError(f"{source}, row {row}, column {column!r}: expected text, got {value!r:.80}")
+                raise InputError(f"{source}, row {row}, column {column!r}: expected text, got {value!r:.80}")
         if example["chosen"] == example["rejected"]:
-            raise ValueError(f"{source}, row {row}: columns 'chosen' and 'rejected' are identical ({example['chosen']!r:.60})")
+            raise InputError(f"{source}, row {row}: columns 'chosen' and 'rejected' are identical "
+                             f"({example['chosen']!r:.60})")
         label = example[LABEL_COLUMN]
         if label is None or math.isnan(label) or not 0.0 <= label <= 1.0:
-            raise ValueError(f"{source}, row {row}, column {label_column!r}: soft label {label} is not in [0, 1]")
+            raise InputError(f"{source}, row {row}, column {label_column!r}: soft label {label} is not in [0, 1]")
 
 
 PART_BY = ("prompt", "row")
@@ -162,11 +164,12 @@ def partition(pairs: Dataset, parts: int, part: int, by: str, seed: int, source:
     same parts, and the parts of one seed are disjoint and cover every pair.
     """
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"reward.data.parts={parts!r}: expected a positive integer (1 = all pairs)")
+        raise ConfigError(f"reward.data.parts={parts!r}: expected a positive integer (1 = all pairs)")
     if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < parts:
-        raise ValueError(f"reward.data.part={part!r}: expected an integer in [0, {parts - 1}] (reward.data.parts={parts})")
+        raise ConfigError(f"reward.data.part={part!r}: expected an integer in [0, {parts - 1}] "
+                          f"(reward.data.parts={parts})")
     if by not in PART_BY:
-        raise ValueError(f"reward.data.part_by={by!r}: expected one of {', '.join(PART_BY)}")
+        raise ConfigError(f"reward.data.part_by={by!r}: expected one of {', '.join(PART_BY)}")
     if parts == 1:
         return pairs
     rng = random.Random(seed)
@@ -180,7 +183,7 @@ def partition(pairs: Dataset, parts: int, part: int, by: str, seed: int, source:
         mine = set(prompts[part::parts])
         rows = [i for i, p in enumerate(pairs["prompt"]) if p in mine]
     if not rows:
-        raise ValueError(f"{source}: part {part} of {parts} (by {by}) holds no pairs; use fewer reward.data.parts")
+        raise ConfigError(f"{source}: part {part} of {parts} (by {by}) holds no pairs; use fewer reward.data.parts")
     log.info("%s: part %d of %d by %s (seed %d): %d of %d pairs", source, part, parts, by, seed, len(rows), len(pairs))
     return pairs.select(rows)
 

@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from rsft.errors import ConfigError, InputError
 from rsft.models import build_byte_tokenizer, model_source, seeded
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,19 @@ log = logging.getLogger(__name__)
 
 def build_tiny_reward_model(cfg: DictConfig, tokenizer):
     """A random Llama (`arch: llama`) or BERT (`arch: bert`) sequence classifier; same seed, same weights."""
-    from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        LlamaConfig,
+        LlamaForSequenceClassification,
+    )
 
     common = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
                   num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
                   num_labels=1, pad_token_id=tokenizer.pad_token_id)
     arch = cfg.get("arch", "llama")
     if arch not in ("llama", "bert"):
-        raise ValueError(f"reward.backbone.arch={arch!r}: expected llama or bert")
+        raise ConfigError(f"reward.backbone.arch={arch!r}: expected llama or bert")
     with seeded(int(cfg.get("seed", 0))):
         if arch == "llama":
             return LlamaForSequenceClassification(LlamaConfig(num_key_value_heads=cfg.num_key_value_heads,
@@ -68,7 +74,8 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
             model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
-            raise ValueError(f"reward backbone {cfg.name_or_path!r}: its tokenizer has neither a pad nor an eos token")
+            raise InputError(f"reward backbone {cfg.name_or_path!r}: its tokenizer has neither a pad nor an eos token; "
+                             f"set one in that folder's tokenizer, or choose another reward.backbone")
         tokenizer.pad_token = tokenizer.eos_token  # safe: the reward is read from the attention mask
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model.config, "reward_pooling", None) is None:

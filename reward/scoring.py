@@ -21,6 +21,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from reward.encoding import encode_pair, pad_right
 from reward.model import reward_forward
+from rsft.errors import MissingInput
 
 STATS_FILE = "reward_stats.json"
 PLAIN_PROMPT = "{prompt}"
@@ -89,8 +90,8 @@ def load_scorer(path: str | Path, device: str | torch.device = "cpu") -> RewardS
     path = Path(path)
     stats_file = path / STATS_FILE
     if not stats_file.is_file():
-        raise FileNotFoundError(f"{path} is not a trained reward model (no {STATS_FILE}); run "
-                                f"`python -m rsft.run stage=reward` first")
+        raise MissingInput(f"{path} is not a trained reward model (no {STATS_FILE}); run "
+                           f"`python -m rsft.run stage=reward` first")
     stats = json.loads(stats_file.read_text())
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)

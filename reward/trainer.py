@@ -28,10 +28,10 @@ from transformers import TrainerCallback
 from trl import RewardConfig, RewardTrainer
 from trl.trainer.reward_trainer import DataCollatorForPreference
 
-from rsft.training import training_arguments
 from reward.formats import LABEL_COLUMN
 from reward.loss import bradley_terry_loss
 from reward.model import reward_forward
+from rsft.training import training_arguments
 
 log = logging.getLogger(__name__)
 

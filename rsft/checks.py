@@ -34,7 +34,8 @@ from rsft.stages import groups_read
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first setting the command cannot run with. The stage itself is
     rsft.run.run_stage's to check; this reads a valid cfg.stage."""
-    groups = tuple(dict.fromkeys(("policy", "loop", *groups_read(cfg.stage))))
+    groups = tuple(g for g in dict.fromkeys(("policy", "loop", *groups_read(cfg.stage, cfg)))
+                   if OmegaConf.is_dict(cfg.get(g)))  # the groups; top-level keys are checked with the run
     if cfg.stage == "loop" and cfg.loop.dpo is False:  # a loop without DPO never reads dpo.*
         groups = tuple(g for g in groups if g != "dpo")
     _check_required(cfg, groups)
@@ -48,15 +49,28 @@ def check_config(cfg: DictConfig) -> None:
         if group in groups:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
     _check_round_labels(cfg)
+    _check_backend(cfg, groups)
 
 
 def _check_round_labels(cfg: DictConfig) -> None:
     """Every refresh.pairs round file the command will read: there, and readable as pairs."""
     if cfg.stage not in ("loop", "refresh") or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
         return
-    from rsft.labelling import check_round_labels  # loads the reward stack: only when there are files to read
+    from rsft.labelling import (
+        check_round_labels,  # loads the reward stack: only when there are files to read
+    )
 
     check_round_labels(cfg, range(int(cfg.loop.rounds)) if cfg.stage == "loop" else range(int(cfg.round) + 1))
+
+
+def _check_backend(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """sample.backend=vllm needs an importable vLLM: say so before any work, not when the engine starts."""
+    if "sample" not in groups or cfg.sample.get("backend", "rsft") != "vllm":
+        return
+    from rsft.sampling.vllm_engine import INSTALL_HINT, vllm_available
+
+    if not vllm_available():
+        raise ConfigError(f"sample.backend=vllm: vLLM cannot be imported here. {INSTALL_HINT}")
 
 
 def _as_config_error(prefix: str, check, *args) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from datasets import Dataset
 from omegaconf import DictConfig
 
+from rsft.errors import ConfigError, InputError
 from rsft.tables import read_table
 
 log = logging.getLogger(__name__)
@@ -38,15 +39,15 @@ def rotation_rows(num_rows: int, limit: int | None, round_idx: int) -> list[int]
 
 def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> Dataset:
     if len(ds) == 0:
-        raise ValueError(f"{source} has no rows; expected at least one prompt")
+        raise InputError(f"{source} has no rows; expected at least one prompt")
     column = cfg.prompt_column
     if column not in ds.column_names:
-        raise KeyError(f"data.prompt_column={column!r} is not a column of {source}; "
-                       f"its columns are {ds.column_names}")
+        raise InputError(f"data.prompt_column={column!r} is not a column of {source}; "
+                         f"its columns are {ds.column_names}")
     for row, value in enumerate(ds[column]):
         if not isinstance(value, str) or not value.strip():
-            raise TypeError(f"{source}, row {row}, column {column!r}: expected a non-empty string prompt, "
-                            f"got {value!r:.80}")
+            raise InputError(f"{source}, row {row}, column {column!r}: expected a non-empty string prompt, "
+                             f"got {value!r:.80}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     if column != "prompt":
@@ -54,13 +55,14 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     id_column = cfg.get("id_column")
     if id_column and id_column != "prompt_id":
         if id_column not in ds.column_names:
-            raise KeyError(f"data.id_column={id_column!r} is not a column of {source}; columns: {ds.column_names}")
+            raise InputError(f"data.id_column={id_column!r} is not a column of {source}; columns: {ds.column_names}")
         ds = ds.map(lambda r: {"prompt_id": str(r[id_column])})
     elif "prompt_id" not in ds.column_names or not id_column:
         ds = ds.map(lambda _, i: {"prompt_id": f"p{i:06d}"}, with_indices=True)
     ids = ds["prompt_id"]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{source}: prompt ids (data.id_column={id_column!r}) are not unique")
+        raise InputError(f"{source}: prompt ids (data.id_column={id_column!r}) are not unique; give every row its "
+                         f"own id, or set data.id_column=null to number the rows")
     return ds
 
 
@@ -75,13 +77,14 @@ def local_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str
     setting = "data.path" if which == "train" else "data.eval_path"
     path = cfg.path if which == "train" else cfg.get("eval_path")
     if path is None:
-        raise ValueError(f"{setting} is not set; held-out evaluation needs its own prompt file")
+        raise ConfigError(f"{setting} is not set; held-out evaluation needs its own prompt file: set {setting}=<file>")
     return read_table(setting, path, "one prompt per row", split=split)
 
 
 def hub_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
     if split is None:
-        raise ValueError(f"data.{'split' if which == 'train' else 'eval_split'} is not set for hub dataset {cfg.name}")
+        setting = f"data.{'split' if which == 'train' else 'eval_split'}"
+        raise ConfigError(f"{setting} is not set for hub dataset {cfg.name}: set {setting}=<split name>")
     return read_table("data.name", cfg.name, "one prompt per row", split=split, config_name=cfg.get("config_name"))
 
 
@@ -96,7 +99,7 @@ def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> D
     split = cfg.split if which == "train" else cfg.get("eval_split")
     limit = cfg.limit if which == "train" else cfg.get("eval_limit")
     if cfg.kind not in PROMPT_SOURCES:
-        raise ValueError(f"data.kind={cfg.kind!r}: expected one of {', '.join(PROMPT_SOURCES)}")
+        raise ConfigError(f"data.kind={cfg.kind!r}: expected one of {', '.join(PROMPT_SOURCES)}")
     ds, source = PROMPT_SOURCES[cfg.kind](cfg, which, split)
     rotate = which == "train" and bool(cfg.get("rotate", False))
     ds = _normalise(ds, cfg, source, None if rotate else limit)
@@ -142,15 +145,15 @@ def hh_rlhf_prompts(cfg: DictConfig, which: str, split: str | None = None) -> tu
 
     fraction = cfg.get("eval_fraction")
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise ValueError(f"data.eval_fraction={fraction!r}: expected a fraction in (0, 1) of the distinct prompts to "
-                         f"hold out for evaluation")
+        raise ConfigError(f"data.eval_fraction={fraction!r}: expected a fraction in (0, 1) of the distinct prompts to "
+                          f"hold out for evaluation")
     if cfg.get("path") is None:
-        raise ValueError("data.path is not set: expected an HH-RLHF transcript file or folder, or a hub name "
-                         "such as Anthropic/hh-rlhf (with data.data_dir=harmless-base)")
+        raise ConfigError("data.path is not set: expected an HH-RLHF transcript file or folder, or a hub name "
+                          "such as Anthropic/hh-rlhf (with data.data_dir=harmless-base)")
     raw, source = read_table("data.path", cfg.path, "HH-RLHF transcripts, one dialogue pair per row",
                              split=cfg.split, data_dir=cfg.get("data_dir"))
     if "chosen" not in raw.column_names:
-        raise KeyError(f"{source}: missing column 'chosen' (HH-RLHF transcripts); its columns are {raw.column_names}")
+        raise InputError(f"{source}: missing column 'chosen' (HH-RLHF transcripts); its columns are {raw.column_names}")
     seen, rows = set(), []
     for transcript in raw["chosen"]:
         turn = first_human_turn(transcript) if isinstance(transcript, str) else None
@@ -162,7 +165,7 @@ def hh_rlhf_prompts(cfg: DictConfig, which: str, split: str | None = None) -> tu
         if held_out == (which == "eval"):
             rows.append({"prompt_id": f"hh-{hashlib.sha256(turn.encode()).hexdigest()[:12]}", "prompt": turn})
     if not rows:
-        raise ValueError(f"{source}: no {which} prompts (no transcript opens with a human turn, or "
+        raise InputError(f"{source}: no {which} prompts (no transcript opens with a human turn, or "
                          f"data.eval_fraction={fraction} leaves none)")
     return Dataset.from_list(rows), f"{source} ({which} prompts: first human turns, held out {fraction:g})"
 
@@ -223,10 +226,10 @@ def prompt_token_ids(tokenizer, prompt: str, system_prompt: str | None,
         return ids, 0
     frame = _chat_ids(tokenizer, "", system_prompt)
     if len(frame) > max_prompt_tokens:
-        raise ValueError(f"the chat template{' with data.system_prompt' if system_prompt else ''} alone takes "
-                         f"{len(frame)} tokens, but the policy's context leaves {max_prompt_tokens} for the prompt "
-                         f"after sample.max_new_tokens; lower sample.max_new_tokens"
-                         f"{' or shorten data.system_prompt' if system_prompt else ''}")
+        raise ConfigError(f"the chat template{' with data.system_prompt' if system_prompt else ''} alone takes "
+                          f"{len(frame)} tokens, but the policy's context leaves {max_prompt_tokens} for the prompt "
+                          f"after sample.max_new_tokens; lower sample.max_new_tokens"
+                          f"{' or shorten data.system_prompt' if system_prompt else ''}")
     starts = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True,
                        return_offsets_mapping=True)["offset_mapping"]
     # the template's joins can merge a token or two differently: move the cut right until it fits
@@ -247,14 +250,14 @@ def context_budget(model_config, max_new_tokens: int, setting: str = "sample.max
     if context is None:
         return None
     if max_new_tokens >= context:
-        raise ValueError(f"{setting}={max_new_tokens}: expected fewer than the policy's context of {context} "
-                         f"tokens (max_position_embeddings), which must also hold the prompt")
+        raise ConfigError(f"{setting}={max_new_tokens}: expected fewer than the policy's context of {context} "
+                          f"tokens (max_position_embeddings), which must also hold the prompt")
     return context - max_new_tokens
 
 
 def prompt_keys(which: str = "train", kind: str | None = None) -> tuple[str, ...]:
     """The data settings a prompt set of data.kind `kind` depends on (for artifact fingerprints,
-    rsft.paths.fingerprint). data=hh_rlhf reads one transcript file for both sets, split by a seeded hash."""
+    rsft.fingerprints). data=hh_rlhf reads one transcript file for both sets, split by a seeded hash."""
     common = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
               "data.system_prompt")
     if kind == "hh_rlhf":

@@ -30,6 +30,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rsft.errors import ConfigError
+
 SEED = 0
 TEST_TOPICS_PER_TEMPLATE = 4
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three"}
@@ -132,7 +134,8 @@ def _record(template: Template, topic: str, count: int | None, max_words: int, p
 def build_demo_prompts(split: str) -> list[dict]:
     """The demo prompts of `split` ("train": 320, "test": 64), in a fixed shuffled order."""
     if split not in ("train", "test"):
-        raise ValueError(f"demo prompts have splits 'train' and 'test', not {split!r}")
+        raise ConfigError(f"demo prompts have splits 'train' and 'test', not {split!r}; set data.split (and "
+                          f"data.eval_split) to train or test")
     rng = random.Random(SEED)
     held_out = {(template.name, topic)
                 for template in TEMPLATES

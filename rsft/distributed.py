@@ -92,7 +92,7 @@ def broadcast(value: Any) -> Any:
 
 
 def same_config(cfg: DictConfig) -> None:
-    """Stop (ValueError, on every rank) when ranks were started with different resolved configs."""
+    """Stop (ConfigError, on every rank) when ranks were started with different resolved configs."""
     if world_size() == 1:
         return
     digest = hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True).encode()).hexdigest()[:12]
@@ -106,8 +106,8 @@ def per_device_batch(setting: str, batch_size: int) -> int:
     """The per-process batch that keeps `batch_size` the global batch (per step, before accumulation)."""
     world = world_size()
     if batch_size % world:
-        raise ValueError(f"{setting}={batch_size}: the global batch must divide evenly over the {world} "
-                         f"processes; use a multiple of {world} (or grad_accum for larger batches)")
+        raise ConfigError(f"{setting}={batch_size}: the global batch must divide evenly over the {world} "
+                          f"processes; use a multiple of {world} (or grad_accum for larger batches)")
     return batch_size // world
 
 

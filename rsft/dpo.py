@@ -33,18 +33,13 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
+from rsft.errors import ArtifactError, ConfigError, InputError, MissingInput
 from rsft.models import load_policy, resolve_device
-from rsft.paths import (
-    RunPaths,
-    fingerprint,
-    finished,
-    is_complete,
-    load_dataset_artifact,
-    should_skip,
-)
-from rsft.policy_training import LossHistory, lora_config, trained_policy, write_policy
-from rsft.tracking import Tracker, stage_tracker
-from rsft.training import TrainingCheckpoints, check_trained, training_arguments
+from rsft.paths import RunPaths
+from rsft.policy_training import LossHistory, lora_config, policy_writer, trained_policy
+from rsft.runner import Built, Job, Plan
+from rsft.store import is_complete, load_dataset_artifact
+from rsft.training import check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 
@@ -69,30 +64,33 @@ def trainer_config(cfg: DictConfig, device, output_dir: str):
     )
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    from trl import DPOTrainer
-
-    paths, round_idx = RunPaths.from_config(cfg), int(cfg.round)
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """Every dpo setting, the seed and round (the trainer's seed), the pairs and the SFT policy."""
+    round_idx = int(cfg.round)
     if not paths.dpo:
-        raise ValueError("stage=dpo writes round_XX/dpo, which only loop.dpo=true samples from and evaluates; add "
-                         "loop.dpo=true (to this command and to the loop's)")
-    out, source, init_path = paths.dpo_policy(round_idx), paths.pairs(round_idx), paths.dpo_init_policy(round_idx)
+        raise ConfigError("stage=dpo writes round_XX/dpo, which only loop.dpo=true samples from and evaluates; add "
+                          "loop.dpo=true (to this command and to the loop's)")
+    source, init_path = paths.pairs(round_idx), paths.dpo_init_policy(round_idx)
     for needed, stage in ((source, "select"), (init_path, "sft")):
         if not is_complete(needed):
-            raise FileNotFoundError(f"dpo needs round {round_idx}'s {needed.name} at {needed}; run "
-                                    f"`python -m rsft.run stage={stage} round={round_idx}` first")
-    # fingerprint: every dpo setting, the seed and round (the trainer's seed), the pairs and the SFT policy
-    wanted = fingerprint(cfg, ("seed", "round", "dpo"), [source, init_path])
-    if should_skip(out, cfg.overwrite, "dpo", wanted):
-        return finished(out)
+            raise MissingInput(f"dpo needs round {round_idx}'s {needed.name} at {needed}; run "
+                               f"`python -m rsft.run stage={stage} round={round_idx}` first")
+    return Plan(outputs=[paths.dpo_policy(round_idx)], inputs=[source, init_path])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    from trl import DPOTrainer
+
+    round_idx = int(cfg.round)
+    source, init_path = job.plan.inputs
     pairs = load_dataset_artifact(source)
     for column in ("chosen_reward_normalised", "rejected_reward_normalised"):
         if column not in pairs.column_names:
-            raise KeyError(f"{source} has no {column!r} column (an older stage=select wrote it); rebuild it with "
-                           f"`python -m rsft.run stage=select round={round_idx} overwrite=true`")
+            raise ArtifactError(f"{source} has no {column!r} column (an older stage=select wrote it); rebuild it "
+                                f"with `python -m rsft.run stage=select round={round_idx} overwrite=true`")
     kept = margin_filter(pairs, float(cfg.dpo.min_margin))
     if len(kept) == 0:
-        raise ValueError(f"dpo: none of the {len(pairs)} pairs in {source} has a normalised reward gap >= "
+        raise InputError(f"dpo: none of the {len(pairs)} pairs in {source} has a normalised reward gap >= "
                          f"dpo.min_margin={cfg.dpo.min_margin}; lower dpo.min_margin or set loop.dpo=false")
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
@@ -100,7 +98,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     log.info("dpo: round %d trains %s on %d of %d pairs (reward gap >= %s), beta %s, %s", round_idx, policy_source,
              len(kept), len(pairs), cfg.dpo.min_margin, cfg.dpo.beta, cfg.dpo.mode)
     history = LossHistory()
-    checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
+    checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
     trainer = DPOTrainer(
         model=model, ref_model=reference, args=trainer_config(cfg, device, str(checkpoints.folder)),
         train_dataset=kept.select_columns(["prompt", "chosen", "rejected"]), processing_class=tokenizer,
@@ -126,10 +124,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "pairs": str(source), "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.dpo, resolve=True)}
     check_trained(trained, stats["train_loss"], cfg.dpo, "dpo", state_dict)
-    write_policy(out, meta, wanted, trained, state_dict, tokenizer)
-    checkpoints.remove()
-    log.info("dpo: %d pairs, %d steps, loss %s -> %s; saved round %d's policy to %s", len(kept), stats["steps"],
-             stats["loss_first"], stats["loss_last"], round_idx, out)
-    with stage_tracker(cfg, "dpo", tracker) as tracker:
-        tracker.log({f"dpo/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
-    return finished(out)
+    log.info("dpo: %d pairs, %d steps, loss %s -> %s; round %d's policy for %s", len(kept), stats["steps"],
+             stats["loss_first"], stats["loss_last"], round_idx, job.out)
+    return Built([(meta, policy_writer(trained, state_dict, tokenizer))],
+                 {f"dpo/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)

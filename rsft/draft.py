@@ -68,13 +68,13 @@ import time
 import torch
 import torch.nn.functional as F
 from datasets import concatenate_datasets
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from rsft import distributed
 from rsft.data import context_budget, prompt_token_ids
-from rsft.generation import SAMPLING_KEYS, sampling_settings
+from rsft.errors import MissingInput
+from rsft.generation import sampling_settings
 from rsft.models import (
     DRAFT_HEAD_FILE,
     FEATURE_DRAFT_WEIGHTS,
@@ -84,19 +84,12 @@ from rsft.models import (
     restrict_head,
     seeded,
 )
-from rsft.paths import (
-    RunPaths,
-    atomic_artifact,
-    fingerprint,
-    finished,
-    is_complete,
-    load_dataset_artifact,
-    should_skip,
-)
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
 from rsft.sampling.drafts import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.sampler import Sampler
-from rsft.tracking import Tracker, stage_tracker
+from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +119,7 @@ def training_sources(cfg: DictConfig, paths: RunPaths) -> list:
     data_round = max(int(cfg.round), 0)
     sources = [p for p in (paths.samples(data_round), paths.selected(data_round)) if is_complete(p)]
     if not sources:
-        raise FileNotFoundError(f"stage=draft trains on the policy's samples, but {paths.samples(data_round)} "
+        raise MissingInput(f"stage=draft trains on the policy's samples, but {paths.samples(data_round)} "
                                 f"does not exist; run `python -m rsft.run stage=sample round={data_round}` first")
     return sources
 
@@ -275,24 +268,20 @@ def trains_feature_draft(cfg: DictConfig) -> bool:
     return cfg.draft.kind == "feature"
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths.from_config(cfg)
-    device = resolve_device(cfg.device)
-    out = paths.draft_output(int(cfg.round))
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """The draft's training settings, the seed, the policy it imitates (configured or an artifact), the
+    sequences it trains on, and the sampling settings its acceptance is measured at (rsft.stages)."""
     sources = training_sources(cfg, paths)
-    teacher_path = paths.draft_teacher(int(cfg.round))
-    # fingerprint: the draft's training settings, the seed, the policy it imitates (configured or an
-    # artifact), the sequences it trains on, and the sampling settings its acceptance is measured at
-    settings = ("draft.kind", "draft.train") if trains_feature_draft(cfg) else ("draft_model",)
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
-    wanted = fingerprint(cfg, ("seed", "round", *settings, "policy", "data.system_prompt", *SAMPLING_KEYS,
-                               "sample.batch_rows"), [*sources, *extra, *([teacher_path] if teacher_path else [])])
-    if should_skip(out, cfg.overwrite, "draft", wanted):
-        return finished(out)
-    if distributed.is_main():  # the hand-written training loops run in one process; the others wait
-        (train_feature_draft if trains_feature_draft(cfg) else distil)(cfg, paths, sources, out, wanted, device, tracker)
-    distributed.barrier()
-    return finished(out)
+    teacher_path = paths.draft_teacher(int(cfg.round))
+    return Plan(outputs=[paths.draft_output(int(cfg.round))],
+                inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    """The hand-written training loops run in one process (rsft.stages: one_process); the others wait."""
+    train = train_feature_draft if trains_feature_draft(cfg) else distil
+    return train(cfg, job.paths, training_sources(cfg, job.paths), resolve_device(cfg.device))
 
 
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:
@@ -307,17 +296,17 @@ def _heldout_prompts(heldout, train: DictConfig) -> list[list[int]]:
     return [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: int(train.eval_prompts)]]
 
 
-def _write_draft(cfg: DictConfig, out, wanted: dict, kind: str, metrics: dict, write_files, tracker) -> None:
-    with atomic_artifact(out, {"stage": "draft", "kind": kind, "round": int(cfg.round), "metrics": metrics,
-                               "config": OmegaConf.to_container(cfg, resolve=True)}, wanted) as tmp:
+def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
+    def write(tmp):
         write_files(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    with stage_tracker(cfg, "draft", tracker) as tracker:
-        tracker.log({f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-                    step=max(int(cfg.round), 0))
+
+    meta = {"stage": "draft", "kind": kind, "round": int(cfg.round), "metrics": metrics}
+    return Built([(meta, write)], {f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+                 step=max(int(cfg.round), 0))
 
 
-def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, wanted: dict, device, tracker: Tracker | None):
+def distil(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
     """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
     dcfg = cfg.draft_model
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
@@ -351,7 +340,7 @@ def distil(cfg: DictConfig, paths: RunPaths, sources: list, out, wanted: dict, d
         tokenizer.save_pretrained(tmp)
         (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
 
-    _write_draft(cfg, out, wanted, "distilled", metrics, write_files, tracker)
+    return _built(cfg, "distilled", metrics, write_files)
 
 
 def _acceptance_metrics(gamma: int, trained: dict, untrained: dict) -> dict:
@@ -438,8 +427,7 @@ def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | Non
     return draft.to(policy.device)
 
 
-def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, wanted: dict, device,
-                        tracker: Tracker | None):
+def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
     """Train a feature draft for the round's policy on its sequences, measure its acceptance, write it."""
     train = cfg.draft.train
     policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
@@ -514,4 +502,4 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, out, wa
         (tmp / DRAFT_HEAD_FILE).write_text(json.dumps({"head_token_ids": head_ids}))
         tokenizer.save_pretrained(tmp)
 
-    _write_draft(cfg, out, wanted, "feature", metrics, write_files, tracker)
+    return _built(cfg, "feature", metrics, write_files)

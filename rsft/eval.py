@@ -49,15 +49,10 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed, scoring
-from rsft.data import load_prompts, prompt_files, prompt_keys
-from rsft.generation import (
-    SAMPLING_KEYS,
-    engine_keys,
-    open_policy,
-    sample_dataset,
-    sampling_settings,
-)
+from rsft import scoring
+from rsft.data import load_prompts, prompt_files
+from rsft.errors import MissingInput
+from rsft.generation import open_policy, sample_dataset, sampling_settings
 from rsft.metrics import (
     METRICS_FILE,
     best_of_n_curve,
@@ -66,52 +61,42 @@ from rsft.metrics import (
     policy_metrics,
 )
 from rsft.models import resolve_device
-from rsft.paths import (
-    RunPaths,
-    ShardStore,
-    atomic_artifact,
-    fingerprint,
-    finished,
-    is_complete,
-    load_dataset_artifact,
-    should_skip,
-)
-from rsft.tracking import Tracker, stage_tracker
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
+from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)
 
 
-def wanted_fingerprint(cfg: DictConfig, paths: RunPaths, policy_path, scored, judge=None) -> dict:
-    """An evaluation's fingerprint: eval and sampling settings, held-out prompts, the policy (configured
-    or an artifact), the reward model and the judge (eval.judge); a round's also the baseline and the round's scored samples
-    (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples
-    if they existed when it ran; they are not part of its fingerprint."""
-    inputs = [paths.reward] + [p for p in (judge,) if p is not None]
-    if policy_path is not None:
-        inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
-    return fingerprint(cfg, ("eval", "policy", *SAMPLING_KEYS, *engine_keys(cfg), *prompt_keys("eval", cfg.data.kind)),
-                       inputs,
-                       prompt_files(cfg.data, "eval"))
-
-
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths, round_idx = RunPaths.from_config(cfg), int(cfg.round)
-    initial = cfg.eval.policy == "initial"
-    out = paths.initial_eval if initial else paths.eval(round_idx)
-    settings = sampling_settings(cfg.sample)  # plain: a draft would change nothing but speed
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """An evaluation reads the policy (configured or an artifact), the reward model and the judge (eval.judge);
+    a round's also the baseline, which it builds first when missing, and the round's scored samples
+    (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples if they
+    existed when it ran; they are not part of its fingerprint."""
+    round_idx, initial = int(cfg.round), cfg.eval.policy == "initial"
+    sampling_settings(cfg.sample)  # plain: a draft would change nothing but speed
     policy_path = None if initial else paths.eval_policy(round_idx)
     if policy_path is not None and not is_complete(policy_path):
-        raise FileNotFoundError(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
-                                f"{policy_path} is missing; run `python -m rsft.run stage=sft "
-                                f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
+        raise MissingInput(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
+                           f"{policy_path} is missing; run `python -m rsft.run stage=sft "
+                           f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
     scoring.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
     judge = scoring.judge_model(cfg)
-    if not initial:  # the baseline: built when missing, reused when it matches, else stale (never silently old)
-        run(OmegaConf.merge(cfg, {"eval": {"policy": "initial"}}), tracker)
+    inputs = [paths.reward] + [p for p in (judge,) if p is not None]
+    if policy_path is not None:
+        scored = paths.scored(round_idx)
+        inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
+    return Plan(outputs=[paths.initial_eval if initial else paths.eval(round_idx)], inputs=inputs,
+                user_files=prompt_files(cfg.data, "eval"),
+                first=[] if initial else [OmegaConf.merge(cfg, {"eval": {"policy": "initial"}})])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    paths, round_idx, initial = job.paths, int(cfg.round), cfg.eval.policy == "initial"
+    settings = sampling_settings(cfg.sample)
+    policy_path = None if initial else paths.eval_policy(round_idx)
+    judge = job.plan.inputs[1] if cfg.eval.get("judge") is not None else None  # plan's scoring.judge_model
     curve_round = 0 if initial else round_idx
-    wanted = wanted_fingerprint(cfg, paths, policy_path, None if initial else paths.scored(curve_round), judge)
-    if should_skip(out, cfg.overwrite, "eval", wanted):
-        return finished(out)
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
 
@@ -119,10 +104,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     provenance = {"round": -1 if initial else round_idx, "policy": source,
                   "sampler": json.dumps({**settings.__dict__, "draft": "none",
                                          **({"backend": "vllm"} if engine is not None else {})}, sort_keys=True)}
-    store = ShardStore(out, wanted)  # a killed evaluation resumes at its first unfinished shard of prompts
+    # a killed evaluation resumes at its first unfinished shard of prompts
     ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
                                   int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance,
-                                  shard_prompts=int(cfg.sample.shard_prompts), store=store, engine=engine)
+                                  shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine)
     if engine is not None:
         engine.close()
     del model
@@ -151,14 +136,13 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     meta = {"stage": "eval", "policy": source, "round": provenance["round"], "num_prompts": len(prompts),
             "metrics": metrics}
-    if distributed.is_main():
-        with atomic_artifact(out, meta, wanted) as tmp:
-            ds.save_to_disk(str(tmp))
-            (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
-    store.remove()
+
+    def write(tmp):
+        ds.save_to_disk(str(tmp))
+        (tmp / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
+
     log.info("eval %s: %s", "initial policy" if initial else f"round {round_idx}",
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
-    with stage_tracker(cfg, "eval", tracker) as tracker:
-        prefix = "eval_initial" if initial else "eval"
-        tracker.log({f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()}, step=0 if initial else round_idx)
-    return finished(out)
+    prefix = "eval_initial" if initial else "eval"
+    return Built([(meta, write)], {f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()},
+                 step=0 if initial else round_idx)

@@ -16,6 +16,7 @@ from rsft.data import (
     context_budget,
     prompt_token_ids,
 )
+from rsft.errors import ConfigError
 from rsft.models import (
     check_same_vocabulary,
     eos_token_ids,
@@ -26,14 +27,12 @@ from rsft.models import (
     load_policy_tokenizer,
     policy_folder,
 )
-from rsft.paths import (
-    RunPaths,
-    ShardStore,
-)
+from rsft.paths import RunPaths
 from rsft.sampling.budget import PRUNED, PruneSchedule, adaptive_counts, keepable
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
+from rsft.store import ShardStore
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +83,14 @@ def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed:
     engine_args = dict(OmegaConf.to_container(v.engine_args, resolve=True))
     if distributed.world_size() > 1:  # one engine per process, on its own device, beside torch.distributed
         engine_args.setdefault("distributed_executor_backend", "external_launcher")
-    engine = VllmSampler(folder, settings, eos_token_ids(stand_in, tokenizer), seed=seed,
-                         dtype=v.dtype or str(cfg.policy.get("dtype", "float32")),
-                         tensor_parallel_size=int(v.tensor_parallel_size),
-                         gpu_memory_utilization=float(v.gpu_memory_utilization), max_model_len=v.max_model_len,
-                         engine_args=engine_args)
+    try:
+        engine = VllmSampler(folder, settings, eos_token_ids(stand_in, tokenizer), seed=seed,
+                             dtype=v.dtype or str(cfg.policy.get("dtype", "float32")),
+                             tensor_parallel_size=int(v.tensor_parallel_size),
+                             gpu_memory_utilization=float(v.gpu_memory_utilization), max_model_len=v.max_model_len,
+                             engine_args=engine_args)
+    except ImportError as error:  # rsft.checks says it before any work; this is for a caller that skipped them
+        raise ConfigError(f"sample.backend=vllm: {error}") from None
     log.info("vLLM engine over %s started in %.1f s", folder, engine.timings["engine_start_seconds"])
     return stand_in, tokenizer, source, engine
 
@@ -127,7 +129,7 @@ DRAFT_BUILDERS = {"none": lambda *_: None, "ngram": _ngram_draft, "model": _mode
 def build_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
     """The draft `cfg.draft` describes for round `cfg.round`, checked against the policy; None for draft=none."""
     if cfg.draft.kind not in DRAFT_BUILDERS:
-        raise ValueError(f"draft.kind={cfg.draft.kind!r}: expected one of {', '.join(DRAFT_BUILDERS)}")
+        raise ConfigError(f"draft.kind={cfg.draft.kind!r}: expected one of {', '.join(DRAFT_BUILDERS)}")
     return DRAFT_BUILDERS[cfg.draft.kind](cfg, policy_model, policy_tokenizer, device)
 
 

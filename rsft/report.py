@@ -1,7 +1,7 @@
 """The loop's report: per-round metrics from the artifacts' records, plots, summary.md.
 
 Every number comes from an artifact's meta.json record (an evaluation's metrics are in its record
-too): the records the loop's stages returned (rsft.paths.Artifact, also for the artifacts they
+too): the records the loop's stages returned (rsft.store.Artifact, also for the artifacts they
 reused), read from the run directory only where the loop has none. Either way it is what the artifact
 recorded, never the current config, so a resumed loop reports the same numbers as one that ran
 straight through.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from rsft import stats
 from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, score_columns
-from rsft.paths import Artifact, RunPaths, is_complete, load_dataset_artifact, read_meta
+from rsft.paths import RunPaths
+from rsft.store import Artifact, is_complete, load_dataset_artifact, read_meta
 
 
 class Records:

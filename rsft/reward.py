@@ -24,81 +24,47 @@ from __future__ import annotations
 import json
 import logging
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from reward.formats import (
-    pair_files,
-    pair_hashes,
-)
-from reward.scoring import (
-    save_reward_model,
-)
-from rsft import distributed
+from reward.formats import pair_files, pair_hashes
+from reward.scoring import save_reward_model
+from rsft.errors import MissingInput
 from rsft.models import resolve_device
-from rsft.paths import (
-    RunPaths,
-    atomic_artifact,
-    fingerprint,
-    finished,
-    is_complete,
-    omit_when_off,
-    should_skip,
-)
+from rsft.paths import RunPaths
 from rsft.reward_training import PAIR_HASHES_FILE, load_pairs, train_and_measure
-from rsft.tracking import Tracker, stage_tracker
-from rsft.training import TrainingCheckpoints, check_trained
+from rsft.runner import Built, Job, Plan
+from rsft.store import is_complete
+from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
 
-REWARD_OFF = {"reward.label_smoothing": 0.0}  # settings left out of fingerprints while off (rsft.paths.omit_when_off)
-
-
-
-
-
-
-
-
-
-
-def wanted_fingerprint(cfg: DictConfig, paths: RunPaths) -> dict:
-    """The reward model's fingerprint: every reward setting (not progress, logging_steps,
-    score_batch_size; reward.label_smoothing only when on, so models trained before it existed still
-    match), this run's prefs/ or the user's pair files by content."""
-    inputs = [paths.prefs] if cfg.reward.data.path is None else []
-    return omit_when_off(fingerprint(cfg, ("reward",), inputs, pair_files(cfg.reward.data)), REWARD_OFF)
-
-
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths.from_config(cfg)
-    out = paths.reward
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """Every reward setting (reward.label_smoothing only when on: rsft.stages.WHILE_OFF), this run's prefs/ or
+    the user's pair files by content."""
     if cfg.reward.data.path is None and not is_complete(paths.prefs):
-        raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {paths.prefs}, which are "
-                                f"missing; run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or "
-                                f"train on your own pairs with reward.data.path=<file, folder or hub name>")
-    wanted = wanted_fingerprint(cfg, paths)
-    if should_skip(out, cfg.overwrite, "reward", wanted):
-        return finished(out)
+        raise MissingInput(f"stage=reward trains on this run's labelled pairs at {paths.prefs}, which are "
+                           f"missing; run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or "
+                           f"train on your own pairs with reward.data.path=<file, folder or hub name>")
+    return Plan(outputs=[paths.reward], inputs=[paths.prefs] if cfg.reward.data.path is None else [],
+                user_files=pair_files(cfg.reward.data))
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
     train, test, source = load_pairs(cfg)
-    device = resolve_device(cfg.device)
-    with stage_tracker(cfg, "reward", tracker) as tracker:
-        checkpoints = TrainingCheckpoints(out, wanted)
-        model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, device, tracker, checkpoints=checkpoints)
-        check_trained(model, metrics["train_loss"], cfg.reward, "reward")
-        meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path),
-                "metrics": metrics, "config": OmegaConf.to_container(cfg, resolve=True)}
-        if distributed.is_main():  # every process trained the same (DDP) model; one saves it
-            with atomic_artifact(out, meta, wanted) as tmp:
-                save_reward_model(model, tokenizer, tmp, stats)
-                (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
-                (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": pair_hashes(train),
-                                                                "heldout": pair_hashes(test)}))
-        checkpoints.remove()
-        log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; saved to %s",
-                 metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
-                 metrics["gold_agreement"], out)
-        flat = {k: v for k, v in metrics.items() if v is not None and k != "truncation"}
-        flat.update({f"truncation_{k}": v for k, v in metrics["truncation"]["train"].items()})
-        tracker.log({f"reward/{k}": v for k, v in flat.items()})
-        tracker.summary({f"reward/{k}": v for k, v in flat.items()})
-    return finished(out)
+    model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, resolve_device(cfg.device), job.tracker,
+                                                         checkpoints=job.checkpoints())
+    check_trained(model, metrics["train_loss"], cfg.reward, "reward")
+    meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path), "metrics": metrics}
+
+    def write(tmp):
+        save_reward_model(model, tokenizer, tmp, stats)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        (tmp / PAIR_HASHES_FILE).write_text(json.dumps({"train": pair_hashes(train), "heldout": pair_hashes(test)}))
+
+    log.info("reward model: held-out accuracy %.3f on %d pairs (train %.3f), gold agreement %s; for %s",
+             metrics["heldout_accuracy"], metrics["heldout_pairs"], metrics["train_accuracy"],
+             metrics["gold_agreement"], job.out)
+    flat = {k: v for k, v in metrics.items() if v is not None and k != "truncation"}
+    flat.update({f"truncation_{k}": v for k, v in metrics["truncation"]["train"].items()})
+    job.tracker.summary({f"reward/{k}": v for k, v in flat.items()})
+    return Built([(meta, write)], {f"reward/{k}": v for k, v in flat.items()})

@@ -28,12 +28,9 @@ from reward.scoring import (
 )
 from reward.trainer import train_reward_model
 from rsft import distributed
-from rsft.paths import (
-    RunPaths,
-    is_complete,
-    load_dataset_artifact,
-    loading_artifact,
-)
+from rsft.errors import ConfigError, MissingInput
+from rsft.paths import RunPaths
+from rsft.store import is_complete, load_dataset_artifact, loading_artifact
 from rsft.tracking import Tracker
 from rsft.training import TrainingCheckpoints
 
@@ -49,7 +46,7 @@ def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
     if pairs_cfg.path is None:
         source = RunPaths.from_config(cfg).prefs
         if not is_complete(source):
-            raise FileNotFoundError(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
+            raise MissingInput(f"stage=reward trains on this run's labelled pairs at {source}, which are missing; "
                                     f"run `python -m rsft.run stage=prefs run_name={cfg.run_name}` first, or train on "
                                     f"your own pairs with reward.data.path=<file, folder or hub name>")
         splits = load_dataset_artifact(source)
@@ -68,7 +65,7 @@ def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
         raw_test, test_source = load_raw(OmegaConf.merge(pairs_cfg, {"path": pairs_cfg.eval_path}))
         return pairs, to_preference_pairs(raw_test, pairs_cfg.format, pairs_cfg.label_column, test_source), source
     if not 0.0 < float(pairs_cfg.eval_fraction) < 1.0 or len(pairs) < 2:
-        raise ValueError(f"reward.data.eval_fraction={pairs_cfg.eval_fraction} with {len(pairs)} pairs: expected a fraction "
+        raise ConfigError(f"reward.data.eval_fraction={pairs_cfg.eval_fraction} with {len(pairs)} pairs: expected a fraction "
                          f"in (0, 1) and >= 2 pairs, or set reward.data.eval_path")
     n_test = max(1, round(float(pairs_cfg.eval_fraction) * len(pairs)))
     return pairs.select(range(n_test, len(pairs))), pairs.select(range(n_test)), source

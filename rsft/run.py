@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf import errors as omegaconf_errors
 
 from rsft import distributed, stages
 from rsft.config import check_run_name, describe, register_configs
 from rsft.errors import USER_ERRORS, ConfigError
-from rsft.paths import run_lock
+from rsft.lock import run_lock
 
 log = logging.getLogger("rsft")
 
@@ -69,7 +70,9 @@ def run_stage(cfg: DictConfig):
         stage = stages.get(cfg.stage)
     except KeyError as error:
         raise SystemExit(error.args[0]) from None
-    from rsft.checks import check_config  # imports torch and transformers: not needed for --help
+    from rsft.checks import (
+        check_config,  # imports torch and transformers: not needed for --help
+    )
 
     distributed.init(str(cfg.device))  # a world of one unless started by accelerate launch / torchrun
     if not distributed.is_main():  # process 0 reports; the others only warn
@@ -81,25 +84,84 @@ def run_stage(cfg: DictConfig):
     log.info("stage=%s run_dir=%s round=%s (process %d of %d)", cfg.stage, cfg.paths.run_dir, cfg.round,
              distributed.rank(), distributed.world_size())
     with distributed.on_main(lambda: run_lock(cfg.paths.run_dir, f"stage={cfg.stage}")):
-        return importlib.import_module(stage.module).run(cfg)
+        from rsft import runner  # imports the stage's libraries: not needed for --help
+
+        return runner.run(stage.name, cfg)
+
+
+BUG_REPORT = ("this is a bug in rsft, not a problem with your settings: please report it with the command, "
+              "this traceback and the output of `pip freeze`")
+
+# OmegaConf errors a stage meets while it reads the composed config: a composition problem (an
+# interpolation to a key the chosen option lacks, a ??? left unset), not a bug
+CONFIG_READ_ERRORS = (omegaconf_errors.InterpolationResolutionError, omegaconf_errors.MissingMandatoryValue,
+                      omegaconf_errors.ConfigKeyError, omegaconf_errors.GrammarParseError)
+
+
+def _chosen_option(group: str) -> str | None:
+    """The option of config group `group` this command chose (data -> local), when Hydra runs it."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get(group)
+    except ValueError:  # not inside a Hydra run (tests call run_stage with a composed cfg)
+        return None
+
+
+def config_read_problem(error: BaseException) -> str | None:
+    """One line for an OmegaConf error raised while a stage reads the config (CONFIG_READ_ERRORS): the full
+    key and a fix. None for any other exception."""
+    if not isinstance(error, CONFIG_READ_ERRORS):
+        return None
+    key = error.full_key or error.key or "a setting"
+    problem = str(error.msg or error).splitlines()[0]
+    if isinstance(error, omegaconf_errors.InterpolationKeyError):
+        target = problem.split("'")[1] if problem.count("'") >= 2 else "another key"
+        group = target.split(".")[0]
+        if (CONF_DIR / group).is_dir():
+            option = _chosen_option(group)
+            chosen = f"{group}={option}" if option else f"this {group}= option"
+            return (f"{key} reads {target}, which {chosen} does not have: set {key}=null (or another value) on the "
+                    f"command line, or choose a {group}= option that has {target}")
+        return f"{key} reads {target}, which the config does not have: set {key}=<value> on the command line"
+    if isinstance(error, omegaconf_errors.InterpolationToMissingValueError):
+        target = problem.rpartition(": ")[2]
+        return f"{key} reads {target}, which is not set (???): add {target}=... (or {key}=...) to the command"
+    if isinstance(error, omegaconf_errors.MissingMandatoryValue):
+        return f"{key} is not set (???): add {key}=... to the command"
+    if isinstance(error, omegaconf_errors.ConfigKeyError):
+        return (f"{key} is not in the composed config ({problem}): choose the config option that has it, or add it "
+                f"with +{key}=<value>")
+    return f"{key} cannot be resolved ({problem}): set {key}=<value> on the command line, or fix what it reads"
+
+
+def report_failure(error: BaseException) -> NoReturn:
+    """How a command ends on an exception from its stage (main() calls it; it always raises).
+
+    rsft's own refusals (rsft.errors.RsftError) and OmegaConf's errors while a stage reads the config
+    (config_read_problem) end in one line and exit 1; RSFT_TRACEBACK=1 shows the traceback as well. Ctrl-C
+    says how to resume. Anything else is a bug: its traceback is logged (console and the run's log file),
+    then a line saying so, exit 1."""
+    if isinstance(error, SystemExit):
+        raise error
+    if isinstance(error, KeyboardInterrupt):
+        raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
+    message = str(error) if isinstance(error, USER_ERRORS) else config_read_problem(error)
+    if message is not None:
+        if os.environ.get("RSFT_TRACEBACK"):
+            raise error
+        raise SystemExit(f"{message}\n(RSFT_TRACEBACK=1 shows the traceback)") from None
+    log.error("the command failed with an unexpected %s:", type(error).__name__, exc_info=error)
+    raise SystemExit(BUG_REPORT) from None
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Errors the user can act on end in one line (exit 1), not a traceback; Ctrl-C says how to resume.
-
-    rsft's own messages for bad settings, files and artifacts (ValueError, KeyError, TypeError,
-    FileNotFoundError and rsft's error classes) name the setting or file; RSFT_TRACEBACK=1 shows the
-    traceback as well, for a bug report."""
+    """Run the stage; a failure ends as report_failure says: a user error in one line, a bug with its traceback."""
     try:
         run_stage(cfg)
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
-    except USER_ERRORS as error:
-        if os.environ.get("RSFT_TRACEBACK"):
-            raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        raise SystemExit(f"{message}\n(RSFT_TRACEBACK=1 shows the traceback)") from None
+    except BaseException as error:
+        report_failure(error)
 
 
 def _setting(argv: list[str], key: str) -> str | None:

@@ -24,21 +24,13 @@ from collections import defaultdict
 
 from omegaconf import DictConfig
 
-from rsft import distributed
-from rsft.models import resolve_device
-from rsft.paths import (
-    RunPaths,
-    ShardStore,
-    atomic_artifact,
-    fingerprint,
-    finished,
-    is_complete,
-    load_dataset_artifact,
-    should_skip,
-)
-from rsft.sampling.budget import PRUNED
 from rsft import scoring
-from rsft.tracking import Tracker, stage_tracker
+from rsft.errors import MissingInput
+from rsft.models import resolve_device
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
+from rsft.sampling.budget import PRUNED
+from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +47,17 @@ log = logging.getLogger(__name__)
 
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths = RunPaths.from_config(cfg)
-    out, source = paths.scored(cfg.round), paths.samples(cfg.round)
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    source = paths.samples(cfg.round)
     if not is_complete(source):
-        raise FileNotFoundError(f"score needs round {cfg.round}'s samples at {source}; run "
-                                f"`python -m rsft.run stage=sample round={cfg.round}` first")
-    scorer_path = scoring.reward_model(cfg, int(cfg.round))
-    wanted = fingerprint(cfg, (), [source, scorer_path])  # the samples and the reward model, nothing else
-    if should_skip(out, cfg.overwrite, "score", wanted):
-        return finished(out)
+        raise MissingInput(f"score needs round {cfg.round}'s samples at {source}; run "
+                           f"`python -m rsft.run stage=sample round={cfg.round}` first")
+    # the samples and the reward model, nothing else
+    return Plan(outputs=[paths.scored(cfg.round)], inputs=[source, scoring.reward_model(cfg, int(cfg.round))])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    source, scorer_path = job.plan.inputs
     samples = load_dataset_artifact(source)
     pruned = sum(f == PRUNED for f in samples["finish_reason"])
     if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
@@ -72,13 +65,14 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
     scorer = scoring.load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
     log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
-    store = ShardStore(out, wanted)  # a killed scoring run resumes at its first unfinished shard of rows
-    raw = scoring.score_in_shards(scorer, samples["prompt"], samples["completion"], int(cfg.reward.score_shard_rows), store)
+    # a killed scoring run resumes at its first unfinished shard of rows
+    raw = scoring.score_in_shards(scorer, samples["prompt"], samples["completion"], int(cfg.reward.score_shard_rows),
+                                  job.shards())
     if len(raw) != len(samples):
         raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
     scored = samples.add_column("reward", [float(r) for r in raw])
     scored = scored.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
-    scored = scored.add_column("reward_model", [str(scorer_path.relative_to(paths.root))] * len(scored))
+    scored = scored.add_column("reward_model", [str(scorer_path.relative_to(job.paths.root))] * len(scored))
 
     by_prompt = defaultdict(list)
     for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):
@@ -93,11 +87,6 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(scored), "prompts": len(by_prompt), **({"pruned_left_out": pruned} if pruned else {})},
             "stats": stats}
-    if distributed.is_main():
-        with atomic_artifact(out, meta, wanted) as tmp:
-            scored.save_to_disk(str(tmp))
-    store.remove()
-    log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), out)
-    with stage_tracker(cfg, "score", tracker) as tracker:
-        tracker.log({f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
-    return finished(out)
+    log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), job.out)
+    return Built([(meta, lambda tmp: scored.save_to_disk(str(tmp)))], {f"score/{k}": v for k, v in stats.items()},
+                 step=int(cfg.round))

@@ -9,13 +9,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rsft import distributed
-from rsft.paths import (
-    RunPaths,
-    ShardStore,
-    is_complete,
-    loading_artifact,
-    read_meta,
-)
+from rsft.errors import MissingInput
+from rsft.paths import RunPaths
+from rsft.store import ShardStore, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +24,11 @@ def reward_model(cfg: DictConfig, round_idx: int | None = None):
     path = paths.eval_reward if round_idx is None else paths.scoring_reward(round_idx)
     if not is_complete(path):
         if path != paths.reward:
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"no refreshed reward model at {path} (loop.refresh_reward=true): stage=refresh builds it from round "
                 f"{round_idx}'s samples; run `python -m rsft.run stage=refresh round={round_idx} "
                 f"loop.refresh_reward=true` first")
-        raise FileNotFoundError(
+        raise MissingInput(
             f"no trained reward model at {path}: stage=reward builds it from the labels stage=prefs writes; run "
             f"`python -m rsft.run stage=prefs run_name={cfg.run_name}` then `... stage=reward` (stage=loop does both)"
         )
@@ -70,15 +66,15 @@ def judge_model(cfg: DictConfig) -> Path | None:
         try:
             check_run_name(str(name), "eval.judge")
         except ConfigError:
-            raise FileNotFoundError(f"eval.judge={name!r}: no such folder, and not a run name; expected a folder "
+            raise MissingInput(f"eval.judge={name!r}: no such folder, and not a run name; expected a folder "
                                     f"written by stage=reward (e.g. runs/<run>/reward) or a run name") from None
         folder = paths.other_run(str(name)).reward
         if not folder.is_dir():
-            raise FileNotFoundError(f"eval.judge={name!r}: neither a folder nor a run with a reward model "
+            raise MissingInput(f"eval.judge={name!r}: neither a folder nor a run with a reward model "
                                     f"({folder} is missing); train it with `python -m rsft.run stage=reward "
                                     f"run_name={name} ...` first")
     if not is_complete(folder) or read_meta(folder).get("stage") != "reward":
-        raise ValueError(f"eval.judge={name!r}: {folder} is not a complete reward model written by stage=reward "
+        raise ConfigError(f"eval.judge={name!r}: {folder} is not a complete reward model written by stage=reward "
                          f"(its meta.json is missing, incomplete or names another stage)")
     for warning in judge_warnings(folder, paths.reward):
         log.warning("eval.judge=%s: %s", name, warning)

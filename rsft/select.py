@@ -42,21 +42,19 @@ import logging
 import math
 import random
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed
 from rsft.data import chat_messages
+from rsft.errors import ArtifactError, InputError, MissingInput
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
 from rsft.stats import ngrams, opening, top_opening
-from rsft.paths import (RunPaths, atomic_artifact, fingerprint, finished, is_complete, load_dataset_artifact,
-                        omit_when_off, should_skip)
-from rsft.tracking import Tracker, stage_tracker
+from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)
-
-SELECT_OFF = {"select.truncated_penalty": None, "select.diversity": 0.0}  # left out of fingerprints while off
-
 
 
 def candidate_rounds(round_idx: int, pool_rounds: int) -> list[int]:
@@ -72,7 +70,7 @@ def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
         ds = load_dataset_artifact(path)
         for column in ("reward", "reward_normalised"):
             if column not in ds.column_names:
-                raise KeyError(f"{path} has no {column!r} column (columns: {ds.column_names}); it was not written "
+                raise ArtifactError(f"{path} has no {column!r} column (columns: {ds.column_names}); it was not written "
                                f"by stage=score: rerun `python -m rsft.run stage=score round={r} overwrite=true`")
         rows.extend(ds.to_list())
     return rows
@@ -205,45 +203,25 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
     }
 
 
-def write_selection(out_selected, out_pairs, selected: list[dict], pairs: list[dict], meta: dict, wanted: dict) -> None:
-    """selected/ and (unless out_pairs is None) pairs/, each atomically."""
-    with atomic_artifact(out_selected, meta, wanted) as tmp:
-        Dataset.from_list(selected).save_to_disk(str(tmp))
-    if out_pairs is not None:
-        with atomic_artifact(out_pairs, {**meta, "stage": "select (pairs)"}, wanted) as tmp:
-            pair_ds = Dataset.from_list(pairs) if pairs else Dataset.from_dict(
-                {k: [] for k in ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
-                              "chosen_reward_normalised", "rejected_reward_normalised")})
-            pair_ds.save_to_disk(str(tmp), num_shards=1)  # an empty set saved with 0 shards cannot be loaded
+@dataclass
+class Selection:
+    """What the selection rule keeps of a round's candidates, and its counts for meta.json."""
+
+    selected: list[dict]
+    pairs: list[dict]
+    counts: dict
+    stats: dict
+    starved: list[str]     # prompts with no survivor
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
-    select_cfg, paths, round_idx = cfg.select, RunPaths.from_config(cfg), int(cfg.round)
-    out_selected, out_pairs = paths.selected(round_idx), paths.pairs(round_idx)
-    want_pairs = bool(select_cfg.pairs)
-    rounds = candidate_rounds(round_idx, int(select_cfg.pool_rounds))
-    for r in rounds:
-        if not is_complete(paths.scored(r)):
-            raise FileNotFoundError(f"select needs round {r}'s scored samples at {paths.scored(r)}; run "
-                                    f"`python -m rsft.run stage=score round={r}` first")
-    # fingerprint: the select settings, the seed and round (random selection and the pairs' prompt
-    # messages depend on them), and the scored sets pooled
-    wanted = omit_when_off(fingerprint(cfg, ("seed", "round", "select", "data.system_prompt"),
-                                       [paths.scored(r) for r in rounds]), SELECT_OFF)
-    if should_skip(out_selected, cfg.overwrite, "select", wanted) and (
-            not want_pairs or should_skip(out_pairs, cfg.overwrite, "select (pairs)", wanted)):
-        return finished(out_selected)
-    rows = load_scored(paths, rounds)
-
+def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: int, want_pairs: bool,
+                system_prompt: str | None) -> Selection:
+    """The selection rule over the scored rows of the pooled rounds (steps 1-4 of the module docstring): a pure
+    function of the rows and the select settings, tested without a run directory. Raises InputError when
+    nothing is kept (SFT would have nothing to train on)."""
     by_prompt: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_prompt[row["prompt_id"]].append(row)
-    samples_per_prompt = max(len(v) for v in by_prompt.values()) if by_prompt else 0
-    if want_pairs and samples_per_prompt < 2:
-        raise ValueError(f"select.pairs=true needs at least 2 completions per prompt, but the scored samples of "
-                         f"rounds {rounds} have {samples_per_prompt} (sample.num_samples=1?); "
-                         f"set select.pairs=false or sample.num_samples >= 2")
-
     selected, pairs, starved = [], [], []
     dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": 0, "opening_cap": 0}
     ranked_by_prompt = {}
@@ -257,8 +235,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                         prompt_id, candidates[0]["prompt"][:80], dropped)
             continue
         ranked_by_prompt[prompt_id] = ranked
-    cap = opening_cap(select_cfg, sum(len(choose(ranked, select_cfg, int(cfg.seed), round_idx, prompt_id))
-                             for prompt_id, ranked in ranked_by_prompt.items()))
+    cap = opening_cap(select_cfg, sum(len(choose(ranked, select_cfg, seed, round_idx, prompt_id))
+                                      for prompt_id, ranked in ranked_by_prompt.items()))
     openings: Counter = Counter()
     capped, kept_grams = [], set()
     diverse = select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
@@ -274,14 +252,14 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             capped.append(prompt_id)
             continue
         picked = (diverse_choice(allowed, select_cfg, kept_grams) if diverse
-                  else choose(allowed, select_cfg, int(cfg.seed), round_idx, prompt_id))
+                  else choose(allowed, select_cfg, seed, round_idx, prompt_id))
         kept = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
         for c in kept:
             kept_grams.update(ngrams(c["completion"], 2))
         dropped_total["opening_cap"] += len(picked) - len(kept)  # a prompt's own k picks count too
         for rank, c in enumerate(kept):
             selected.append({**c, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx})
-        pair = preference_pair(ranked, cfg.data.get("system_prompt")) if want_pairs else None
+        pair = preference_pair(ranked, system_prompt) if want_pairs else None
         if pair is not None:
             pairs.append(pair)
     if capped:
@@ -295,11 +273,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
 
     survivors_left = [c["reward_normalised"] for ranked in ranked_by_prompt.values() for c in ranked]
     if not selected and select_cfg.strategy == "threshold" and survivors_left:
-        raise ValueError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
+        raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
                          f"above every surviving completion's reward_normalised (the highest of {len(survivors_left)} "
                          f"is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower select.threshold")
     if not selected:
-        raise ValueError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
+        raise InputError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
                          f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "
                          f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
     survivor_counts = [len(v) for v in ranked_by_prompt.values()] + [0] * len(starved)
@@ -311,28 +289,58 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         "selected_truncated": sum(c["finish_reason"] == "length" for c in selected),
         **{f"dropped_{k}": v for k, v in dropped_total.items()},
     }
-    top, share = top_opening([c["completion"] for c in selected])
     stats = {
         "selected_reward_mean": sum(c["reward"] for c in selected) / len(selected),
         "candidate_reward_mean": sum(c["reward"] for c in rows) / len(rows),
         "acceptance_fraction": len(selected) / len(rows),
-        "top_opening_share": share,
     }
-    if want_pairs and paths.dpo:  # only the data can tell; say so before SFT runs, naming the setting
+    return Selection(selected, pairs, counts, stats, starved)
+
+
+EMPTY_PAIRS = ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
+               "chosen_reward_normalised", "rejected_reward_normalised")
+
+
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    round_idx = int(cfg.round)
+    rounds = candidate_rounds(round_idx, int(cfg.select.pool_rounds))
+    for r in rounds:
+        if not is_complete(paths.scored(r)):
+            raise MissingInput(f"select needs round {r}'s scored samples at {paths.scored(r)}; run "
+                               f"`python -m rsft.run stage=score round={r}` first")
+    outputs, names = [paths.selected(round_idx)], ["select"]
+    if cfg.select.pairs:
+        outputs, names = outputs + [paths.pairs(round_idx)], names + ["select (pairs)"]
+    return Plan(outputs=outputs, inputs=[paths.scored(r) for r in rounds], names=names)
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    select_cfg, round_idx, want_pairs = cfg.select, int(cfg.round), bool(cfg.select.pairs)
+    rounds = candidate_rounds(round_idx, int(select_cfg.pool_rounds))
+    rows = load_scored(job.paths, rounds)
+    samples_per_prompt = max(Counter(row["prompt_id"] for row in rows).values(), default=0)
+    if want_pairs and samples_per_prompt < 2:
+        raise InputError(f"select.pairs=true needs at least 2 completions per prompt, but the scored samples of "
+                         f"rounds {rounds} have {samples_per_prompt} (sample.num_samples=1?); "
+                         f"set select.pairs=false or sample.num_samples >= 2")
+    chosen = select_rows(rows, select_cfg, int(cfg.seed), round_idx, want_pairs, cfg.data.get("system_prompt"))
+    top, share = top_opening([c["completion"] for c in chosen.selected])
+    stats = {**chosen.stats, "top_opening_share": share}
+    if want_pairs and job.paths.dpo:  # only the data can tell; say so before SFT runs, naming the setting
         margin = float(cfg.dpo.min_margin)
-        if not any(p["chosen_reward_normalised"] - p["rejected_reward_normalised"] >= margin for p in pairs):
-            raise ValueError(f"select: none of round {round_idx}'s {len(pairs)} best-vs-worst pairs has a normalised "
-                             f"reward gap >= dpo.min_margin={cfg.dpo.min_margin}, so loop.dpo would have nothing to "
-                             f"train on; lower dpo.min_margin or set loop.dpo=false")
-    meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": counts, "stats": stats,
-            "top_opening": top,
-            "prompts_without_survivors": starved, "settings": OmegaConf.to_container(select_cfg, resolve=True)}
-    if distributed.is_main():  # every process selected the same rows; one writes them
-        write_selection(out_selected, out_pairs if want_pairs else None, selected, pairs, meta, wanted)
-    distributed.barrier()
-    log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", select_cfg.strategy, len(selected),
-             len(rows), len(by_prompt), len(pairs))
-    with stage_tracker(cfg, "select", tracker) as tracker:
-        tracker.log({**{f"select/{k}": v for k, v in counts.items()}, **{f"select/{k}": v for k, v in stats.items()}},
-                    step=round_idx)
-    return finished(out_selected)
+        if not any(p["chosen_reward_normalised"] - p["rejected_reward_normalised"] >= margin for p in chosen.pairs):
+            raise InputError(f"select: none of round {round_idx}'s {len(chosen.pairs)} best-vs-worst pairs has a "
+                             f"normalised reward gap >= dpo.min_margin={cfg.dpo.min_margin}, so loop.dpo would have "
+                             f"nothing to train on; lower dpo.min_margin or set loop.dpo=false")
+    meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": chosen.counts, "stats": stats,
+            "top_opening": top, "prompts_without_survivors": chosen.starved,
+            "settings": OmegaConf.to_container(select_cfg, resolve=True)}
+    log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", select_cfg.strategy,
+             len(chosen.selected), len(rows), chosen.counts["prompts"], len(chosen.pairs))
+    outputs = [(meta, lambda tmp: Dataset.from_list(chosen.selected).save_to_disk(str(tmp)))]
+    if want_pairs:
+        pairs = Dataset.from_list(chosen.pairs) if chosen.pairs else Dataset.from_dict({k: [] for k in EMPTY_PAIRS})
+        # an empty set saved with 0 shards cannot be loaded
+        outputs.append(({**meta, "stage": "select (pairs)"}, lambda tmp: pairs.save_to_disk(str(tmp), num_shards=1)))
+    metrics = {**{f"select/{k}": v for k, v in chosen.counts.items()}, **{f"select/{k}": v for k, v in stats.items()}}
+    return Built(outputs, metrics, step=round_idx)

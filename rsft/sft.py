@@ -8,8 +8,8 @@ sampled from); writes round_XX/policy/, a plain `save_pretrained`
 folder with the tokenizer, which round XX + 1 samples from (rsft.paths.RunPaths.sampling_policy).
 
 Why `initial` by default: fine-tuning the previous round's policy again compounds the drift of
-every round. On the demo task a second round of that (24 kept completions, 2 epochs at 1e-4)
-over-fitted in one of two runs (held-out gold 0.88 -> 0.73, fewer distinct words). Restarting from
+every round; on the demo task it over-fitted in a second round (docs/results.md#why-sftinitinitial).
+Restarting from
 the initial policy each round on the kept completions of all rounds so far (select.pool_rounds=-1),
 as ReST-EM does (Singh et al. 2023, arXiv 2312.06585), keeps every round one fine-tune away from
 the initial policy while the data gets better: later rounds sample from the improved policy, so
@@ -21,9 +21,11 @@ so TRL renders both with the policy's chat template and masks the loss to the co
 (including the end-of-turn token, so the policy also learns where to stop). A truncated completion
 (kept with select.drop_truncated=false) trains without its end of turn (cut_examples). LoRA (sft.mode=lora)
 is merged into the weights before saving, so the next round loads a plain folder. TRL's defaults
-for bf16 and gradient checkpointing are chosen for GPUs; on a CPU they are ~30x slower, so the
-device decides: fp32 without checkpointing on CPU, bf16 where the GPU supports it. Losses go to our
-Tracker (report_to="none"); nothing is checkpointed during training (save_strategy="no").
+for bf16 and gradient checkpointing are chosen for GPUs and are far slower on a CPU, so the device
+decides (rsft.training.training_arguments): fp32 without checkpointing on CPU, bf16 where the GPU
+supports it. Losses go to our Tracker (report_to="none"). The trainer saves a checkpoint every
+sft.checkpoint_steps steps beside the artifact (rsft.training.TrainingCheckpoints), so a killed run
+resumes from its last one; the checkpoints go once the policy is written.
 """
 
 from __future__ import annotations
@@ -36,18 +38,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.data import chat_messages
+from rsft.errors import InputError, MissingInput
 from rsft.models import load_policy, resolve_device
-from rsft.paths import (
-    RunPaths,
-    fingerprint,
-    finished,
-    is_complete,
-    load_dataset_artifact,
-    should_skip,
-)
-from rsft.policy_training import LossHistory, lora_config, trained_policy, write_policy
-from rsft.tracking import Tracker, stage_tracker
-from rsft.training import TrainingCheckpoints, check_trained, training_arguments
+from rsft.paths import RunPaths
+from rsft.policy_training import LossHistory, lora_config, policy_writer, trained_policy
+from rsft.runner import Built, Job, Plan
+from rsft.store import is_complete, load_dataset_artifact
+from rsft.training import check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +76,7 @@ def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dat
             answer = completion.rstrip()
             end = text.rfind(answer)
             if not answer or end < 0:
-                raise ValueError(f"sft: the policy's chat template does not show the truncated completion {answer[:60]!r} "
+                raise InputError(f"sft: the policy's chat template does not show the truncated completion {answer[:60]!r} "
                                  f"verbatim, so its end of turn cannot be left out; set select.drop_truncated=true")
             text = text[:end + len(answer)]
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -119,31 +116,32 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
 
 
 
-def run(cfg: DictConfig, tracker: Tracker | None = None):
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """Every sft setting, the seed and round (the trainer's seed), the prompt format, the policy it starts from
+    (configured, or an artifact) and the selected completions."""
+    round_idx = int(cfg.round)
+    source, init_path = paths.selected(round_idx), paths.sft_init_policy(round_idx, cfg.sft.init)
+    if not is_complete(source):
+        raise MissingInput(f"sft needs round {round_idx}'s selected completions at {source}; run "
+                           f"`python -m rsft.run stage=select round={round_idx}` first")
+    return Plan(outputs=[paths.policy(round_idx)], inputs=[p for p in (source, init_path) if p is not None])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
     from trl import SFTTrainer
 
-    paths, round_idx = RunPaths.from_config(cfg), int(cfg.round)
-    out, source = paths.policy(round_idx), paths.selected(round_idx)
-    init_path = paths.sft_init_policy(round_idx, cfg.sft.init)
-    if not is_complete(source):
-        raise FileNotFoundError(f"sft needs round {round_idx}'s selected completions at {source}; run "
-                                f"`python -m rsft.run stage=select round={round_idx}` first")
-    # fingerprint: every sft setting, the seed and round (the trainer's seed), the prompt format, the
-    # policy it starts from (configured, or an artifact) and the selected completions
-    wanted = fingerprint(cfg, ("seed", "round", "sft", "data.system_prompt", "policy"),
-                       [p for p in (source, init_path) if p is not None])
-    if should_skip(out, cfg.overwrite, "sft", wanted):
-        return finished(out)
+    round_idx = int(cfg.round)
+    source, init_path = job.paths.selected(round_idx), job.paths.sft_init_policy(round_idx, cfg.sft.init)
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
-        raise ValueError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
+        raise InputError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
     train, cut = training_examples(selected, tokenizer, cfg.data.get("system_prompt"))
     log.info("sft: round %d fine-tunes %s (sft.init=%s)%s", round_idx, policy_source, cfg.sft.init,
              f"; {cut} truncated completions train without their end of turn" if cut else "")
     history = LossHistory()
-    checkpoints = TrainingCheckpoints(out, wanted)  # a killed run resumes from its last checkpoint
+    checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
     trainer = SFTTrainer(
         model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
@@ -167,10 +165,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             "stats": stats, "loss_history": history.history,
             "settings": OmegaConf.to_container(cfg.sft, resolve=True)}
     check_trained(trained, stats["train_loss"], cfg.sft, "sft", state_dict)
-    write_policy(out, meta, wanted, trained, state_dict, tokenizer)
-    checkpoints.remove()
-    log.info("sft: %d examples, %d steps, loss %s -> %s; saved round %d's policy to %s", len(train),
-             stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, out)
-    with stage_tracker(cfg, "sft", tracker) as tracker:
-        tracker.log({f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)
-    return finished(out)
+    log.info("sft: %d examples, %d steps, loss %s -> %s; round %d's policy for %s", len(train),
+             stats["steps"], stats["loss_first"], stats["loss_last"], round_idx, job.out)
+    return Built([(meta, policy_writer(trained, state_dict, tokenizer))],
+                 {f"sft/{k}": v for k, v in stats.items() if v is not None}, step=round_idx)

@@ -1,64 +1,160 @@
-"""The stages, listed once: name, module, the config groups it reads, what it reads and writes.
+"""The stages, each declared once: the config it reads, what it reads and writes, what it does.
 
     python -m rsft.run stage=<name>
 
-`rsft.run` dispatches and builds `--help` from this list, `rsft.checks` checks the groups a stage
-reads before it runs, `rsft.loop` takes a round's stages from it, and the README's stage table is
-generated from it (scripts/gen_docs.py; tests/test_docs.py fails when the README is out of date).
-Modules are imported on use, so `stage=sample` does not load TRL.
+A stage is this declaration plus one build function in its module (rsft.<name>: plan + build, see
+rsft.runner). Everything about a stage that is not its computation derives from the declaration:
+  - rsft.checks checks the groups of the keys it reads before any work;
+  - rsft.runner fingerprints its artifact from the keys it reads (`reads`; not `uses`, and not the
+    keys that never change a result, UNCOUNTED, nor a setting at its off value, WHILE_OFF);
+  - tests/test_declared_reads.py runs every stage with a config that records each key read and
+    fails on a key the declaration does not name;
+  - `--help` and the README's stage table (scripts/gen_docs.py) print `reads_doc`, `writes`, `does`;
+  - stage=loop runs the round steps in this list's order, through the same runner.
+Modules are imported on use, so `stage=sample` does not load TRL. This module imports nothing of rsft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class When:
+    """Config keys a stage reads only while `holds(cfg)`: fingerprinted (or used) then, left out otherwise;
+    checked either way."""
+
+    keys: tuple[str, ...]
+    holds: Callable[[Any], bool]
+    doc: str  # the condition in words, for docs/run-directory.md
+
+
+Keys = tuple  # of str (a key or a whole group) and When
+
+
+# The keys every command reads to find its way (the run directory, the round table, the device);
+# checked always, fingerprinted never: where an artifact lives is not what it holds.
+EVERY_STAGE: Keys = ("stage", "run_name", "round", "overwrite", "device", "threads", "paths", "logger",
+                     "loop.refresh_reward", "loop.dpo", "data.kind", "refresh.pairs", "select.strategy")
+
+# Config leaves (by name, in any group) that never change what an artifact holds: how often progress is
+# shown, logged or saved to resume from, and how many rows are scored at a time. Never fingerprinted.
+UNCOUNTED = frozenset({"progress", "logging_steps", "score_batch_size", "shard_prompts", "score_shard_rows",
+                       "checkpoint_steps"})
+
+
+# Settings left out of every fingerprint while they are at their "off" value (flattened key or key prefix ->
+# is-off test of the config), so an artifact made before the setting existed still matches while it
+# stays off, and a setting that changes nothing in this configuration does not refuse an artifact.
+WHILE_OFF: dict[str, Callable[[Any], bool]] = {
+    "select.truncated_penalty": lambda cfg: cfg.select.get("truncated_penalty") is None,
+    "select.diversity": lambda cfg: float(cfg.select.get("diversity") or 0.0) == 0.0,
+    "reward.label_smoothing": lambda cfg: float(cfg.reward.get("label_smoothing") or 0.0) == 0.0,
+    "sample.prune.": lambda cfg: cfg.sample.get("prune") is None or not cfg.sample.prune.at,
+    "sample.adaptive.": lambda cfg: cfg.sample.get("adaptive") is None or int(cfg.sample.adaptive.k0) == 0,
+    "sample.backend": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
+    "sample.vllm.": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
+    # each completion has its own generator and a packed forward gives every row a plain forward's logits:
+    # the rows per forward change nothing while sampling plainly
+    "sample.batch_rows": lambda cfg: cfg.draft.kind == "none",
+    "prefs.batch_rows": lambda cfg: True,  # prefs samples plainly, always
+}
+
+# the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)
+_HH = When(("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed"),
+           lambda cfg: cfg.data.kind == "hh_rlhf", "data=hh_rlhf")
+PROMPT_SET: Keys = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
+                    "data.system_prompt", _HH)
+TRAIN_PROMPTS: Keys = (*PROMPT_SET, "data.path", "data.split", "data.limit", "data.rotate")
+EVAL_PROMPTS: Keys = (*PROMPT_SET, "data.eval_path", "data.eval_split", "data.eval_limit")
+# the sample settings that shape a completion (not num_samples, not batch_rows)
+SAMPLING: Keys = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
+                  "sample.leniency")
+ENGINE: Keys = ("sample.backend", "sample.vllm")  # the vLLM engine's settings (WHILE_OFF with backend=rsft)
+_FEATURE = lambda cfg: cfg.draft.kind == "feature"  # noqa: E731
+_OWN_LABELS = lambda cfg: cfg.refresh.get("pairs") is not None  # noqa: E731
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    module: str                # exposes run(cfg, tracker=None) -> rsft.paths.Artifact (path and record)
-    groups: tuple[str, ...]    # config groups it reads (besides policy and the top-level keys); checked first
-    reads: str
+    module: str                # plan(cfg, paths) -> rsft.runner.Plan and build(cfg, job) -> rsft.runner.Built
+    reads: Keys                # config keys (or groups) that shape its artifact: checked and fingerprinted
+    reads_doc: str             # for --help and the README
     writes: str
     does: str
+    uses: Keys = ()            # keys it reads that do not shape its artifact: checked, not fingerprinted
     round_step: bool = False   # one of the stages stage=loop runs every round, in this list's order
-    loop_switch: str = ""      # a round step that runs only when this loop.* setting is on
+    loop_switch: str = ""      # a round step that runs only when this RunPaths switch is on
+    one_process: bool = False  # its build runs on the main process only (hand-written training loops)
+    artifact: bool = True      # False: a driver that runs other stages (stage=loop)
 
 
 STAGES = (
-    Stage("prefs", "rsft.prefs", ("sample", "prefs", "data"), "policy, demo prompts", "`prefs/`",
-          "samples completions of the initial policy and labels pairs of them with simulated annotators "
-          "(hard or soft), from the demo task's gold oracle"),
-    Stage("reward", "rsft.reward", ("reward",), "`prefs/` or your pairs", "`reward/`",
-          "trains the Bradley-Terry reward model (TRL RewardTrainer, soft labels); held-out accuracy"),
-    Stage("sample", "rsft.sample", ("sample", "draft", "data"), "the round's policy, prompts",
-          "`round_XX/samples/`",
-          "K completions per prompt, plain or speculative (`draft=`), with provenance and acceptance counts",
+    Stage("prefs", "rsft.prefs",
+          # sample before prefs: the prefs group takes its sampling values from sample's (${sample.*}), so a bad
+          # value is named where the user set it
+          reads=("policy", *PROMPT_SET, "data.path", "data.split", *ENGINE, "prefs",
+                 When(("data.limit",), lambda cfg: cfg.prefs.num_prompts is None, "prefs.num_prompts=null")),
+          uses=("prefs.batch_rows", "sample.shard_prompts", "data.limit", "data.rotate"),
+          reads_doc="policy, demo prompts", writes="`prefs/`",
+          does="samples completions of the initial policy and labels pairs of them with simulated annotators "
+               "(hard or soft), from the demo task's gold oracle"),
+    Stage("reward", "rsft.reward", reads=("reward",), reads_doc="`prefs/` or your pairs", writes="`reward/`",
+          does="trains the Bradley-Terry reward model (TRL RewardTrainer, soft labels); held-out accuracy"),
+    Stage("sample", "rsft.sample", reads=("seed", "round", "policy", *TRAIN_PROMPTS, "sample", "draft"),
+          reads_doc="the round's policy, prompts", writes="`round_XX/samples/`",
+          does="K completions per prompt, plain or speculative (`draft=`), with provenance and acceptance counts",
           round_step=True),
-    Stage("refresh", "rsft.refresh", ("refresh", "prefs", "reward", "data"), "samples, earlier labels",
-          "`round_XX/prefs/`, `round_XX/reward/`",
-          "labels pairs of the round's samples (simulated, or your `refresh.pairs`) and retrains the reward "
-          "model on every label so far; that model scores the round", round_step=True, loop_switch="refresh_reward"),
-    Stage("score", "rsft.score", ("refresh",), "samples, the round's reward model", "`round_XX/scored/`",
-          "the reward model's raw and normalised score of each completion", round_step=True),
-    Stage("select", "rsft.select", ("select", "data"), "scored (+ earlier rounds)",
-          "`round_XX/selected/`, `round_XX/pairs/`",
-          "best-of-K (top-k, threshold, or the random baseline) after filters; best-vs-worst pairs for DPO",
+    Stage("labels", "rsft.labels",
+          reads=("round", When(("refresh.samples_per_prompt", "prefs.tau", "prefs.soft", "prefs.test_fraction",
+                                "prefs.seed"), lambda cfg: not _OWN_LABELS(cfg), "simulated labels"),
+                 When(("refresh.pairs", "reward.data.format", "reward.data.label_column", "reward.data.eval_fraction",
+                       "reward.seed"), _OWN_LABELS, "refresh.pairs set")),
+          reads_doc="samples, or your `refresh.pairs`", writes="`round_XX/prefs/`",
+          does="labels pairs of the round's samples (simulated), or reads your labels of them (`refresh.pairs`), "
+               "for the refreshed reward model", round_step=True, loop_switch="refresh_reward"),
+    Stage("refresh", "rsft.refresh", reads=("round", "reward", "refresh.init", "refresh.epochs"),
+          uses=("refresh",),
+          reads_doc="every round's labels so far", writes="`round_XX/reward/`",
+          does="retrains the reward model on every label so far (stage=labels of rounds 0..r first); that model "
+               "scores the round", round_step=True, loop_switch="refresh_reward"),
+    Stage("score", "rsft.score", reads=(), uses=("reward.score_shard_rows",),
+          reads_doc="samples, the round's reward model", writes="`round_XX/scored/`",
+          does="the reward model's raw and normalised score of each completion", round_step=True),
+    Stage("select", "rsft.select", reads=("seed", "round", "select", "data.system_prompt"),
+          uses=(When(("dpo.min_margin",), lambda cfg: bool(cfg.loop.dpo) and bool(cfg.select.pairs),
+                     "loop.dpo and select.pairs"),),
+          reads_doc="scored (+ earlier rounds)", writes="`round_XX/selected/`, `round_XX/pairs/`",
+          does="best-of-K (top-k, threshold, or the random baseline) after filters; best-vs-worst pairs for DPO",
           round_step=True),
-    Stage("sft", "rsft.sft", ("sft", "data"), "selected", "`round_XX/policy/`",
-          "TRL SFTTrainer (LoRA, merged, or full) on the kept completions, loss on the completion only",
+    Stage("sft", "rsft.sft", reads=("seed", "round", "sft", "data.system_prompt", "policy"),
+          reads_doc="selected", writes="`round_XX/policy/`",
+          does="TRL SFTTrainer (LoRA, merged, or full) on the kept completions, loss on the completion only",
           round_step=True),
-    Stage("dpo", "rsft.dpo", ("dpo",), "SFT policy, pairs", "`round_XX/dpo/`",
-          "TRL DPOTrainer on the round's best-vs-worst pairs, from the round's SFT policy (also the reference)",
+    Stage("dpo", "rsft.dpo", reads=("seed", "round", "dpo"), uses=("policy",),
+          reads_doc="SFT policy, pairs", writes="`round_XX/dpo/`",
+          does="TRL DPOTrainer on the round's best-vs-worst pairs, from the round's SFT policy (also the reference)",
           round_step=True, loop_switch="dpo"),
-    Stage("draft", "rsft.draft", ("sample", "data", "draft"), "samples, the round's policy",
-          "`draft/`, `round_XX/draft/`",
-          "trains a distilled or feature draft on the policy's own samples, for the speculative sampler"),
-    Stage("eval", "rsft.eval", ("eval", "sample", "data"), "a policy, held-out prompts",
-          "`eval_initial/`, `round_XX/eval/`",
-          "reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),
-    Stage("loop", "rsft.loop", (), "everything", "everything, `plots/`, `summary.md`",
-          "prefs and reward if missing, then rounds of sample (refresh) score select sft (dpo) (draft) (eval)"),
+    Stage("draft", "rsft.draft",
+          reads=("seed", "round", When(("draft.kind", "draft.train"), _FEATURE, "draft=feature"),
+                 When(("draft_model",), lambda cfg: not _FEATURE(cfg), "draft=distilled"), "policy",
+                 "data.system_prompt", *SAMPLING,
+                 "sample.batch_rows"),
+          uses=("draft",),
+          reads_doc="samples, the round's policy", writes="`draft/`, `round_XX/draft/`",
+          does="trains a distilled or feature draft on the policy's own samples, for the speculative sampler",
+          one_process=True),
+    Stage("eval", "rsft.eval", reads=("eval", "policy", *SAMPLING, *ENGINE, *EVAL_PROMPTS),
+          uses=("sample.shard_prompts", "sample.batch_rows", "reward.score_batch_size"),
+          reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
+          does="reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),
+    Stage("loop", "rsft.loop", reads=(), uses=("loop", "draft.kind", "draft.fallback", "eval.policy", "reward.data.path"),
+          artifact=False,
+          reads_doc="everything", writes="everything, `plots/`, `summary.md`",
+          does="prefs and reward if missing, then rounds of sample (labels refresh) score select sft (dpo) "
+               "(draft) (eval)"),
 )
 
 BY_NAME = {stage.name: stage for stage in STAGES}
@@ -72,14 +168,41 @@ def get(name: str) -> Stage:
     return BY_NAME[name]
 
 
-def groups_read(name: str) -> tuple[str, ...]:
-    """The config groups a command reads: its stage's, or for stage=loop those of every stage it runs."""
-    if name == "loop":
-        seen = {"loop": None}
-        for stage in STAGES:
-            seen.update(dict.fromkeys(stage.groups))
-        return tuple(seen)
-    return get(name).groups
+def _keys(declared: Keys, cfg: Any | None) -> list[str]:
+    """The keys of a declaration; with a cfg only those whose When holds, without one all of them."""
+    out: list[str] = []
+    for entry in declared:
+        if isinstance(entry, When):
+            if cfg is None or entry.holds(cfg):
+                out += entry.keys
+        else:
+            out.append(entry)
+    return list(dict.fromkeys(out))
+
+
+def counted_keys(stage: Stage, cfg: Any) -> list[str]:
+    """The keys a stage's fingerprint is made of, for this config (rsft.runner)."""
+    return _keys(stage.reads, cfg)
+
+
+def declared_keys(stage: Stage, cfg: Any | None = None) -> list[str]:
+    """Every key a stage may read: its reads and uses, and what every stage reads."""
+    return _keys((*stage.reads, *stage.uses, *EVERY_STAGE), cfg)
+
+
+def commands_stages(name: str) -> tuple[Stage, ...]:
+    """The stages a command runs: its own, or for stage=loop every stage."""
+    return STAGES if name == "loop" else (get(name),)
+
+
+def groups_read(name: str, cfg: Any | None = None) -> tuple[str, ...]:
+    """The config groups a command reads (the first part of every key its stages declare, not EVERY_STAGE's
+    layout keys), in declaration order; with a cfg, only the keys whose When holds. rsft.checks checks them."""
+    groups: dict[str, None] = {}
+    for stage in commands_stages(name):
+        for key in _keys((*stage.reads, *stage.uses), cfg):
+            groups.setdefault(key.split(".")[0], None)
+    return tuple(groups)
 
 
 def help_lines() -> str:
@@ -87,8 +210,29 @@ def help_lines() -> str:
     return "\n".join(f"  {stage.name:<8}{stage.does}" for stage in STAGES)
 
 
+def _described(declared: Keys) -> str:
+    parts: list[str] = []
+    for entry in declared:
+        if isinstance(entry, When):
+            parts.append(f"{', '.join(f'`{k}`' for k in entry.keys)} (with {entry.doc})")
+        elif f"`{entry}`" not in parts:
+            parts.append(f"`{entry}`")
+    return ", ".join(parts) or "none"
+
+
+def fingerprint_table() -> str:
+    """docs/run-directory.md's table of what each stage's artifact is fingerprinted from (its inputs and user
+    files are decided by its plan)."""
+    rows = ["| stage | config keys in its fingerprint | also read, not in it |", "|---|---|---|"]
+    rows += [f"| `{s.name}` | {_described(s.reads)} | {_described(s.uses) if s.uses else ''} |"
+             for s in STAGES if s.artifact]
+    rows += ["", "Never in a fingerprint: the leaves " + ", ".join(f"`{k}`" for k in sorted(UNCOUNTED))
+             + " in any group; while off: " + ", ".join(f"`{k.rstrip('.')}`" for k in WHILE_OFF) + "."]
+    return "\n".join(rows)
+
+
 def markdown_table() -> str:
     """The README's stage table."""
     rows = ["| stage | reads | writes | what it does |", "|---|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.reads} | {s.writes} | {s.does} |" for s in STAGES]
+    rows += [f"| `{s.name}` | {s.reads_doc} | {s.writes} | {s.does} |" for s in STAGES]
     return "\n".join(rows)

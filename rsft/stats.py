@@ -26,6 +26,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from rsft.errors import ConfigError
+
 LEVEL = 0.95
 RESAMPLES = 2000
 SEED = 0  # the bootstrap's own seed: the same scores always give the same interval
@@ -68,9 +70,9 @@ def keyed(prompt_ids, sample_idxs, values) -> dict[tuple[str, int], float]:
 def _paired(mine: dict, theirs: dict, per_key) -> dict[str, list[float]]:
     missing = set(mine) ^ set(theirs)
     if missing:
-        raise ValueError(f"paired comparison over different completions: {len(missing)} (prompt_id, sample_idx) keys "
-                         f"are in one evaluation only, e.g. {sorted(missing)[:3]}; evaluate both on the same "
-                         f"prompts with the same eval.num_samples and eval.seed")
+        raise ConfigError(f"paired comparison over different completions: {len(missing)} (prompt_id, sample_idx) keys "
+                          f"are in one evaluation only, e.g. {sorted(missing)[:3]}; evaluate both on the same "
+                          f"prompts with the same eval.num_samples and eval.seed")
     groups = defaultdict(list)
     for key, value in mine.items():
         groups[key[0]].append(per_key(value, theirs[key]))

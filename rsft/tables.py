@@ -10,7 +10,8 @@ datasets cannot parse. datasets' own errors name neither (a bad JSONL line is a 
 without its number; an empty file is a StopIteration from its JSON builder), which is why this
 reader checks first instead of only wrapping `load_dataset`.
 
-It imports nothing else of rsft (prompts in rsft.data and pairs in reward.formats both read through it).
+It imports nothing else of rsft but its error types (prompts in rsft.data and pairs in reward.formats both read
+through it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
-from datasets.exceptions import DatasetGenerationError
+from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
+
+from rsft.errors import InputError, MissingInput
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -50,21 +53,21 @@ def check_jsonl(setting: str, path: str, file: Path, expected: str) -> None:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                raise InputError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); "
                                  f"expected one JSON object per line") from None
             if not line.strip():
                 continue  # datasets skips blank lines too
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); "
+                raise InputError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); "
                                  f"expected one JSON object per line") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{where}: a JSON {type(row).__name__}, expected a JSON object "
+                raise InputError(f"{where}: a JSON {type(row).__name__}, expected a JSON object "
                                  f"such as {{\"prompt\": \"...\"}}")
             rows += 1
     if rows == 0:
-        raise ValueError(f"{setting}={path!r} has no rows (only blank lines); expected {expected}")
+        raise InputError(f"{setting}={path!r} has no rows (only blank lines); expected {expected}")
 
 
 def read_table(setting: str, path: str, expected: str, split: str = "train", data_dir: str | None = None,
@@ -75,29 +78,38 @@ def read_table(setting: str, path: str, expected: str, split: str = "train", dat
     file = Path(path).expanduser()
     source = f"{setting}={path!r}"
     if file.is_dir():
-        loaded = load_from_disk(str(file))
+        try:
+            loaded = load_from_disk(str(file))
+        except FileNotFoundError as e:  # a folder datasets did not write: its message names neither the setting
+            raise InputError(f"{source}: not a datasets.save_to_disk folder ({e}); expected a "
+                             f"{', '.join(sorted(BUILDERS))} file (optionally .gz) or such a folder") from None
         if isinstance(loaded, DatasetDict):
             if split not in loaded:
-                raise KeyError(f"{source} holds splits {list(loaded)}, not {split!r}")
+                which = setting[:-len("path")] + "split" if setting.endswith("path") else "the split"  # data.split
+                raise InputError(f"{source} holds splits {list(loaded)}, not {split!r}; set {which} to one of them")
             loaded = loaded[split]
         return loaded, source
     if file.exists():
         suffix = table_suffix(path)
         if suffix not in BUILDERS:
-            raise ValueError(f"{source}: unknown file type {suffix!r}; expected {', '.join(sorted(BUILDERS))} "
+            raise InputError(f"{source}: unknown file type {suffix!r}; expected {', '.join(sorted(BUILDERS))} "
                              f"(optionally .gz) or a datasets folder")
         if file.stat().st_size == 0:
-            raise ValueError(f"{source} is empty; expected {expected}")
+            raise InputError(f"{source} is empty; expected {expected}")
         if suffix == ".jsonl":
             check_jsonl(setting, path, file, expected)
         try:
             return load_dataset(BUILDERS[suffix], data_files=str(file), split="train"), source
         except (DatasetGenerationError, StopIteration) as e:  # neither names the setting or the file
-            raise ValueError(f"{source}: could not be read as a {suffix} table ({e.__cause__ or e!r}); "
+            raise InputError(f"{source}: could not be read as a {suffix} table ({e.__cause__ or e!r}); "
                              f"expected {expected}") from None
     if looks_local(path):
-        raise FileNotFoundError(f"{source}: no such file or folder; expected a {', '.join(sorted(BUILDERS))} file "
-                                f"(optionally .gz), a datasets.save_to_disk folder or a hub dataset name")
+        raise MissingInput(f"{source}: no such file or folder; expected a {', '.join(sorted(BUILDERS))} file "
+                           f"(optionally .gz), a datasets.save_to_disk folder or a hub dataset name")
     where = path + (f", data_dir {data_dir}" if data_dir else "") + (f", config {config_name}" if config_name else "")
-    return (load_dataset(path, config_name, data_dir=data_dir, split=split),
-            f"hub dataset {where} (split {split})")
+    try:
+        rows = load_dataset(path, config_name, data_dir=data_dir, split=split)
+    except DatasetNotFoundError as e:  # a hub name that is not there (or not reachable offline)
+        raise MissingInput(f"{source}: {e}; expected a {', '.join(sorted(BUILDERS))} file (optionally .gz), "
+                           f"a datasets.save_to_disk folder or a hub dataset name") from None
+    return rows, f"hub dataset {where} (split {split})"

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
+from rsft.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Tracker:
         if cfg.logger.kind == "none" or not distributed.is_main():  # one process of a launch logs
             return
         if cfg.logger.kind != "wandb":
-            raise ValueError(f"logger.kind={cfg.logger.kind!r}: expected wandb or none")
+            raise ConfigError(f"logger.kind={cfg.logger.kind!r}: expected wandb or none")
         import wandb
 
         wandb_dir = Path(cfg.paths.run_dir)

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 from transformers import TrainingArguments
 
 from rsft import distributed
-from rsft.paths import ProgressFolder
+from rsft.errors import ConfigError
+from rsft.store import ProgressFolder
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +73,14 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
 def check_trained(model, loss: float | None, section: DictConfig, group: str, state_dict: dict | None = None) -> None:
     """A trained model becomes an artifact only with a finite training loss and finite weights: a learning
     rate that diverges (1e12) would otherwise save NaN weights as a finished model, and the next stage
-    would fail on them ("NaN in logits") without naming the setting. ValueError, before anything is saved."""
+    would fail on them ("NaN in logits") without naming the setting. ConfigError, before anything is saved."""
     weights = state_dict if state_dict is not None else model.state_dict()
     bad = [name for name, tensor in weights.items()
            if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad or (loss is not None and not math.isfinite(loss)):
-        raise ValueError(f"{group}: training diverged (train loss {loss}; {len(bad)} of {len(weights)} weight tensors "
-                         f"not finite{', e.g. ' + bad[0] if bad else ''}); nothing was saved. Lower "
-                         f"{group}.learning_rate (now {section.learning_rate}) or {group}.max_grad_norm and rerun")
+        raise ConfigError(f"{group}: training diverged (train loss {loss}; {len(bad)} of {len(weights)} weight tensors "
+                          f"not finite{', e.g. ' + bad[0] if bad else ''}); nothing was saved. Lower "
+                          f"{group}.learning_rate (now {section.learning_rate}) or {group}.max_grad_norm and rerun")
 
 
 def checkpoint_arguments(section: DictConfig) -> dict[str, Any]:
@@ -96,7 +97,7 @@ class TrainingCheckpoints(ProgressFolder):
     A run that trains for hours and is killed would otherwise start again from its first step: the
     artifact is written once, at the end. So the TRL trainer writes its checkpoints (the weights, or the
     LoRA adapter, with the optimizer, scheduler and RNG states: transformers' Trainer format) every
-    `<group>.checkpoint_steps` steps into this folder (rsft.paths.ProgressFolder: keyed by the stage's
+    `<group>.checkpoint_steps` steps into this folder (rsft.store.ProgressFolder: keyed by the stage's
     fingerprint); a rerun of the same command resumes from the last one
     (`trainer.train(resume_from_checkpoint=...)`), so it redoes at most one checkpoint interval. How
     close a resumed run comes to an uninterrupted one: docs/run-directory.md.

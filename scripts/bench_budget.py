@@ -18,13 +18,14 @@ import logging
 import statistics
 from pathlib import Path
 
+from replay_budget import round_config
+
 import rsft.scoring
 from rsft.data import load_prompts
+from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
-from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.sampling.budget import PruneSchedule
-from replay_budget import round_config
 
 
 def parse_schedule(text: str, k_ref: int) -> tuple[int, PruneSchedule | None, tuple[int, float] | None]:

@@ -92,9 +92,8 @@ def trl_format_accuracy(model, tokenizer, test, max_length: int, batch_size: int
 
 
 def run_plain_trl(train, test, cfg, device, cache_dir):
-    from trl import RewardTrainer
-
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardTrainer
 
     from rsft.models import model_source
 

@@ -60,7 +60,13 @@ from hydra import compose, initialize_config_dir
 
 from rsft.config import register_configs
 from rsft.data import load_prompts, prompt_token_ids
-from rsft.models import eos_token_ids, load_causal_lm, load_distilled_draft, load_feature_draft, load_saved_causal_lm
+from rsft.models import (
+    eos_token_ids,
+    load_causal_lm,
+    load_distilled_draft,
+    load_feature_draft,
+    load_saved_causal_lm,
+)
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.sampler import Sampler, SamplingSettings

@@ -30,7 +30,8 @@ from datasets import load_from_disk
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rsft.paths import RunPaths, copy_artifact, read_meta  # noqa: E402
+from rsft.paths import RunPaths  # noqa: E402
+from rsft.store import copy_artifact, read_meta  # noqa: E402
 
 SETUPS = {"1x1": (1, 1), "1x2": (1, 2), "2x1": (2, 1)}  # name -> (processes, threads per process)
 

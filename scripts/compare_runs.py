@@ -25,7 +25,8 @@ import argparse
 from pathlib import Path
 
 from rsft import stats
-from rsft.paths import RunPaths, is_complete, load_dataset_artifact
+from rsft.paths import RunPaths
+from rsft.store import is_complete, load_dataset_artifact
 from rsft.report import evaluations
 
 
@@ -56,7 +57,7 @@ def compare_kept(run_a: Path, run_b: Path, model: Path) -> None:
     import torch
 
     from reward.scoring import load_scorer
-    from rsft.paths import loading_artifact
+    from rsft.store import loading_artifact
 
     if not model.is_dir():
         raise SystemExit(f"--kept {model}: no such folder; give a trained reward model's folder (e.g. runs/hh-judge/reward)")

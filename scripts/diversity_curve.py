@@ -30,9 +30,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from rsft.paths import RunPaths, load_dataset_artifact
+from rsft.paths import RunPaths
 from rsft.report import evaluations
 from rsft.stats import bootstrap, distinct_n, mid_sentence_share
+from rsft.store import load_dataset_artifact
 
 Z95 = 1.959964
 

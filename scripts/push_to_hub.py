@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rsft.paths import RunPaths, is_complete, load_dataset_artifact
+from rsft.paths import RunPaths
+from rsft.store import is_complete, load_dataset_artifact
 
 
 def final_artifacts(run: Path) -> tuple[int, Path, Path]:

@@ -38,13 +38,20 @@ import numpy as np
 from datasets import load_from_disk
 from omegaconf import OmegaConf
 
+import rsft.scoring
 from rsft import stats
 from rsft.data import load_prompts
+from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.models import load_policy, resolve_device
-from rsft.paths import RunPaths, load_dataset_artifact, read_meta
-from rsft.generation import round_seed, sampling_settings, sample_dataset
-from rsft.sampling.budget import PruneSchedule, adaptive_counts, keepable, rows_to_stop, scored_tokens
-import rsft.scoring
+from rsft.paths import RunPaths
+from rsft.store import load_dataset_artifact, read_meta
+from rsft.sampling.budget import (
+    PruneSchedule,
+    adaptive_counts,
+    keepable,
+    rows_to_stop,
+    scored_tokens,
+)
 
 log = logging.getLogger("replay_budget")
 

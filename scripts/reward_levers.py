@@ -60,12 +60,19 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from reward.formats import load_raw, pair_hash, partition, to_preference_pairs
-from reward.scoring import PLAIN_PROMPT, STATS_FILE, load_scorer, pairwise_accuracy, prompt_template, score_pairs
+from reward.scoring import (
+    PLAIN_PROMPT,
+    STATS_FILE,
+    load_scorer,
+    pairwise_accuracy,
+    prompt_template,
+    score_pairs,
+)
 from rsft.config import check_run_name, register_configs
 from rsft.errors import ConfigError
-from rsft.paths import is_complete, loading_artifact, user_files_digest
 from rsft.reward_training import PAIR_HASHES_FILE
 from rsft.stats import LEVEL, RESAMPLES, SEED, bootstrap, by_prompt, paired_difference
+from rsft.store import is_complete, loading_artifact, user_files_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 register_configs()  # conf/ composes the typed schema (rsft.config)

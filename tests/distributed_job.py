@@ -25,14 +25,14 @@ def main() -> None:
 
     kill = job.get("kill")
     if kill and int(os.environ.get("RANK", 0)) == kill["rank"]:
-        real_sft = rsft.sft.run
+        real_sft = rsft.sft.build
 
-        def dying_sft(cfg, tracker=None):
+        def dying_sft(cfg, job):
             if int(cfg.round) == kill["sft_round"]:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real_sft(cfg, tracker)
+            return real_sft(cfg, job)
 
-        rsft.sft.run = dying_sft
+        rsft.sft.build = dying_sft
     for overrides in job["stages"]:
         run_stage(compose_cfg(Path(job["runs_root"]), *overrides))
 

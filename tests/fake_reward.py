@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rsft.paths import RunPaths, atomic_artifact
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact
 
 
 class FakeScorer:

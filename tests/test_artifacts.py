@@ -15,9 +15,17 @@ import torch
 from datasets import load_from_disk
 from fake_reward import install_fake_reward
 
-from rsft.errors import ArtifactError, ConfigError, DamagedArtifact, RunDirectoryBusy, StaleArtifact
+from rsft.errors import (
+    ArtifactError,
+    ConfigError,
+    DamagedArtifact,
+    RunDirectoryBusy,
+    StaleArtifact,
+)
 from rsft.models import load_causal_lm, load_saved_causal_lm
-from rsft.paths import RunPaths, atomic_artifact, run_lock
+from rsft.lock import run_lock
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact
 from rsft.run import run_stage
 from tests.conftest import REPO
 
@@ -191,7 +199,7 @@ def test_a_run_directory_held_by_a_live_command_is_refused(make_cfg):
 def test_a_lock_left_by_a_dead_process_is_taken_over(make_cfg, tmp_path):
     cfg = make_cfg("stage=sample")
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom rsft.paths import run_lock\n"
+        "import sys, time\nfrom rsft.lock import run_lock\n"
         f"with run_lock({cfg.paths.run_dir!r}, 'stage=loop'):\n    print('held', flush=True)\n    time.sleep(60)\n")],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert holder.stdout.readline().strip() == "held"

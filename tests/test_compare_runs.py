@@ -6,7 +6,8 @@ import importlib.util
 
 from datasets import Dataset
 
-from rsft.paths import RunPaths, atomic_artifact
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact
 from tests.conftest import REPO, TINY_REWARD
 
 

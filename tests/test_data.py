@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from rsft.data import chat_text, load_prompts, prompt_token_ids
 from rsft.demo_prompts import build_demo_prompts
+from rsft.errors import InputError, MissingInput
 from rsft.models import build_byte_tokenizer
 
 
@@ -48,11 +49,11 @@ def test_local_parquet_and_datasets_folder(tmp_path):
 @pytest.mark.parametrize(
     "rows,extra,error,match",
     [
-        (None, {}, FileNotFoundError, r"data.path=.*missing.jsonl.*no such file"),
-        ([], {}, ValueError, r"data.path=.*is empty"),
-        ([{"text": "a"}], {}, KeyError, r"data.prompt_column='prompt' is not a column.*\['text'\]"),
-        ([{"prompt": "a"}, {"prompt": 3}], {}, TypeError, r"row 1, column 'prompt': expected a non-empty string"),
-        ([{"prompt": "a"}, {"prompt": "  "}], {}, TypeError, r"row 1"),
+        (None, {}, MissingInput, r"data.path=.*missing.jsonl.*no such file"),
+        ([], {}, InputError, r"data.path=.*is empty"),
+        ([{"text": "a"}], {}, InputError, r"data.prompt_column='prompt' is not a column.*\['text'\]"),
+        ([{"prompt": "a"}, {"prompt": 3}], {}, InputError, r"row 1, column 'prompt': expected a non-empty string"),
+        ([{"prompt": "a"}, {"prompt": "  "}], {}, InputError, r"row 1"),
     ],
 )
 def test_bad_prompt_files_are_named(tmp_path, rows, extra, error, match):
@@ -140,5 +141,5 @@ def test_hh_rlhf_bad_settings_are_named(tmp_path, extra, error, match):
 
 def test_hh_rlhf_prompts_need_transcripts(tmp_path):
     path = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "hi"}])
-    with pytest.raises(KeyError, match="missing column 'chosen'"):
+    with pytest.raises(InputError, match="missing column 'chosen'"):
         load_prompts(hh_cfg(path), "train")

@@ -10,7 +10,8 @@ import sys
 import pytest
 from datasets import load_from_disk
 
-from rsft.paths import RunPaths, copy_artifact, is_complete, read_meta
+from rsft.paths import RunPaths
+from rsft.store import copy_artifact, is_complete, read_meta
 from rsft.run import run_stage
 from tests.conftest import REPO
 

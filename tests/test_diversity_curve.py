@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from rsft.paths import RunPaths, atomic_artifact
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact
 from rsft.stats import distinct_n
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "diversity_curve.py"

@@ -9,10 +9,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rsft.models import DRAFT_HEAD_FILE, load_causal_lm, load_distilled_draft, load_feature_draft
-from rsft.paths import RunPaths, read_meta
-from rsft.run import run_stage
 from rsft.generation import build_draft
+from rsft.models import (
+    DRAFT_HEAD_FILE,
+    load_causal_lm,
+    load_distilled_draft,
+    load_feature_draft,
+)
+from rsft.paths import RunPaths
+from rsft.store import read_meta
+from rsft.run import run_stage
 
 SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6", "sample.max_new_tokens=24", "draft_model.num_layers=1",
          "draft_model.epochs=6", "draft_model.batch_size=8", "draft_model.eval_prompts=3", "draft_model.eval_samples=4",

@@ -14,7 +14,8 @@ from fake_reward import install_fake_reward
 
 from rsft.metrics import best_of_n_kl_bound, expected_best_of_n, read_metrics
 from rsft.models import load_policy
-from rsft.paths import RunPaths, atomic_artifact, read_meta
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact, read_meta
 from rsft.run import run_stage
 
 

@@ -13,11 +13,11 @@ PACKAGES = ("rsft", "reward")
 GROUND_FLOOR = {
     "rsft.errors": set(),
     "rsft.stages": set(),
-    "rsft.tables": set(),
+    "rsft.tables": {"rsft.errors"},
     "rsft.config": {"rsft.errors", "rsft.sampling"},
 }
 # what reward/ may import from rsft: the ground floor and the model/training helpers below the stages
-REWARD_MAY_IMPORT = {"rsft.errors", "rsft.tables", "rsft.training", "rsft.models", "rsft.paths", "rsft.distributed"}
+REWARD_MAY_IMPORT = {"rsft.errors", "rsft.tables", "rsft.training", "rsft.models", "rsft.store", "rsft.distributed"}
 
 
 def module_files() -> dict[str, Path]:
@@ -92,3 +92,19 @@ def test_reward_imports_no_stage():
         if module.startswith("reward"):
             from_rsft = {m for m in imported if m.startswith("rsft")}
             assert from_rsft <= REWARD_MAY_IMPORT, f"{module} imports {sorted(from_rsft - REWARD_MAY_IMPORT)}"
+
+
+def stage_modules() -> set[str]:
+    from rsft.stages import STAGES
+
+    return {stage.module for stage in STAGES}
+
+
+def test_no_stage_module_imports_another_and_nothing_below_imports_a_stage():
+    """A stage module imports services (rsft.generation, rsft.scoring, ...), never another stage module, and
+    nothing but the entry point's runner and the loop's driver reaches a stage (through rsft.runner)."""
+    graph, stage_mods = import_graph(), stage_modules()
+    for module, imported in graph.items():
+        reached = imported & stage_mods
+        assert not reached, f"{module} imports the stage module(s) {sorted(reached)}"
+

@@ -4,10 +4,10 @@ names the setting or the file and line, and says what was expected."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,8 +15,8 @@ from hydra.errors import ConfigCompositionException
 from transformers import LlamaConfig
 
 from rsft.checks import check_config
-from rsft.errors import ConfigError
 from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_token_ids
+from rsft.errors import ConfigError
 from rsft.models import build_byte_tokenizer
 from rsft.stages import BY_NAME as STAGES
 from tests.conftest import REPO
@@ -60,7 +60,7 @@ def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_pat
 
 
 @pytest.mark.parametrize("override,message", [
-    ("sample.top_p=7", "sample.top_p must be in (0, 1]"),
+    ("sample.top_p=7", "sample.top_p=7.0: expected a number in (0, 1]"),
     ("sft.learning_rate=-1", "sft.learning_rate=-1.0: expected"),
     ("reward.epochs=0", "reward.epochs=0: expected"),
     ("draft=feature", None), ("draft=feature draft.train.num_layers=0", "draft.train.num_layers=0: expected"),

@@ -3,7 +3,6 @@ that ends with the same artifacts as a run that never crashed; wandb offline fil
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from datasets import load_from_disk
@@ -11,7 +10,8 @@ from datasets import load_from_disk
 import rsft.sft
 from rsft.metrics import read_metrics
 from rsft.models import load_saved_causal_lm
-from rsft.paths import RunPaths, is_complete
+from rsft.paths import RunPaths
+from rsft.store import is_complete
 from rsft.run import run_stage
 
 LOOP = ["stage=loop", "loop.rounds=2", "reward=tiny", "prefs.num_prompts=4", "prefs.num_samples=3",
@@ -22,20 +22,20 @@ LOOP = ["stage=loop", "loop.rounds=2", "reward=tiny", "prefs.num_prompts=4", "pr
 def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypatch):
     straight = RunPaths(run_stage(make_cfg(*LOOP, "run_name=straight", "logger=wandb", "logger.mode=offline")).path)
 
-    real_sft = rsft.sft.run
+    real_sft = rsft.sft.build
 
-    def crash_in_round_1(cfg, tracker=None):
+    def crash_in_round_1(cfg, job):
         if cfg.round == 1:
             raise RuntimeError("killed")
-        return real_sft(cfg, tracker)
+        return real_sft(cfg, job)
 
-    monkeypatch.setattr(rsft.sft, "run", crash_in_round_1)
+    monkeypatch.setattr(rsft.sft, "build", crash_in_round_1)
     with pytest.raises(RuntimeError, match="killed"):
         run_stage(make_cfg(*LOOP, "run_name=crashed"))
     crashed = RunPaths(straight.root.parent / "crashed")
     assert is_complete(crashed.eval(0)) and is_complete(crashed.selected(1)) and not crashed.policy(1).exists()
     stamp = (crashed.samples(1) / "meta.json").stat().st_mtime
-    monkeypatch.setattr(rsft.sft, "run", real_sft)
+    monkeypatch.setattr(rsft.sft, "build", real_sft)
     run_stage(make_cfg(*LOOP, "run_name=crashed"))
     assert (crashed.samples(1) / "meta.json").stat().st_mtime == stamp  # resumed, not redone
 
@@ -75,7 +75,7 @@ def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypat
 
 def test_reward_from_copies_the_judge_and_baseline_of_another_run(tmp_path):
     from rsft.loop import share_judge
-    from rsft.paths import atomic_artifact, read_meta
+    from rsft.store import atomic_artifact, read_meta
 
     source, target = RunPaths(tmp_path / "best"), RunPaths(tmp_path / "random")
     for name in ("prefs", "reward", "initial_eval"):
@@ -91,7 +91,7 @@ def test_reward_from_copies_the_judge_and_baseline_of_another_run(tmp_path):
 
 
 def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
-    from rsft.paths import read_meta
+    from rsft.store import read_meta
 
     cfg = make_cfg(*LOOP, "run_name=drafted", "draft=distilled", "loop.eval=false", "draft_model.num_layers=1",
                    "draft_model.epochs=1", "draft_model.eval_prompts=2", "draft_model.eval_samples=2")
@@ -105,7 +105,7 @@ def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
 
 def test_reward_from_a_run_whose_reward_model_was_trained_on_user_pairs(tmp_path):
     from rsft.loop import share_judge
-    from rsft.paths import atomic_artifact, is_complete
+    from rsft.store import atomic_artifact, is_complete
 
     source, target = RunPaths(tmp_path / "user-pairs"), RunPaths(tmp_path / "baseline")
     with atomic_artifact(source.reward, {"stage": "reward"}) as tmp:  # no prefs/, no eval_initial/
@@ -115,7 +115,7 @@ def test_reward_from_a_run_whose_reward_model_was_trained_on_user_pairs(tmp_path
 
 
 def test_loop_refreshes_the_feature_draft_after_each_rounds_sft(make_cfg):
-    from rsft.paths import read_meta
+    from rsft.store import read_meta
 
     cfg = make_cfg(*LOOP, "run_name=featured", "draft=feature", "loop.eval=false", "draft.train.epochs=2",
                    "draft.train.eval_prompts=2", "draft.train.eval_samples=2")

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from rsft.paths import RunPaths, atomic_artifact, is_complete, read_meta, should_skip
+from rsft.fingerprints import check_reuse
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact, is_complete, read_meta
 
 
 def test_artifact_appears_only_complete(tmp_path):
@@ -36,19 +38,19 @@ def test_incomplete_folder_is_not_trusted_and_is_rebuilt(tmp_path):
     final = tmp_path / "samples"
     final.mkdir()
     (final / "junk").write_text("from a killed run")
-    assert not should_skip(final, overwrite=False, what="test", wanted={})
+    assert not check_reuse(final, overwrite=False, what="test", wanted={})
     with atomic_artifact(final, {}) as tmp:
         (tmp / "good").write_text("ok")
     assert sorted(p.name for p in final.iterdir()) == ["good", "meta.json"]
-    assert should_skip(final, overwrite=False, what="test", wanted={})
-    assert not should_skip(final, overwrite=True, what="test", wanted={})
+    assert check_reuse(final, overwrite=False, what="test", wanted={})
+    assert not check_reuse(final, overwrite=True, what="test", wanted={})
 
 
 def test_kill_minus_nine_mid_write_leaves_no_trusted_artifact(tmp_path):
     final = tmp_path / "samples"
     script = (
         "import time, sys\n"
-        "from rsft.paths import atomic_artifact\n"
+        "from rsft.store import atomic_artifact\n"
         f"with atomic_artifact({str(final)!r}, {{}}) as tmp:\n"
         "    (tmp / 'part').write_text('half')\n"
         "    print('writing', flush=True)\n"

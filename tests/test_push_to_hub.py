@@ -6,7 +6,8 @@ import importlib.util
 
 import pytest
 
-from rsft.paths import RunPaths, atomic_artifact
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact
 from tests.conftest import REPO
 
 

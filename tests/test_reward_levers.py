@@ -12,9 +12,15 @@ from omegaconf import OmegaConf
 
 from reward.formats import pair_hash
 from reward.model import build_tiny_reward_model
-from reward.scoring import HH_PROMPT, PLAIN_PROMPT, load_scorer, save_reward_model, score_pairs
+from reward.scoring import (
+    HH_PROMPT,
+    PLAIN_PROMPT,
+    load_scorer,
+    save_reward_model,
+    score_pairs,
+)
 from rsft.models import build_byte_tokenizer
-from rsft.paths import atomic_artifact
+from rsft.store import atomic_artifact
 from rsft.reward_training import PAIR_HASHES_FILE
 from tests.conftest import REPO, TINY_REWARD
 

@@ -15,12 +15,12 @@ from omegaconf import OmegaConf
 
 import rsft.refresh
 from reward.scoring import load_scorer
-from rsft.errors import ConfigError
 from rsft.data import load_prompts, rotation_rows
 from rsft.demo_prompts import build_demo_prompts
+from rsft.errors import ConfigError, StaleArtifact
 from rsft.models import load_causal_lm, load_saved_causal_lm
-from rsft.errors import StaleArtifact
-from rsft.paths import RunPaths, atomic_artifact, is_complete, read_meta
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact, is_complete, read_meta
 from rsft.run import run_stage
 from tests.conftest import compose_cfg
 
@@ -62,8 +62,8 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
     refresh.pairs, and stays off for a random baseline and for the user's prompts without labels,
     where an explicit true is refused before any work."""
     from rsft.checks import check_config
-    from rsft.loop import round_stages
     from rsft.config import refresh_reward_on
+    from rsft.loop import round_stages
 
     assert compose_cfg(tmp_path, "stage=loop", tiny=False).loop.refresh_reward == "auto"
     demo = make_cfg("stage=loop", "loop.refresh_reward=auto")

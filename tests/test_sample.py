@@ -7,7 +7,8 @@ import json
 import pytest
 from datasets import load_from_disk
 
-from rsft.paths import RunPaths, read_meta
+from rsft.paths import RunPaths
+from rsft.store import read_meta
 from rsft.run import run_stage
 
 PROVENANCE = {"prompt_id", "prompt", "sample_idx", "completion", "completion_ids", "num_tokens", "finish_reason",
@@ -168,7 +169,7 @@ def test_sampling_with_a_budget_resumes_mid_way_and_is_reproducible(make_cfg, mo
     uninterrupted run's. Pruning and adaptive K off leave the fingerprint as it was before they existed."""
     from fake_reward import install_fake_reward
 
-    from rsft.sample import wanted_fingerprint
+    from rsft.runner import wanted_fingerprint
 
     sampling = CountedSampling(monkeypatch)
     sampled = sampling.prompts
@@ -188,9 +189,8 @@ def test_sampling_with_a_budget_resumes_mid_way_and_is_reproducible(make_cfg, mo
     assert sampled == [2, 2, 2, 2, 2]  # after the kill only the second pass's last shard is sampled
     assert resumed.to_list() == straight.to_list()
 
-    paths = RunPaths.from_config(cfg)
-    wanted = wanted_fingerprint(cfg, paths)
+    wanted = wanted_fingerprint(cfg)
     assert "sample.prune.at" in wanted["config"] and "reward" in wanted["inputs"]
-    plain = wanted_fingerprint(make_cfg("stage=sample", "run_name=killed"), paths)
+    plain = wanted_fingerprint(make_cfg("stage=sample", "run_name=killed"))
     assert not any(k.startswith(("sample.prune", "sample.adaptive")) for k in plain["config"])
     assert "reward" not in plain["inputs"]

@@ -6,7 +6,7 @@ import pytest
 from datasets import load_from_disk
 from fake_reward import FakeScorer, install_fake_reward
 
-from rsft.paths import read_meta
+from rsft.store import read_meta
 from rsft.run import run_stage
 
 

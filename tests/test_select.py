@@ -7,7 +7,9 @@ import logging
 import pytest
 from datasets import Dataset, load_from_disk
 
-from rsft.paths import RunPaths, atomic_artifact, read_meta
+from rsft.errors import ArtifactError
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact, read_meta
 from rsft.run import run_stage
 
 
@@ -145,7 +147,7 @@ def test_pairs_are_best_vs_worst_in_trl_conversational_preference_format(make_cf
 def test_scored_set_without_reward_column_names_file_and_column(make_cfg):
     cfg = make_cfg("stage=select")
     write_scored(cfg, ROWS, drop_column="reward")
-    with pytest.raises(KeyError, match=r"round_00/scored has no 'reward' column"):
+    with pytest.raises(ArtifactError, match=r"round_00/scored has no 'reward' column"):
         run_stage(cfg)
 
 

@@ -8,7 +8,8 @@ import torch
 from datasets import Dataset, load_from_disk
 
 from rsft.models import load_policy, load_saved_causal_lm
-from rsft.paths import RunPaths, atomic_artifact, read_meta
+from rsft.paths import RunPaths
+from rsft.store import atomic_artifact, read_meta
 from rsft.run import run_stage
 from rsft.sft import conversational_examples, cut_examples
 
@@ -151,8 +152,9 @@ def assert_same_losses(resumed: dict, straight: dict) -> None:
 def test_sft_whose_save_failed_resumes_at_its_last_step_with_its_losses(make_cfg, monkeypatch):
     """The policy's save fails (a full disk) after the last step: the rerun trains no step (the trainer's
     checkpoint of the last step is kept), and its meta.json still has the run's losses, not 0."""
-    import rsft.sft as sft
     from transformers import Trainer
+
+    import rsft.sft as sft
 
     settings = ["stage=sft", "sft.learning_rate=3e-3", "sft.epochs=2", "sft.batch_size=2", "sft.checkpoint_steps=3",
                 "device=cpu"]

@@ -134,7 +134,7 @@ def test_vllm_samples_rsfts_distribution_and_a_wrong_temperature_is_caught(engin
 def test_the_sample_stage_writes_rsfts_dataset_with_the_vllm_backend(make_cfg):
     from datasets import load_from_disk
 
-    from rsft.paths import read_meta
+    from rsft.store import read_meta
     from rsft.run import run_stage
     from tests.test_sample import PROVENANCE
 

@@ -31,7 +31,11 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
 
 SAVED_PREFIXES = ("fc.", "layers.", "norm.")  # what training changes; the rest is the policy's
 
@@ -139,7 +143,10 @@ class FeatureDraftModel(nn.Module):
     def _layer_with_keys(layer, x, position_embeddings, mask, keys: list, values: list):
         """One decoder layer whose attention also sees the keys/values of the earlier unroll steps
         (appended to `keys`/`values`): LlamaDecoderLayer's computation with a hand-held key list."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+        from transformers.models.llama.modeling_llama import (
+            apply_rotary_pos_emb,
+            repeat_kv,
+        )
 
         attn = layer.self_attn
         residual = x

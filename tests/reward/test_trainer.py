@@ -9,7 +9,13 @@ from omegaconf import OmegaConf
 
 from reward.encoding import tokenize_preferences
 from reward.model import build_tiny_reward_model
-from reward.scoring import RewardScorer, load_scorer, pairwise_accuracy, save_reward_model, score_pairs
+from reward.scoring import (
+    RewardScorer,
+    load_scorer,
+    pairwise_accuracy,
+    save_reward_model,
+    score_pairs,
+)
 from reward.trainer import train_reward_model
 from rsft.models import build_byte_tokenizer
 

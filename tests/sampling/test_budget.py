@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from rsft.sampling.budget import PRUNED, PruneSchedule, allocate, expected_best, rows_to_stop, scored_tokens
+from rsft.sampling.budget import (
+    PRUNED,
+    PruneSchedule,
+    allocate,
+    expected_best,
+    rows_to_stop,
+    scored_tokens,
+)
 from rsft.sampling.drafts import ModelDraft, NgramDraft
 from rsft.sampling.sampler import Sampler, SamplingSettings
 from tests.sampling.test_sampler import feature_draft, tiny_lm

@@ -1,0 +1,61 @@
+"""stage=labels: labelled pairs of round r's samples, for the reward model that follows the policy (stage=refresh).
+
+    python -m rsft.run stage=labels round=1 loop.refresh_reward=true                       # simulated (demo)
+    python -m rsft.run stage=labels round=1 loop.refresh_reward=true refresh.pairs=labels  # your labels/round_01.jsonl
+
+Writes round_XX/prefs/, a DatasetDict train / test like prefs/ (rsft.labelling):
+- demo task: every pair among the first refresh.samples_per_prompt completions of each prompt of
+  round_XX/samples/, labelled by stage=prefs's simulated annotators (prefs.tau, prefs.soft) and split
+  by prompt (prefs.test_fraction);
+- your data: refresh.pairs, a folder holding your labelled pairs of each round's samples, one entry per
+  round named round_XX (round_01.jsonl, .json, .parquet, or a datasets folder round_01/), read like
+  reward.data.path (reward.data.format and label_column) and held out by row (reward.data.eval_fraction).
+  (A folder, not a path template: Hydra's override grammar would need `{round}` quoted twice.)
+stage=refresh runs this stage for every round up to its own before it retrains; stage=loop runs it
+after each round's sampling with loop.refresh_reward.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from rsft.errors import ConfigError, MissingInput
+from rsft.labelling import round_pairs_path, simulated_labels, user_labels
+from rsft.paths import RunPaths
+from rsft.runner import Built, Job, Plan
+from rsft.store import is_complete, load_dataset_artifact
+
+log = logging.getLogger(__name__)
+
+
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """The round's samples and how they are labelled, or the user's file of the round (rsft.stages)."""
+    round_idx = int(cfg.round)
+    if not paths.refresh_reward:
+        raise ConfigError("stage=labels writes round_XX/prefs, which only loop.refresh_reward=true reads; add "
+                          "loop.refresh_reward=true (to this command and to the loop's)")
+    user_file = round_pairs_path(cfg, round_idx)
+    if user_file is not None:
+        return Plan(outputs=[paths.round_prefs(round_idx)], user_files=[user_file])
+    if not is_complete(paths.samples(round_idx)):
+        raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
+                           f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
+    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)])
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    round_idx = int(cfg.round)
+    user_file = round_pairs_path(cfg, round_idx)
+    if user_file is None:
+        splits, counts = simulated_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx)
+    else:
+        splits, counts = user_labels(cfg, user_file)
+    counts.update({"train_pairs": len(splits["train"]), "test_pairs": len(splits["test"])})
+    meta = {"stage": "labels", "round": round_idx, "labels": "simulated" if user_file is None else user_file,
+            "counts": counts}
+    log.info("labels: %d labelled pairs of round %d (%d train / %d held out) for %s", counts["pairs"], round_idx,
+             counts["train_pairs"], counts["test_pairs"], job.out)
+    return Built([(meta, lambda tmp: splits.save_to_disk(str(tmp)))],
+                 {f"refresh/labels_{k}": v for k, v in counts.items() if isinstance(v, (int, float))}, step=round_idx)

@@ -1,0 +1,140 @@
+"""The runner: the one place the artifact protocol is spelled, for every stage.
+
+    artifact = runner.run("select", cfg)      # what rsft.run and stage=loop call
+
+A stage module exposes two functions; the runner does the rest, in this order:
+  plan(cfg, paths) -> Plan     where it writes, which artifacts and user files it reads, and the stages
+                               that must run first (eval's baseline, refresh's labels); it refuses what
+                               it cannot build (a missing input), before any work
+  build(cfg, job) -> Built     the computation: loads, computes, and returns each output's meta.json
+                               entries and a function that writes its files into a folder
+The runner: runs the stages the plan names first, fingerprints the artifact from the keys the stage
+declares (rsft.stages: reads, less UNCOUNTED and WHILE_OFF) and the inputs' digests, reuses a
+complete artifact made from the same, refuses one made from anything else (StaleArtifact), opens
+the tracker, builds, writes each output atomically on the main process, waits for every process,
+drops the build's resume progress (shards, checkpoints), logs its metrics, and returns the record.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from rsft import distributed, stages
+from rsft.fingerprints import check_reuse, fingerprint
+from rsft.paths import RunPaths
+from rsft.store import Artifact, ShardStore, atomic_artifact, finished
+from rsft.tracking import Tracker, stage_tracker
+from rsft.training import TrainingCheckpoints
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    """What a stage will read and write, decided from the config and the run directory before any work."""
+
+    outputs: list[Path]                     # the first is the stage's result; each gets its own meta.json
+    inputs: list[Path] = field(default_factory=list)        # artifacts it reads (their digests are fingerprinted)
+    user_files: list = field(default_factory=list)          # the user's files it reads (by content)
+    first: list[DictConfig] = field(default_factory=list)   # stage configs to run before this one
+    names: list[str] = field(default_factory=list)          # each output's name in messages (default: the stage)
+
+
+@dataclass
+class Built:
+    """What a build returns: per output (in Plan order) its meta.json entries and what writes its files."""
+
+    outputs: list[tuple[dict, Callable[[Path], None]]]
+    metrics: dict[str, Any] = field(default_factory=dict)   # logged to the tracker as they are (<stage>/<name>)
+    step: int | None = None                                 # the metrics' x value (the round)
+
+
+@dataclass
+class Job:
+    """What a build gets from the runner: where things are, the fingerprint, the tracker, resume progress."""
+
+    paths: RunPaths
+    plan: Plan
+    wanted: dict
+    tracker: Tracker
+    _progress: list = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        return self.plan.outputs[0]
+
+    def shards(self) -> ShardStore:
+        """The finished shards of this artifact's rows (sampling, scoring), to resume from."""
+        store = ShardStore(self.out, self.wanted)
+        self._progress.append(store)
+        return store
+
+    def checkpoints(self) -> TrainingCheckpoints:
+        """The trainer's checkpoints of this artifact, to resume from."""
+        folder = TrainingCheckpoints(self.out, self.wanted)
+        self._progress.append(folder)
+        return folder
+
+
+def module(stage: stages.Stage):
+    return importlib.import_module(stage.module)
+
+
+def fingerprint_of(stage: stages.Stage, cfg: DictConfig, plan: Plan) -> dict:
+    """The artifact's fingerprint: the declared keys (rsft.stages.counted_keys) with the settings that are
+    off left out (rsft.stages.WHILE_OFF), the inputs' digests and the user files' checksums."""
+    wanted = fingerprint(cfg, stages.counted_keys(stage, cfg), plan.inputs, plan.user_files)
+    off = tuple(prefix for prefix, is_off in stages.WHILE_OFF.items() if is_off(cfg))
+    for key in [k for k in wanted["config"] if k.startswith(off)]:
+        del wanted["config"][key]
+    return wanted
+
+
+def wanted_fingerprint(cfg: DictConfig) -> dict:
+    """The fingerprint stage `cfg.stage` would record now (its inputs must exist)."""
+    stage = stages.get(cfg.stage)
+    return fingerprint_of(stage, cfg, module(stage).plan(cfg, RunPaths.from_config(cfg)))
+
+
+def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
+    """Build (or reuse) stage `name`'s artifact for `cfg`; its record (path and meta.json)."""
+    stage = stages.get(name)
+    if not stage.artifact:
+        return module(stage).run(cfg, tracker)
+    paths = RunPaths.from_config(cfg)
+    plan = module(stage).plan(cfg, paths)
+    for first in plan.first:
+        run(first.stage, first, tracker)
+    wanted = fingerprint_of(stage, cfg, plan)
+    names = plan.names or [name] * len(plan.outputs)
+    if all(check_reuse(out, cfg.overwrite, what, wanted) for out, what in zip(plan.outputs, names)):
+        return finished(plan.outputs[0])
+    config = OmegaConf.to_container(cfg, resolve=True)  # every artifact records the whole config it was made with
+    with stage_tracker(cfg, name, tracker) as tracker:
+        job = Job(paths, plan, wanted, tracker)
+        built = None
+        if distributed.is_main() or not stage.one_process:
+            built = module(stage).build(cfg, job)
+        if distributed.is_main():
+            if len(built.outputs) != len(plan.outputs):
+                raise RuntimeError(f"stage={name} built {len(built.outputs)} outputs for {len(plan.outputs)} planned")
+            for out, (meta, write) in zip(plan.outputs, built.outputs):
+                with atomic_artifact(out, {**meta, "config": config}, wanted) as tmp:
+                    write(tmp)
+        for progress in job._progress:
+            progress.remove()  # a barrier first: every process is done with its own
+        distributed.barrier()
+        if built is not None and built.metrics:
+            tracker.log(built.metrics, step=built.step)
+    return finished(plan.outputs[0])
+
+
+def at(cfg: DictConfig, name: str, **settings) -> DictConfig:
+    """`cfg` for stage `name` (and any other top-level or group settings), for Plan.first and the loop."""
+    return OmegaConf.merge(cfg, {"stage": name, **settings})

@@ -1,0 +1,338 @@
+"""Artifacts on disk: how one is written (atomically, meta.json last), told complete, checked for damage and loaded, and the progress a stage keeps beside it to resume from (shards, checkpoints).
+
+An artifact is a folder (a `datasets.save_to_disk` folder or a `save_pretrained` folder). It is built
+under a temporary sibling name, `meta.json` is written into it last, and then it is renamed into place
+in one `os.replace`. So a folder at an artifact's name without `meta.json` cannot be the result of a
+finished write: it is incomplete, never read, and rebuilt. A kill at any point leaves either the old
+state or the complete new artifact; stale temporary folders are swept on the next write. A reused or
+loaded artifact whose files are missing, have another size or another CRC-32 is damaged
+(DamagedArtifact): the error names the folder and the command that rebuilds it. Each file is
+checksummed once per process. Where artifacts live is rsft.paths; what made one, rsft.fingerprints."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from rsft import distributed
+from rsft.errors import (
+    ArtifactError,
+    DamagedArtifact,
+    MissingInput,
+    StaleArtifact,
+)
+
+log = logging.getLogger(__name__)
+
+
+META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """What a stage returns: its artifact's folder and the meta.json record it holds, whether the stage
+    built it now or reused it; the loop hands the records to the report (rsft.report.Records)."""
+
+    path: Path
+    meta: dict
+
+    def __fspath__(self) -> str:  # usable wherever a folder is: load_from_disk(artifact), Path(artifact)
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def finished(path: str | os.PathLike) -> Artifact:
+    """A stage's result, once every process can read it (after the barrier that follows rank 0's write)."""
+    return Artifact(Path(path), read_meta(path))
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """An artifact exists only once its meta.json does (it is written last)."""
+    return (Path(path) / META_FILE).is_file()
+
+
+def rebuild_hint(path: Path, meta: dict | None = None) -> str:
+    meta = meta or {}
+    stage, round_idx = meta.get("stage"), meta.get("round")
+    command = f"python -m rsft.run stage={stage}" + (f" round={round_idx}" if round_idx not in (None, -1) else "")
+    return (f"rebuild it with `{command} overwrite=true` (and everything built from it)" if stage
+            else f"delete {path} and rerun the stage that builds it")
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not is_complete(path):
+        raise MissingInput(f"{path} is not a complete artifact (no {META_FILE}); run the stage that builds it")
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DamagedArtifact(f"{path / META_FILE} cannot be read ({error}); {rebuild_hint(path)}") from None
+    if not isinstance(meta, dict):
+        raise DamagedArtifact(f"{path / META_FILE} is not a JSON object; {rebuild_hint(path)}")
+    return meta
+
+
+# (file, size, mtime_ns) -> its CRC-32, computed once per process: an artifact read by several stages of a
+# loop (a policy folder: 540 MB) is checksummed once, and again only when a file changes on disk
+_CHECKSUMS: dict[tuple[str, int, int], str] = {}
+
+
+def _checksum(file: Path) -> str:
+    status = file.stat()
+    key = (str(file), status.st_size, status.st_mtime_ns)
+    if key not in _CHECKSUMS:
+        _CHECKSUMS[key] = file_digest(file)["crc32"]
+    return _CHECKSUMS[key]
+
+
+def _cached_digest(file: Path) -> dict[str, Any]:
+    """file_digest's size and CRC-32, from the per-process checksum cache."""
+    return {"size": file.stat().st_size, "crc32": _checksum(file)}
+
+
+def check_intact(path: str | os.PathLike) -> dict[str, Any]:
+    """The artifact's meta, after checking that every file it recorded is there with its size and its
+    CRC-32 (damage that keeps a file's size is caught too; each file is read once per process)."""
+    path = Path(path)
+    meta = read_meta(path)
+    for name, record in (meta.get("files") or {}).items():
+        file = path / name
+        size = file.stat().st_size if file.is_file() else None
+        if size != record["size"]:
+            found = "is missing" if size is None else f"has {size} bytes"
+            raise DamagedArtifact(f"{path} is damaged: {name} {found}, {META_FILE} recorded {record['size']} bytes; "
+                                  f"{rebuild_hint(path, meta)}")
+        if "crc32" in record and _checksum(file) != record["crc32"]:
+            raise DamagedArtifact(f"{path} is damaged: {name} has other content than when it was written (CRC-32 "
+                                  f"{_checksum(file)}, {META_FILE} recorded {record['crc32']}); "
+                                  f"{rebuild_hint(path, meta)}")
+    return meta
+
+
+def check_fresh(path: str | os.PathLike, run_dir: str | os.PathLike, _seen: set | None = None) -> dict[str, Any]:
+    """check_intact, and the same for everything it was built from, all the way up: an artifact whose
+    input was rebuilt since (its digest changed) or whose user file changed is stale, and so is everything
+    built from it. Without this a rebuilt samples/ would stop score, but select would go on reusing
+    selected/ picked from the old scores. Inputs that no longer exist are not judged here (the stage
+    that needs them says they are missing)."""
+    path, run_dir = Path(path), Path(run_dir)
+    seen = set() if _seen is None else _seen
+    meta = check_intact(path)
+    if path in seen:
+        return meta
+    seen.add(path)
+    recorded = meta.get("fingerprint") or {}
+    for name, digest in (recorded.get("inputs") or {}).items():
+        source = Path(name) if Path(name).is_absolute() else run_dir / name
+        if not is_complete(source):
+            continue
+        current = check_fresh(source, run_dir, seen).get("digest")
+        if current != digest:
+            raise StaleArtifact(f"{path} was built from {name} before {name} was rebuilt; "
+                                f"{rebuild_hint(path, meta)}")
+    for name, digest in (recorded.get("user_files") or {}).items():
+        if Path(name).expanduser().exists() and user_files_digest(name) != digest:
+            raise StaleArtifact(f"{path} was built from {name}, which has changed since; {rebuild_hint(path, meta)}")
+    return meta
+
+
+@contextmanager
+def loading_artifact(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Check an input artifact, then turn any failure to load it into an error naming the folder."""
+    path = Path(path)
+    meta = check_intact(path)
+    try:
+        yield meta
+    except ArtifactError:
+        raise
+    except Exception as error:  # whatever the loader raised (OSError, SafetensorError, JSONDecodeError, ...)
+        raise DamagedArtifact(f"{path} could not be loaded ({type(error).__name__}: {str(error)[:300]}); "
+                              f"{rebuild_hint(path, meta)}") from error
+
+
+def load_dataset_artifact(path: str | os.PathLike):
+    """A `datasets` artifact (or DatasetDict), checked and loaded; a clear error when damaged."""
+    from datasets import load_from_disk
+
+    with loading_artifact(path):
+        return load_from_disk(str(path))
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """Size and CRC-32 of a file (cheap: ~1 GB/s), the way artifacts record their own files."""
+    crc = 0
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            crc = zlib.crc32(chunk, crc)
+    return {"size": os.path.getsize(path), "crc32": f"{crc:08x}"}
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("rsft", "torch", "transformers", "trl", "datasets", "peft"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _sweep_stale(final: Path) -> None:
+    for stale in final.parent.glob(f".{final.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _temporary_sibling(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(final)
+    return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():  # an incomplete leftover, or overwrite=true: move aside, then delete
+        trash = final.parent / f".{final.name}.tmp-old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+@contextmanager
+def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
+                    wanted_fingerprint: dict[str, Any] | None = None) -> Iterator[Path]:
+    """Yield a temporary folder to write the artifact into; on success write meta.json, rename.
+
+    The caller may add entries to `meta` inside the block (counts, statistics); they are
+    written with the config-independent fields (versions, timings) when the block ends, with
+    `wanted_fingerprint` (the fingerprint should_skip compares), each file's size and CRC-32, and a digest
+    of both that downstream fingerprints record. On an exception the temporary folder is removed
+    and nothing at `final` changes.
+    """
+    final = Path(final)
+    tmp = _temporary_sibling(final)
+    tmp.mkdir()
+    started = time.time()
+    try:
+        yield tmp
+        full_meta = dict(meta)
+        full_meta.setdefault("versions", library_versions())
+        full_meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        full_meta["build_seconds"] = round(time.time() - started, 3)
+        full_meta["fingerprint"] = wanted_fingerprint or {}
+        full_meta["files"] = {str(f.relative_to(tmp)): file_digest(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        full_meta["digest"] = hashlib.sha256(json.dumps([full_meta["fingerprint"], full_meta["files"]],
+                                                        sort_keys=True, default=str).encode()).hexdigest()[:16]
+        (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=str))
+        _move_into_place(tmp, final)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _raise_if_disk_full(error, final)
+        raise
+
+
+def _raise_if_disk_full(error: BaseException, final: Path) -> None:
+    """A full disk, whichever library was writing (OSError ENOSPC, or safetensors' SafetensorError that only
+    quotes the OS message), becomes one line: the temporary folder is gone and `final` is as it was."""
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if full or "No space left on device" in str(error):
+        raise ArtifactError(f"no space left on device while writing {final}; nothing was written (the temporary "
+                            f"folder was removed); free space and rerun the same command") from error
+
+
+def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Copy a complete artifact to `final` the way atomic_artifact writes one: into a temporary
+    sibling, then renamed into place, so a kill mid-copy leaves nothing that looks complete."""
+    source, final = Path(source), Path(final)
+    if not is_complete(source):
+        raise MissingInput(f"{source} is not a complete artifact (no {META_FILE}); cannot copy it: run the stage "
+                           f"that builds it first")
+    tmp = _temporary_sibling(final)
+    try:
+        shutil.copytree(source, tmp)
+        _move_into_place(tmp, final)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _raise_if_disk_full(error, final)
+        raise
+
+
+class ProgressFolder:
+    """Where a stage keeps its progress while its artifact `final` is not written, so that a rerun of the
+    same command resumes instead of starting again: entries of `.<name>.<kind>/` beside the artifact
+    (kind: shards for sampling and scoring, checkpoints for training) whose names start with a key, a
+    hash of the stage's fingerprint and the number of processes: progress made for anything else is
+    deleted, never resumed. Not swept with the temporary folders; the stage calls remove() once the
+    artifact is written."""
+
+    def __init__(self, final: str | os.PathLike, kind: str, wanted: dict):
+        final = Path(final)
+        self.root = final.parent / f".{final.name}.{kind}"
+        identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
+        self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.folder = self.root / self.key  # for progress that is a folder of its own (a trainer's checkpoints)
+        if distributed.is_main() and self.root.is_dir():
+            for other in self.root.iterdir():
+                if other.name.startswith(self.key):
+                    continue
+                if other.is_dir():
+                    shutil.rmtree(other, ignore_errors=True)
+                else:
+                    other.unlink(missing_ok=True)
+        distributed.barrier()  # no process reads progress that is about to be deleted
+
+    def remove(self) -> None:
+        """The artifact is written: its progress goes, once every process is done with its own."""
+        distributed.barrier()
+        if distributed.is_main():
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ShardStore(ProgressFolder):
+    """The finished shards of a stage that has not finished (sampling, scoring): it works a shard at a time
+    and saves each finished shard's result as JSON (written to a temporary name and renamed), so a rerun
+    loads them and does only the rest."""
+
+    def __init__(self, final: str | os.PathLike, wanted: dict):
+        super().__init__(final, "shards", wanted)
+
+    def _file(self, index: int) -> Path:
+        return self.root / f"{self.key}-rank{distributed.rank()}-{index:05d}.json"
+
+    def load(self, index: int) -> Any | None:
+        """Shard `index`'s saved result, or None when it was not finished (absent, or cut short)."""
+        try:
+            return json.loads(self._file(index).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save(self, index: int, payload: Any) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self._file(index)
+        tmp = final.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, final)
+
+
+def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """A user's data file or folder (prompts, pairs) by content: each file's size and CRC-32 (checksummed
+    once per process while the file is unchanged: check_fresh asks again for every artifact built from it)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return _cached_digest(path)
+    # a datasets folder: not the cache files that datasets itself writes there when the rows are mapped
+    return {str(f.relative_to(path)): _cached_digest(f) for f in sorted(path.rglob("*"))
+            if f.is_file() and not f.name.startswith("cache-")}
