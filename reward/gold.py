@@ -167,3 +167,10 @@ def gold_score(task: dict, completion: str, finish_reason: str | None = None) ->
     soft = sum(SOFT_WEIGHTS[name] * components[name] for name in SOFT_WEIGHTS) / sum(SOFT_WEIGHTS.values())
     topic_factor = OFF_TOPIC_FACTOR + (1.0 - OFF_TOPIC_FACTOR) * components["on_topic"]
     return components["not_empty"] * topic_factor * soft
+
+
+def gold_reward(prompts: list[str], completions: list[str], task: list[dict], finish_reason: list[str]) -> list[float]:
+    """The demo task's gold oracle as a reward function (reward_source=function
+    reward_source.spec=reward.gold:gold_reward): a perfect verifier, the ceiling a learned proxy is
+    measured against. Reads each row's `task` and `finish_reason` columns."""
+    return [gold_score(t, c, f) for t, c, f in zip(task, completions, finish_reason)]

@@ -72,6 +72,13 @@ def demo_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]
     return Dataset.from_list(build_demo_prompts(split)), f"demo prompts (split {split})"
 
 
+def checkable_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
+    from rsft.checkable_prompts import build_checkable_prompts
+
+    return Dataset.from_list(build_checkable_prompts(split, int(cfg.get("seed", 0)))), \
+        f"checkable prompts (split {split})"
+
+
 def local_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
     """data.path (train) or data.eval_path (held out): a file or datasets folder (rsft.tables)."""
     setting = "data.path" if which == "train" else "data.eval_path"
@@ -278,4 +285,5 @@ def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
 
 
 # data.kind -> the function that loads its prompts: (cfg, "train" | "eval", split) -> (rows, source)
-PROMPT_SOURCES = {"demo": demo_prompts, "local": local_prompts, "hub": hub_prompts, "hh_rlhf": hh_rlhf_prompts}
+PROMPT_SOURCES = {"demo": demo_prompts, "local": local_prompts, "hub": hub_prompts, "hh_rlhf": hh_rlhf_prompts,
+                  "checkable": checkable_prompts}

@@ -50,6 +50,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import scoring
+from rsft.config import uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import MissingInput
 from rsft.generation import open_policy, sample_dataset, sampling_settings
@@ -80,14 +81,20 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         raise MissingInput(f"eval round={round_idx} judges the policy round {round_idx} trained, but "
                            f"{policy_path} is missing; run `python -m rsft.run stage=sft "
                            f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
-    scoring.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
+    trained = uses_trained_reward(cfg)
+    if trained:
+        scoring.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
     judge = scoring.judge_model(cfg)
-    inputs = [paths.reward] + [p for p in (judge,) if p is not None]
+    inputs = ([paths.reward] if trained else []) + [p for p in (judge,) if p is not None]
+    device = resolve_device(cfg.device)
+    sources = scoring.source_identity(cfg, device)
+    if scoring.judge_spec(cfg) is not None:
+        sources["judge"] = scoring.open_judge(cfg, device, None).identity()
     if policy_path is not None:
         scored = paths.scored(round_idx)
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
     return Plan(outputs=[paths.initial_eval if initial else paths.eval(round_idx)], inputs=inputs,
-                user_files=prompt_files(cfg.data, "eval"),
+                user_files=prompt_files(cfg.data, "eval"), sources=sources,
                 first=[] if initial else [OmegaConf.merge(cfg, {"eval": {"policy": "initial"}})])
 
 
@@ -95,7 +102,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx, initial = job.paths, int(cfg.round), cfg.eval.policy == "initial"
     settings = sampling_settings(cfg.sample)
     policy_path = None if initial else paths.eval_policy(round_idx)
-    judge = job.plan.inputs[1] if cfg.eval.get("judge") is not None else None  # plan's scoring.judge_model
+    judge = scoring.judge_model(cfg) if cfg.eval.get("judge") is not None else None
     curve_round = 0 if initial else round_idx
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
@@ -111,23 +118,24 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if engine is not None:
         engine.close()
     del model
-    scorer = scoring.load_reward_scorer(cfg, device)
-    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], progress=False)
-    ds = ds.add_column("reward", [float(r) for r in raw])
-    ds = ds.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
-    if judge is not None:
-        judge_scorer = scoring.load_reward_scorer(cfg, device, judge)
-        raw = scoring.score_rows(judge_scorer, ds["prompt"], ds["completion"], progress=False)
-        ds = ds.add_column("judge", [float(r) for r in raw])
-        ds = ds.add_column("judge_normalised", [float(r) for r in judge_scorer.normalise(raw)])
+    rows = ds.remove_columns(["prompt", "completion"]).to_list()  # each row's other columns (a reference answer)
+    scorer = scoring.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
+    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
+    ds = ds.add_column("reward", raw)
+    ds = ds.add_column("reward_normalised", scorer.normalise(raw))
+    judge_scorer = scoring.open_judge(cfg, device, judge)
+    if judge_scorer is not None:
+        raw = scoring.score_rows(judge_scorer, ds["prompt"], ds["completion"], rows, progress=False)
+        ds = ds.add_column("judge", raw)
+        ds = ds.add_column("judge_normalised", judge_scorer.normalise(raw))
     gold = gold_scores(ds)
     if gold is not None:
         ds = ds.add_column("gold", gold)
 
     metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
-    if judge is not None:
-        metrics["judge"] = str(judge)
-        metrics["judge_warnings"] = scoring.judge_warnings(judge, paths.reward)
+    if judge_scorer is not None:
+        metrics["judge"] = str(judge if judge is not None else scoring.judge_spec(cfg))
+        metrics["judge_warnings"] = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}

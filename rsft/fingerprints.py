@@ -13,6 +13,7 @@ trusted only when what it was built from is unchanged too, all the way up."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -56,8 +57,9 @@ _ABSENT = object()
 
 
 def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = (),
-                user_files: Iterable[str | os.PathLike] = ()) -> dict[str, Any]:
-    """What an artifact is made from: config keys (flattened), input artifacts' digests, user files."""
+                user_files: Iterable[str | os.PathLike] = (), sources: dict | None = None) -> dict[str, Any]:
+    """What an artifact is made from: config keys (flattened), input artifacts' digests, user files, and the
+    reward sources other than a trained model folder (rsft.scoring.source_identity: their content)."""
     config: dict[str, Any] = {}
     for key in keys:  # a key the composed config does not have (another data kind's setting) is left out
         value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
@@ -78,6 +80,8 @@ def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = 
                                f"data.eval_path, reward.data.path, refresh.pairs)")
         files[str(path)] = user_files_digest(path)
     wanted = {"config": config, "inputs": recorded_inputs, "user_files": files}
+    if sources:  # only when a stage scores with one: artifacts made before sources existed still match
+        wanted["sources"] = {name: json.loads(json.dumps(identity, default=str)) for name, identity in sources.items()}
     aliases = {key: source for key in config if (source := _interpolated_from(cfg, key))}
     if aliases:  # not compared: it only lets a refusal name the key the user sets
         wanted["aliases"] = aliases
@@ -97,13 +101,15 @@ def _interpolated_from(cfg, key: str) -> str | None:
 def _differences(old: dict, new: dict) -> list[str]:
     lines = []
     aliases = new.get("aliases") or {}
-    for section in ("config", "inputs", "user_files"):
+    for section in ("config", "inputs", "user_files", "sources"):
         before, after = old.get(section) or {}, new.get(section) or {}
         for key in sorted(set(before) | set(after)):
             if before.get(key) != after.get(key):
                 if section == "config":
                     name = f"{aliases[key]} (read as {key})" if key in aliases else key
                     lines.append(f"{name}: {before.get(key, '(not set)')!r} -> {after.get(key, '(not set)')!r}")
+                elif section == "sources":
+                    lines.append(f"reward source {key}: {before.get(key, '(none)')} -> {after.get(key, '(none)')}")
                 else:
                     what = "input artifact" if section == "inputs" else "file"
                     change = "rebuilt or replaced" if key in before and key in after else (

@@ -181,14 +181,16 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
 
 
 def token_scorer(scorer, tokenizer, prompt_texts: list[str]):
-    """score([(prompt index, token ids), ...]) -> the reward model's raw reward of each, the tokens decoded
-    as the completion column is and read as a finished answer (pruning scores prefixes this way). Each
-    process scores its own rows (no launcher collectives: processes prune at different moments)."""
-    framed = scorer.as_trained(list(prompt_texts))
+    """score([(prompt index, token ids), ...]) -> the reward source's raw reward of each, the tokens decoded
+    as the completion column is and read as a finished answer (pruning scores prefixes this way); a row the
+    source cannot score (None) ranks below every scored one. Each process scores its own rows (no launcher
+    collectives: processes prune at different moments)."""
+    prompt_texts = list(prompt_texts)
 
     def score(requests: list[tuple[int, list[int]]]) -> list[float]:
         texts = [tokenizer.decode(tokens, skip_special_tokens=True) for _, tokens in requests]
-        return scorer.score([framed[p] for p, _ in requests], texts, progress=False)
+        values = scorer.score([prompt_texts[p] for p, _ in requests], texts, progress=False)
+        return [float("-inf") if v is None else v for v in values]
 
     return score
 
@@ -206,6 +208,8 @@ def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: floa
     for c in first:
         mine.setdefault(c.prompt_index, ([], []))
     for c, value in zip(done, values):
+        if value == float("-inf"):  # not scorable: like a stopped row, it has no score to allocate by
+            continue
         mine[c.prompt_index][0].append(float(value))
         mine[c.prompt_index][1].append(keepable(c.finish_reason, tokenizer.decode(c.token_ids,
                                                                                   skip_special_tokens=True)))

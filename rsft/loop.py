@@ -38,6 +38,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rsft import distributed, report, runner, stages
+from rsft.config import uses_trained_reward
 from rsft.errors import MissingInput
 from rsft.generation import TRAINED_DRAFT_KINDS
 from rsft.paths import RunPaths
@@ -62,11 +63,11 @@ def run_named_stage(name: str, cfg: DictConfig, tracker: Tracker, records: repor
     return artifact
 
 
-def share_judge(source: RunPaths, paths: RunPaths) -> None:
+def share_judge(source: RunPaths, paths: RunPaths, needs_reward: bool = True) -> None:
     """Copy another run's reward model, and its labels and baseline eval where it has them (missing
     ones only), so that runs compared with each other (best-of-K vs select.strategy=random) are judged
     by the same reward model. A reward model trained on the user's own pairs has no prefs/: fine."""
-    if not is_complete(source.reward):
+    if needs_reward and not is_complete(source.reward):
         raise MissingInput(f"loop.reward_from: {source.reward} is missing or incomplete; run that loop "
                                 f"(or its stage=reward) first")
     for name in ("prefs", "reward", "initial_eval"):
@@ -103,10 +104,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
     with stage_tracker(cfg, "loop", tracker) as tracker:
         if cfg.loop.reward_from:  # the other run's reward model as it is: its settings are that run's
             if distributed.is_main():
-                share_judge(paths.other_run(cfg.loop.reward_from), paths)
+                share_judge(paths.other_run(cfg.loop.reward_from), paths, uses_trained_reward(cfg))
             distributed.barrier()
         else:  # built, reused, or stopped as stale by the stages' own fingerprints
-            for name in ("prefs", "reward") if cfg.reward.data.path is None else ("reward",):
+            trained = ("prefs", "reward") if cfg.reward.data.path is None else ("reward",)
+            for name in trained if uses_trained_reward(cfg) else ():  # other reward sources are used as they are
                 run_named_stage(name, at_round(cfg, 0, name), tracker, records)
         if cfg.loop.eval:
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),

@@ -48,6 +48,9 @@ def best_of_n_curve(scored: Dataset, gold: list[float] | None = None) -> dict:
     k = min(len(v) for v in groups.values())  # a prompt with fewer samples caps K for all
     rows = [v[:k] for v in groups.values()]
     all_rewards = list(scored["reward"])
+    if None in all_rewards:  # a row the reward source could not score ranks as the lowest score seen
+        lowest = min((r for r in all_rewards if r is not None), default=0.0)
+        all_rewards = [lowest if r is None else r for r in all_rewards]
     rewards = [[all_rewards[i] for i in r] for r in rows]  # [prompts][K]
     golds = None if gold is None else [[gold[i] for i in r] for r in rows]  # [prompts][K]
     ns = list(range(1, k + 1))
@@ -69,6 +72,17 @@ def gold_scores(ds: Dataset) -> list[float] | None:
     return [gold_score(t, c, f) for t, c, f in zip(ds["task"], ds["completion"], ds["finish_reason"])]
 
 
+def scorable(values) -> list[float]:
+    """The values a reward source could score (None: it could not)."""
+    return [v for v in values if v is not None]
+
+
+def scored_by_key(ds: Dataset, column: str) -> dict[tuple[str, int], float]:
+    """{(prompt_id, sample_idx): value} of the rows whose `column` was scored (rsft.stats.keyed)."""
+    rows = [(p, s, v) for p, s, v in zip(ds["prompt_id"], ds["sample_idx"], ds[column]) if v is not None]
+    return stats.keyed([p for p, _, _ in rows], [s for _, s, _ in rows], [v for _, _, v in rows])
+
+
 def score_columns(ds: Dataset) -> list[str]:
     """The per-completion scores an evaluation holds: reward (the proxy), gold (demo oracle), judge."""
     return [c for c in ("reward", "gold", "judge") if c in ds.column_names]
@@ -82,7 +96,7 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
     for i, prompt_id in enumerate(ds["prompt_id"]):
         texts[prompt_id].append(i)
     metrics = {
-        "reward_normalised_mean": statistics.fmean(ds["reward_normalised"]),
+        "reward_normalised_mean": statistics.fmean(scorable(ds["reward_normalised"]) or [0.0]),
         "mean_tokens": statistics.fmean(ds["num_tokens"]),
         "mean_words": statistics.fmean(len(c.split()) for c in completions),
         "eos_fraction": statistics.fmean(f == "eos" for f in ds["finish_reason"]),
@@ -92,7 +106,10 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
     }
     intervals = {}
     for column in score_columns(ds):
-        interval = stats.bootstrap(stats.by_prompt(ds["prompt_id"], ds[column]))
+        kept = [(p, v) for p, v in zip(ds["prompt_id"], ds[column]) if v is not None]  # None: not scorable
+        if not kept:
+            continue
+        interval = stats.bootstrap(stats.by_prompt([p for p, _ in kept], [v for _, v in kept]))
         metrics[f"{column}_mean"] = interval["mean"]
         intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
     for n in (1, 2):
@@ -106,8 +123,12 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         for column in score_columns(ds):
             if column not in baseline.column_names:
                 continue
-            mine = stats.keyed(ds["prompt_id"], ds["sample_idx"], ds[column])
-            theirs = stats.keyed(baseline["prompt_id"], baseline["sample_idx"], baseline[column])
+            mine, theirs = scored_by_key(ds, column), scored_by_key(baseline, column)
+            if None in ds[column] or None in baseline[column]:  # pair only what both could score
+                common = mine.keys() & theirs.keys()
+                mine, theirs = ({k: v for k, v in d.items() if k in common} for d in (mine, theirs))
+            if not mine:
+                continue
             win = stats.paired_win_rate(mine, theirs)
             metrics["vs_initial"][column] = stats.paired_difference(mine, theirs)
             name = "win_rate_vs_initial" if column == "reward" else f"{column}_win_rate_vs_initial"

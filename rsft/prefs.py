@@ -3,7 +3,7 @@
     python -m rsft.run stage=prefs [prefs.num_prompts=64] [prefs.num_samples=4] [prefs.soft=true]
 
 1. Sample prefs.num_samples completions for each of prefs.num_prompts train prompts from the round-0
-   policy (rsft.sample.sample_dataset with prefs.seed, its own seed).
+   policy (rsft.generation.sample_dataset with prefs.seed, its own seed).
 2. Score each with the gold oracle (reward.gold; needs the demo task's `task` column).
 3. Pair every two distinct completions of a prompt and label the pair with a simulated annotator
    (reward.annotators): P(i beats j) = sigmoid((gold_i - gold_j) / tau), hard (one draw) or soft.

@@ -43,6 +43,7 @@ class Plan:
     inputs: list[Path] = field(default_factory=list)        # artifacts it reads (their digests are fingerprinted)
     user_files: list = field(default_factory=list)          # the user's files it reads (by content)
     first: list[DictConfig] = field(default_factory=list)   # stage configs to run before this one
+    sources: dict = field(default_factory=dict)             # reward sources' identity (rsft.scoring.source_identity)
     names: list[str] = field(default_factory=list)          # each output's name in messages (default: the stage)
 
 
@@ -89,7 +90,7 @@ def module(stage: stages.Stage):
 def fingerprint_of(stage: stages.Stage, cfg: DictConfig, plan: Plan) -> dict:
     """The artifact's fingerprint: the declared keys (rsft.stages.counted_keys) with the settings that are
     off left out (rsft.stages.WHILE_OFF), the inputs' digests and the user files' checksums."""
-    wanted = fingerprint(cfg, stages.counted_keys(stage, cfg), plan.inputs, plan.user_files)
+    wanted = fingerprint(cfg, stages.counted_keys(stage, cfg), plan.inputs, plan.user_files, plan.sources)
     off = tuple(prefix for prefix, is_off in stages.WHILE_OFF.items() if is_off(cfg))
     for key in [k for k in wanted["config"] if k.startswith(off)]:
         del wanted["config"][key]

@@ -18,6 +18,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import scoring
+from rsft.config import uses_trained_reward
 from rsft.data import duplicate_prompts, load_prompts, prompt_files
 from rsft.generation import (
     TRAINED_DRAFT_KINDS,
@@ -79,9 +80,12 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
-    if prune_schedule(cfg.sample) is not None or adaptive_k(cfg.sample) is not None:
-        inputs.append(paths.budget_reward(round_idx))
-    return Plan(outputs=[paths.samples(round_idx)], inputs=inputs, user_files=prompt_files(cfg.data, "train"))
+    sources = {}
+    if prune_schedule(cfg.sample) is not None or adaptive_k(cfg.sample) is not None:  # the reward decides them
+        inputs += [paths.budget_reward(round_idx)] if uses_trained_reward(cfg) else []
+        sources = scoring.source_identity(cfg, resolve_device(cfg.device))
+    return Plan(outputs=[paths.samples(round_idx)], inputs=inputs, user_files=prompt_files(cfg.data, "train"),
+                sources=sources)
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
@@ -96,8 +100,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
     prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
     scorer = None
     if prune is not None or adaptive is not None:
-        budget_reward = paths.budget_reward(round_idx)
-        scorer = scoring.load_reward_scorer(cfg, device, budget_reward)
+        budget_reward = paths.budget_reward(round_idx) if uses_trained_reward(cfg) else scoring.source_spec(cfg)
+        scorer = scoring.open_reward(cfg, device, budget_reward if uses_trained_reward(cfg) else None)
         spending = ([f"pruning at {list(prune.checkpoints)} tokens (share {prune.share})"] if prune else []) + (
             [f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)"] if adaptive else [])
         log.info("sample: %s with the reward model at %s", " and ".join(spending), budget_reward)

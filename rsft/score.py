@@ -25,7 +25,8 @@ from collections import defaultdict
 from omegaconf import DictConfig
 
 from rsft import scoring
-from rsft.errors import MissingInput
+from rsft.config import uses_trained_reward
+from rsft.errors import InputError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan
@@ -52,41 +53,65 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     if not is_complete(source):
         raise MissingInput(f"score needs round {cfg.round}'s samples at {source}; run "
                            f"`python -m rsft.run stage=sample round={cfg.round}` first")
-    # the samples and the reward model, nothing else
-    return Plan(outputs=[paths.scored(cfg.round)], inputs=[source, scoring.reward_model(cfg, int(cfg.round))])
+    # the samples and what scores them: the trained model's folder by digest, any other source by its identity
+    trained = [scoring.reward_model(cfg, int(cfg.round))] if uses_trained_reward(cfg) else []
+    return Plan(outputs=[paths.scored(cfg.round)], inputs=[source, *trained],
+                sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    source, scorer_path = job.plan.inputs
+    source, *trained = job.plan.inputs
     samples = load_dataset_artifact(source)
     pruned = sum(f == PRUNED for f in samples["finish_reason"])
     if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
         samples = samples.filter(lambda f: f != PRUNED, input_columns="finish_reason")
         log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
-    scorer = scoring.load_reward_scorer(cfg, resolve_device(cfg.device), scorer_path)
-    log.info("score: round %s's samples scored by the reward model at %s", cfg.round, scorer_path)
+    scorer = scoring.open_reward(cfg, resolve_device(cfg.device), trained[0] if trained else None)
+    scored_by = str(trained[0].relative_to(job.paths.root)) if cfg.reward_source.kind == "trained" else (
+        scoring.source_spec(cfg) if cfg.reward_source.kind != "combination" else "combination")
+    log.info("score: round %s's samples scored by %s", cfg.round, trained[0] if trained and
+             cfg.reward_source.kind == "trained" else scored_by)
+    rows = samples.remove_columns(["prompt", "completion"]).to_list()  # each row's other columns (a reference)
     # a killed scoring run resumes at its first unfinished shard of rows
     raw = scoring.score_in_shards(scorer, samples["prompt"], samples["completion"], int(cfg.reward.score_shard_rows),
-                                  job.shards())
+                                  job.shards(), rows)
     if len(raw) != len(samples):
         raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
-    scored = samples.add_column("reward", [float(r) for r in raw])
-    scored = scored.add_column("reward_normalised", [float(r) for r in scorer.normalise(raw)])
-    scored = scored.add_column("reward_model", [str(scorer_path.relative_to(job.paths.root))] * len(scored))
+    scored_values = [r for r in raw if r is not None]
+    if not scored_values:
+        raise InputError(f"score: {scored_by} found none of round {cfg.round}'s {len(raw)} completions scorable "
+                         f"(it returned None for every one); check that it reads these completions")
+    calibration = None
+    if cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate:
+        mean, std = statistics.fmean(scored_values), statistics.pstdev(scored_values)
+        scorer.mean, scorer.std = mean, std if std > 0 else 1.0
+        calibration = {"rows": len(scored_values), "mean": mean, "std": scorer.std, "source": f"round {cfg.round}"}
+    scored = samples.add_column("reward", [None if r is None else float(r) for r in raw])
+    scored = scored.add_column("reward_normalised", scorer.normalise(raw))
+    scored = scored.add_column("reward_model", [scored_by] * len(scored))
+    for name, values in scorer.components().items():  # a combination keeps every component's score
+        if len(values) == len(scored):
+            scored = scored.add_column(f"reward_{name}", values)
 
     by_prompt = defaultdict(list)
     for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):
-        by_prompt[prompt_id].append(reward)
+        if reward is not None:
+            by_prompt[prompt_id].append(reward)
     stats = {
-        "reward_mean": statistics.fmean(raw),
-        "reward_std": statistics.pstdev(raw),
+        "reward_mean": statistics.fmean(scored_values),
+        "reward_std": statistics.pstdev(scored_values),
         "best_of_k_reward_mean": statistics.fmean(max(v) for v in by_prompt.values()),
         "within_prompt_spread_mean": statistics.fmean(max(v) - min(v) for v in by_prompt.values()),
     }
-    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(scorer_path),
+    unscorable = len(raw) - len(scored_values)
+    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(trained[0]) if trained else scored_by,
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
-            "counts": {"rows": len(scored), "prompts": len(by_prompt), **({"pruned_left_out": pruned} if pruned else {})},
-            "stats": stats}
+            "counts": {"rows": len(scored), "prompts": len(by_prompt), **({"pruned_left_out": pruned} if pruned else {}),
+                       **({"unscorable": unscorable} if unscorable else {})},
+            "stats": stats, **({"calibration": calibration} if calibration else {})}
+    if unscorable:
+        log.warning("score: %d of %d completions were not scorable by %s (reward None; select never keeps them)",
+                    unscorable, len(raw), scored_by)
     log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), job.out)
     return Built([(meta, lambda tmp: scored.save_to_disk(str(tmp)))], {f"score/{k}": v for k, v in stats.items()},
                  step=int(cfg.round))

@@ -1,4 +1,6 @@
-"""Scoring with a reward model, the service below score, eval, sample (pruning and adaptive K) and the scripts: which reward model folder a round reads, loading it, the judge (eval.judge) and its independence, and scoring rows in resumable shards."""
+"""Scoring, the service below score, eval, sample (pruning and adaptive K) and the scripts: the configured
+reward source (reward_source: rsft.reward_sources), which trained reward model folder a round reads, the
+judge (eval.judge) and its independence, and scoring rows in resumable shards."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rsft import distributed
-from rsft.errors import MissingInput
+from rsft.errors import ConfigError, MissingInput
+from rsft.config import uses_trained_reward  # noqa: F401  (scripts read it here, beside open_reward)
 from rsft.paths import RunPaths
+from rsft.reward_sources import RewardSource, TrainedReward, combine, open_source
 from rsft.store import ShardStore, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
@@ -35,14 +39,84 @@ def reward_model(cfg: DictConfig, round_idx: int | None = None):
     return path
 
 
-def load_reward_scorer(cfg: DictConfig, device, path: Path | None = None):
-    """A trained reward model loaded for scoring: `path` (the round's scorer, eval's judge), by default the
-    run's reward/ (reward_model(cfg))."""
-    path = reward_model(cfg) if path is None else path
-    from reward.scoring import load_scorer
-
+def trained_reward(path: Path, device) -> RewardSource:
+    """A trained reward model folder (stage=reward, stage=refresh) as a reward source, checked first."""
     with loading_artifact(path):
-        return load_scorer(str(path), device)
+        return TrainedReward(path, device)
+
+
+_OPENED: dict[tuple, RewardSource] = {}  # each configured source is opened once per process (plan and build)
+
+
+def _stamp(spec: str) -> tuple:
+    """What a spec's local files look like now (size and mtime), so an edited file is opened again."""
+    body = spec.split(":", 1)[1] if spec.startswith(("pretrained:", "function:", "trained:")) else spec
+    for candidate in (body, body.rpartition(":")[0]):
+        path = Path(candidate).expanduser() if candidate else None
+        if path is not None and path.exists():
+            files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+            return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return ()
+
+
+def _opened(spec: str, device, **options) -> RewardSource:
+    key = (spec, str(device), tuple(sorted(options.items())), _stamp(spec))
+    if key not in _OPENED:
+        _OPENED[key] = open_source(spec, device, **options)
+    return _OPENED[key]
+
+
+def _part(cfg: DictConfig, spec: str, device, trained_folder: Path | None) -> RewardSource:
+    if spec == "trained":
+        if trained_folder is None:
+            raise RuntimeError("a trained reward component needs its folder")  # the callers pass it: a bug
+        return trained_reward(trained_folder, device)
+    rs = cfg.reward_source
+    options = {"head": rs.head, "max_length": rs.max_length} if spec.startswith("pretrained:") or Path(
+        spec).is_dir() else {}
+    if spec.startswith(("http://", "https://")):
+        options = {"model": rs.model, "revision": rs.revision, "timeout": float(rs.timeout),
+                   "retries": int(rs.retries), "batch_size": int(rs.batch_size)}
+    return _opened(spec, device, **{k: v for k, v in options.items() if v is not None})
+
+
+def source_spec(cfg: DictConfig) -> str:
+    """reward_source as one spec string (rsft.reward_sources.open_source): kind:spec, a URL as it is."""
+    rs = cfg.reward_source
+    return str(rs.spec) if rs.kind == "http" else f"{rs.kind}:{rs.spec}"
+
+
+def open_reward(cfg: DictConfig, device, trained_folder: Path | None = None) -> RewardSource:
+    """The configured reward source; its trained parts are the model at `trained_folder` (the round's
+    scorer, RunPaths.scoring_reward; eval's, RunPaths.eval_reward)."""
+    rs = cfg.reward_source
+    if rs.kind == "trained":
+        return _part(cfg, "trained", device, trained_folder)
+    if rs.kind != "combination":
+        return _part(cfg, source_spec(cfg), device, trained_folder)
+    parts = {}
+    for name, component in rs.components.items():
+        if "source" not in component:
+            raise ConfigError(f"reward_source.components.{name}: expected {{source: ..., weight: ...}}, got "
+                              f"{dict(component)}")
+        parts[str(name)] = (_part(cfg, str(component["source"]), device, trained_folder),
+                            float(component.get("weight", 1.0)))
+    return combine(parts, str(rs.combine))
+
+
+def source_identity(cfg: DictConfig, device) -> dict:
+    """What the configured reward's parts other than the trained model are (rsft.reward_sources identity:
+    file digests, a function's source, a server's model and revision), for fingerprints; {} for the trained
+    model alone, whose folder is an input artifact."""
+    rs = cfg.reward_source
+    if rs.kind == "trained":
+        return {}
+    if rs.kind != "combination":
+        return {"reward_source": _part(cfg, source_spec(cfg), device, None).identity()}
+    return {f"reward_source.{name}": {"weight": float(c.get("weight", 1.0)),
+                                      **_part(cfg, str(c["source"]), device, None).identity()}
+            for name, c in rs.components.items() if str(c.get("source")) != "trained"} | {
+        "reward_source.combine": {"mode": str(rs.combine)}}
 
 
 def judge_model(cfg: DictConfig) -> Path | None:
@@ -52,10 +126,10 @@ def judge_model(cfg: DictConfig) -> Path | None:
     reward/ is the judge. Refused: a path or run that holds no complete reward model. Warned about
     (the judge then shares the proxy's taste and cannot stand in for an oracle): the proxy's own
     folder, a copy of its weights, or a judge trained on pairs the proxy was also trained on (both
-    reward models record their pairs' hashes, rsft.reward.PAIR_HASHES_FILE).
+    reward models record their pairs' hashes, rsft.reward_training.PAIR_HASHES_FILE).
     """
     name = cfg.eval.get("judge")
-    if name is None:
+    if name is None or judge_spec(cfg) is not None:
         return None
     paths = RunPaths.from_config(cfg)
     folder = Path(str(name)).expanduser()
@@ -79,6 +153,30 @@ def judge_model(cfg: DictConfig) -> Path | None:
     for warning in judge_warnings(folder, paths.reward):
         log.warning("eval.judge=%s: %s", name, warning)
     return folder
+
+
+def judge_spec(cfg: DictConfig) -> str | None:
+    """eval.judge as a reward source other than a trained model (rsft.reward_sources.open_source), or None:
+    `pretrained:<folder or hub id>`, `function:<module:function>`, an http(s) URL, or a folder holding a
+    pretrained sequence-classification model (config.json, no meta.json)."""
+    name = cfg.eval.get("judge")
+    if name is None:
+        return None
+    name = str(name)
+    if name.startswith(("pretrained:", "function:", "http://", "https://")):
+        return name
+    folder = Path(name).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file() and not is_complete(folder):
+        return f"pretrained:{folder}"
+    return None
+
+
+def open_judge(cfg: DictConfig, device, folder: Path | None) -> RewardSource | None:
+    """eval.judge opened as a reward source: a trained reward model's folder (judge_model), or judge_spec's."""
+    spec = judge_spec(cfg)
+    if spec is not None:
+        return _opened(spec, device)
+    return None if folder is None else trained_reward(folder, device)
 
 
 def judge_warnings(judge: Path, proxy: Path) -> list[str]:
@@ -107,15 +205,19 @@ def judge_warnings(judge: Path, proxy: Path) -> list[str]:
     return []
 
 
-def score_rows(scorer, prompts, completions, batch_size: int = 32, progress: bool = True) -> list[float]:
-    """The scorer's raw rewards of policy samples (prompts framed as the scorer was trained,
-    RewardScorer.as_trained); under a launcher each process scores every W-th batch and all get all."""
-    shards = distributed.gather_each(scorer.score(scorer.as_trained(prompts), completions, batch_size, progress,
+def score_rows(scorer: RewardSource, prompts, completions, rows: list[dict] | None = None, batch_size: int = 32,
+               progress: bool = True) -> list[float | None]:
+    """The source's raw rewards of policy samples (None: not scorable), prompts as the user wrote them (a
+    source frames them as its model was trained); under a launcher each process scores its share (every
+    W-th batch or row) and all get all: a row is the number its process gave, or None when that process
+    found it not scorable (every other process leaves it None)."""
+    shards = distributed.gather_each(scorer.score(list(prompts), list(completions), rows, batch_size, progress,
                                                   shard=(distributed.rank(), distributed.world_size())))
-    return [next(part[i] for part in shards if part[i] is not None) for i in range(len(shards[0]))]
+    return [next((part[i] for part in shards if part[i] is not None), None) for i in range(len(shards[0]))]
 
 
-def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardStore) -> list[float]:
+def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardStore,
+                    rows: list[dict] | None = None) -> list[float | None]:
     """score_rows, `shard_rows` completions at a time (0: all at once): each finished shard's rewards are
     saved to `store` (rank 0 writes; every process holds them) and a rerun reuses the ones found there."""
     size = shard_rows if shard_rows > 0 else max(len(completions), 1)
@@ -123,7 +225,8 @@ def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardS
     for index, start in enumerate(range(0, len(completions), size)):
         found = store.load(index)
         if found is None:
-            found = score_rows(scorer, prompts[start:start + size], completions[start:start + size])
+            found = score_rows(scorer, prompts[start:start + size], completions[start:start + size],
+                               None if rows is None else rows[start:start + size])
             if distributed.is_main():
                 store.save(index, found)
         raw += found

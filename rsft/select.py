@@ -8,8 +8,9 @@ pooled the best samples of every earlier round); writes round_XX/selected/ and r
 Per prompt, in this order:
 1. Filters: drop completions with no visible text (drop_empty), cut at max_new_tokens
    (drop_truncated: finish_reason == "length"; teaching the policy to stop mid-sentence is the
-   opposite of what we want), and identical completions after the first (dedupe, text after strip).
-   A prompt with no survivor is logged by id and text and skipped; the stage goes on.
+   opposite of what we want), identical completions after the first (dedupe, text after strip), and
+   completions the reward source could not score (reward None, e.g. a verifier that cannot parse the
+   answer: never kept). A prompt with no survivor is logged by id and text and skipped; the stage goes on.
    With loop.refresh_reward each round is scored by its own reward model, whose rewards are on
    another scale: a prompt's candidates compete only with those scored by the same reward model as
    its newest round's (the `reward_model` column), the older ones are dropped (other_reward_model).
@@ -115,6 +116,10 @@ def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict
     newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
     comparable = [c for c in candidates if scored_by(c) == newest_model]
     dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
+    scorable = [c for c in comparable if c["reward"] is not None]  # None: the reward source could not score it
+    if len(scorable) < len(comparable):
+        dropped["unscorable"] = len(comparable) - len(scorable)
+    comparable = scorable
     ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg), -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
@@ -228,7 +233,7 @@ def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: 
     for prompt_id, candidates in by_prompt.items():
         ranked, dropped = survivors(candidates, select_cfg)
         for key, n in dropped.items():
-            dropped_total[key] += n
+            dropped_total[key] = dropped_total.get(key, 0) + n
         if not ranked:
             starved.append(prompt_id)
             log.warning("select: every completion of prompt %s (%r) was filtered out (%s); no example for it",
@@ -289,9 +294,10 @@ def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: 
         "selected_truncated": sum(c["finish_reason"] == "length" for c in selected),
         **{f"dropped_{k}": v for k, v in dropped_total.items()},
     }
+    scored = [c["reward"] for c in rows if c["reward"] is not None]
     stats = {
         "selected_reward_mean": sum(c["reward"] for c in selected) / len(selected),
-        "candidate_reward_mean": sum(c["reward"] for c in rows) / len(rows),
+        "candidate_reward_mean": sum(scored) / max(len(scored), 1),
         "acceptance_fraction": len(selected) / len(rows),
     }
     return Selection(selected, pairs, counts, stats, starved)

@@ -36,7 +36,8 @@ Keys = tuple  # of str (a key or a whole group) and When
 # The keys every command reads to find its way (the run directory, the round table, the device);
 # checked always, fingerprinted never: where an artifact lives is not what it holds.
 EVERY_STAGE: Keys = ("stage", "run_name", "round", "overwrite", "device", "threads", "paths", "logger",
-                     "loop.refresh_reward", "loop.dpo", "data.kind", "refresh.pairs", "select.strategy")
+                     "loop.refresh_reward", "loop.dpo", "data.kind", "refresh.pairs", "select.strategy",
+                     "reward_source.kind", "reward_source.components")
 
 # Config leaves (by name, in any group) that never change what an artifact holds: how often progress is
 # shown, logged or saved to resume from, and how many rows are scored at a time. Never fingerprinted.
@@ -59,13 +60,16 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     # the rows per forward change nothing while sampling plainly
     "sample.batch_rows": lambda cfg: cfg.draft.kind == "none",
     "prefs.batch_rows": lambda cfg: True,  # prefs samples plainly, always
+    # the run's own trained model is an input artifact (its folder's digest), not a setting
+    "reward_source.": lambda cfg: cfg.reward_source.kind == "trained",
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)
 _HH = When(("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed"),
            lambda cfg: cfg.data.kind == "hh_rlhf", "data=hh_rlhf")
 PROMPT_SET: Keys = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
-                    "data.system_prompt", _HH)
+                    "data.system_prompt", _HH, When(("data.seed",), lambda cfg: cfg.data.kind == "checkable",
+                                                     "data=checkable"))
 TRAIN_PROMPTS: Keys = (*PROMPT_SET, "data.path", "data.split", "data.limit", "data.rotate")
 EVAL_PROMPTS: Keys = (*PROMPT_SET, "data.eval_path", "data.eval_split", "data.eval_limit")
 # the sample settings that shape a completion (not num_samples, not batch_rows)
@@ -74,6 +78,7 @@ SAMPLING: Keys = ("sample.max_new_tokens", "sample.temperature", "sample.top_k",
 ENGINE: Keys = ("sample.backend", "sample.vllm")  # the vLLM engine's settings (WHILE_OFF with backend=rsft)
 _FEATURE = lambda cfg: cfg.draft.kind == "feature"  # noqa: E731
 _OWN_LABELS = lambda cfg: cfg.refresh.get("pairs") is not None  # noqa: E731
+_SPENDS = lambda cfg: bool(cfg.sample.prune.at) or int(cfg.sample.adaptive.k0) > 0  # noqa: E731
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,10 @@ STAGES = (
           reads_doc="policy, demo prompts", writes="`prefs/`",
           does="samples completions of the initial policy and labels pairs of them with simulated annotators "
                "(hard or soft), from the demo task's gold oracle"),
-    Stage("reward", "rsft.reward", reads=("reward",), reads_doc="`prefs/` or your pairs", writes="`reward/`",
+    Stage("reward", "rsft.train_reward", reads=("reward",), reads_doc="`prefs/` or your pairs", writes="`reward/`",
           does="trains the Bradley-Terry reward model (TRL RewardTrainer, soft labels); held-out accuracy"),
-    Stage("sample", "rsft.sample", reads=("seed", "round", "policy", *TRAIN_PROMPTS, "sample", "draft"),
+    Stage("sample", "rsft.sample", reads=("seed", "round", "policy", *TRAIN_PROMPTS, "sample", "draft",
+                                          When(("reward_source",), _SPENDS, "pruning or adaptive K")),
           reads_doc="the round's policy, prompts", writes="`round_XX/samples/`",
           does="K completions per prompt, plain or speculative (`draft=`), with provenance and acceptance counts",
           round_step=True),
@@ -120,7 +126,7 @@ STAGES = (
           reads_doc="every round's labels so far", writes="`round_XX/reward/`",
           does="retrains the reward model on every label so far (stage=labels of rounds 0..r first); that model "
                "scores the round", round_step=True, loop_switch="refresh_reward"),
-    Stage("score", "rsft.score", reads=(), uses=("reward.score_shard_rows",),
+    Stage("score", "rsft.score", reads=("reward_source",), uses=("reward.score_shard_rows",),
           reads_doc="samples, the round's reward model", writes="`round_XX/scored/`",
           does="the reward model's raw and normalised score of each completion", round_step=True),
     Stage("select", "rsft.select", reads=("seed", "round", "select", "data.system_prompt"),
@@ -146,7 +152,7 @@ STAGES = (
           reads_doc="samples, the round's policy", writes="`draft/`, `round_XX/draft/`",
           does="trains a distilled or feature draft on the policy's own samples, for the speculative sampler",
           one_process=True),
-    Stage("eval", "rsft.eval", reads=("eval", "policy", *SAMPLING, *ENGINE, *EVAL_PROMPTS),
+    Stage("eval", "rsft.eval", reads=("eval", "policy", *SAMPLING, *ENGINE, *EVAL_PROMPTS, "reward_source"),
           uses=("sample.shard_prompts", "sample.batch_rows", "reward.score_batch_size"),
           reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
           does="reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),

@@ -53,7 +53,8 @@ def main(argv=None) -> None:
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", args.round)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(args.round), device)
-    scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.budget_reward(args.round))
+    scorer = rsft.scoring.open_reward(cfg, device, paths.budget_reward(args.round)
+                                      if rsft.scoring.uses_trained_reward(cfg) else None)
     settings = sampling_settings(cfg.sample)
     k_ref = int(cfg.sample.num_samples)
     runs = [("exhaustive", (k_ref, None, None))] + [(s, parse_schedule(s, k_ref)) for s in args.schedule]

@@ -48,21 +48,21 @@ def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int]
     from rsft.scoring import score_rows
 
     kept = load_dataset_artifact(paths.selected(round_idx))
-    raw = score_rows(scorer, kept["prompt"], kept["completion"], progress=False)
-    return {(prompt_id, 0): sum(values) / len(values) for prompt_id, values in stats.by_prompt(kept["prompt_id"], raw).items()}
+    rows = kept.remove_columns(["prompt", "completion"]).to_list()
+    raw = score_rows(scorer, kept["prompt"], kept["completion"], rows, progress=False)
+    scored = [(p, r) for p, r in zip(kept["prompt_id"], raw) if r is not None]  # a row the source cannot score
+    return {(prompt_id, 0): sum(values) / len(values)
+            for prompt_id, values in stats.by_prompt([p for p, _ in scored], [r for _, r in scored]).items()}
 
 
-def compare_kept(run_a: Path, run_b: Path, model: Path) -> None:
+def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     """Judge both runs' kept sets, round by round, with the reward model at `model`."""
-    import torch
+    from rsft.reward_sources import open_source
 
-    from reward.scoring import load_scorer
-    from rsft.store import loading_artifact
-
-    if not model.is_dir():
-        raise SystemExit(f"--kept {model}: no such folder; give a trained reward model's folder (e.g. runs/hh-judge/reward)")
-    with loading_artifact(model):
-        scorer = load_scorer(str(model), torch.device("cpu"))
+    if not model.startswith(("pretrained:", "function:", "http://", "https://")) and not Path(model).is_dir():
+        raise SystemExit(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "
+                         f"or a reward source (pretrained:<folder or hub id>, function:<module:function>, a URL)")
+    scorer = open_source(model, "cpu")
     a_paths, b_paths = RunPaths(run_a), RunPaths(run_b)
     print(f"A = {run_a}, B = {run_b}; kept completions scored by {model}")
     print("\n| kept in | prompts kept by both | A [95% CI] | B [95% CI] | A - B (paired by prompt) | P(A beats B) |")
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("run_a", type=Path)
     parser.add_argument("run_b", type=Path)
     parser.add_argument("--column", choices=["judge", "gold", "reward"], default=None)
-    parser.add_argument("--kept", type=Path, default=None, metavar="REWARD_MODEL",
+    parser.add_argument("--kept", type=str, default=None, metavar="REWARD_MODEL",
                         help="judge the runs' kept sets (round_XX/selected) with this reward model instead")
     args = parser.parse_args(argv)
     if args.kept is not None:

@@ -5,7 +5,7 @@
 
 For each round it needs the run's round_XX/samples (for its recorded config) and the policy that
 round sampled from. It samples K completions per prompt of that round's prompts with the round's own
-settings and seeds (rsft.sample.sample_dataset, so the first sample.num_samples of them are the
+settings and seeds (rsft.generation.sample_dataset, so the first sample.num_samples of them are the
 run's own samples, completion for completion) and caches them in runs/<run>/replay/. Then, with no
 more sampling, it scores every completion's prefix at every candidate checkpoint with the reward
 model pruning would use (RunPaths.budget_reward), and every completion with the one select uses
@@ -39,6 +39,7 @@ from datasets import load_from_disk
 from omegaconf import OmegaConf
 
 import rsft.scoring
+from rsft.reward_sources import open_source
 from rsft import stats
 from rsft.data import load_prompts
 from rsft.generation import round_seed, sample_dataset, sampling_settings
@@ -159,17 +160,16 @@ def score_all(prompts: list[Prompt], budget_scorer, final_scorer, tokenizer, tex
             ids = row["completion_ids"]
             wanted = {len(scored_tokens(ids, p.eos(k), c)[0]) for c in checkpoints} | {len(ids)}
             requests += [(i, k, n) for n in sorted(wanted)]
-    framed = budget_scorer.as_trained(texts)
-    values = budget_scorer.score([framed[i] for i, _, _ in requests],
+    values = budget_scorer.score([texts[i] for i, _, _ in requests],
                                  [tokenizer.decode(prompts[i].rows[k]["completion_ids"][:n], skip_special_tokens=True)
                                   for i, k, n in requests], progress=True)
     for (i, k, n), v in zip(requests, values):
-        prompts[i].prefix[(k, n)] = float(v)
+        prompts[i].prefix[(k, n)] = float("-inf") if v is None else float(v)  # not scorable ranks last
     flat = [(i, k) for i, p in enumerate(prompts) for k in range(len(p.rows))]
-    finals = final_scorer.score(final_scorer.as_trained([texts[i] for i, _ in flat]),
+    finals = final_scorer.score([texts[i] for i, _ in flat],
                                 [prompts[i].rows[k]["completion"] for i, k in flat], progress=True)
     if judge is not None:
-        golds = judge.score(judge.as_trained([texts[i] for i, _ in flat]),
+        golds = judge.score([texts[i] for i, _ in flat],
                             [prompts[i].rows[k]["completion"] for i, k in flat], progress=True)
     else:
         golds = [gold_score(prompts[i].rows[k]["task"], prompts[i].rows[k]["completion"],
@@ -286,9 +286,10 @@ def main(argv=None) -> None:
         k_ref = int(cfg.sample.num_samples)
         ds = exhaustive_set(args.run, r, max(args.k, k_ref), device, args.prompts)
         _, tokenizer, _ = load_policy(cfg, paths.sampling_policy(r), device)
-        budget_scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.budget_reward(r))
-        final_scorer = rsft.scoring.load_reward_scorer(cfg, device, paths.scoring_reward(r))
-        judge = rsft.scoring.load_reward_scorer(cfg, device, Path(args.judge)) if args.judge else None
+        trained = rsft.scoring.uses_trained_reward(cfg)
+        budget_scorer = rsft.scoring.open_reward(cfg, device, paths.budget_reward(r) if trained else None)
+        final_scorer = rsft.scoring.open_reward(cfg, device, paths.scoring_reward(r) if trained else None)
+        judge = open_source(args.judge, device) if args.judge else None  # a folder, or any reward source spec
         by_prompt: dict[str, list[dict]] = {}
         for row in ds:
             by_prompt.setdefault(row["prompt_id"], []).append(row)

@@ -2,7 +2,7 @@
 
 Loading the real Bradley-Terry model is tested in tests/reward/ and in test_loop's end-to-end
 test; these tests check what the pipeline does with rewards, so they patch
-rsft.scoring.load_reward_scorer (stage=score and stage=eval both go through it).
+rsft.scoring.trained_reward (stage=score, stage=eval and pruning all open a trained model through it).
 """
 
 from __future__ import annotations
@@ -10,27 +10,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from rsft.paths import RunPaths
+from rsft.reward_sources import RewardSource
 from rsft.store import atomic_artifact
 
 
-class FakeScorer:
+class FakeScorer(RewardSource):
+    kind = "fake"
     mean, std = 2.0, 4.0
 
-    def score(self, prompts, completions, batch_size=32, progress=True, shard=(0, 1)):
+    def score(self, prompts, completions, rows=None, batch_size=32, progress=True, shard=(0, 1)):
         assert len(prompts) == len(completions) and shard == (0, 1)
         return [float(len(set(c))) + 0.01 * len(c) for c in completions]
 
-    def normalise(self, raw):
-        return [(r - self.mean) / self.std for r in raw]
-
-    def as_trained(self, prompts):
-        return list(prompts)
+    def identity(self):
+        return {"kind": self.kind}
 
 
 class FakeJudge(FakeScorer):
     """A second opinion that likes long completions (eval.judge in stage tests)."""
 
-    def score(self, prompts, completions, batch_size=32, progress=True, shard=(0, 1)):
+    def score(self, prompts, completions, rows=None, batch_size=32, progress=True, shard=(0, 1)):
         return [float(len(c.split())) for c in completions]
 
 
@@ -40,8 +39,8 @@ def install_fake_reward(monkeypatch, cfg) -> None:
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
-    def load(cfg, device, path=None):  # a folder outside this run is eval's judge
-        judge = path is not None and Path(cfg.paths.run_dir).resolve() not in Path(path).resolve().parents
+    def load(path, device):  # a folder outside this run is eval's judge
+        judge = Path(cfg.paths.run_dir).resolve() not in Path(path).resolve().parents
         return FakeJudge() if judge else FakeScorer()
 
-    monkeypatch.setattr(rsft.scoring, "load_reward_scorer", load)
+    monkeypatch.setattr(rsft.scoring, "trained_reward", load)

@@ -53,7 +53,6 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
     from reward.model import build_tiny_reward_model
     from reward.scoring import HH_PROMPT, load_scorer, save_reward_model
     from rsft.models import build_byte_tokenizer
-    from rsft.scoring import score_rows
 
     torch.set_num_threads(1)
     tokenizer = build_byte_tokenizer()
@@ -76,10 +75,11 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
     row = next(line for line in out.splitlines() if line.startswith("| round 0"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "2"  # p2 is left out: B kept nothing for it
-    scorer = load_scorer(str(judge), torch.device("cpu"))
+    scorer = load_scorer(str(judge), torch.device("cpu"))  # the plain reward model, framed as it was trained
 
     def score(rows):
-        return score_rows(scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], progress=False)
+        return scorer.score(scorer.as_trained([r["prompt"] for r in rows]), [r["completion"] for r in rows],
+                            progress=False)
 
     sa, sb = score(a_rows), score(b_rows)
     expected = ((sa[0] + sa[1]) / 2 - sb[0] + sa[2] - sb[1]) / 2

@@ -43,14 +43,38 @@ class PruneSchedule:
     rank_finished: bool = True
 
     def check(self, max_new_tokens: int) -> None:
-        points = list(self.checkpoints)
-        if any(int(c) != c or c < 1 for c in points) or points != sorted(set(points)):
-            raise ValueError(f"sample.prune.at={points}: expected ascending, distinct token counts >= 1")
-        if points and points[-1] >= max_new_tokens:
-            raise ValueError(f"sample.prune.at={points}: every checkpoint must be below sample.max_new_tokens="
-                             f"{max_new_tokens} (a row that long has finished)")
-        if not 0.0 <= self.share < 1.0:
-            raise ValueError(f"sample.prune.share={self.share}: expected a fraction in [0, 1)")
+        check_checkpoints(self.checkpoints)
+        check_checkpoints_below(self.checkpoints, max_new_tokens)
+        check_prune_share(self.share)
+
+
+# The pruning rules, here once: PruneSchedule.check applies them, and rsft.config applies them to
+# sample.prune (each message names its key; the config's keys are those inside the sample group).
+
+
+def check_checkpoints(checkpoints, key: str = "sample.prune.at") -> None:
+    """Token counts >= 1, ascending and distinct: a checkpoint is a number of tokens every row has
+    reached, and each one ranks the rows the previous one left."""
+    points = list(checkpoints)
+    for i, point in enumerate(points):
+        if int(point) != point or point < 1:
+            raise ValueError(f"{key}[{i}]={point!r}: expected an integer >= 1")
+    if points != sorted(set(points)):
+        raise ValueError(f"{key}={points}: expected ascending, distinct token counts")
+
+
+def check_checkpoints_below(checkpoints, max_new_tokens: int, prefix: str = "sample.") -> None:
+    """Every checkpoint below max_new_tokens: a row that long has finished, there is nothing to stop."""
+    points = list(checkpoints)
+    if points and points[-1] >= max_new_tokens:
+        raise ValueError(f"{prefix}prune.at={points}: expected checkpoints below {prefix}max_new_tokens="
+                         f"{max_new_tokens}")
+
+
+def check_prune_share(share: float, key: str = "sample.prune.share") -> None:
+    """The fraction of a prompt's rows stopped at each checkpoint, in [0, 1) (0 stops none)."""
+    if not 0.0 <= share < 1.0:  # `not` also catches NaN
+        raise ValueError(f"{key}={share!r}: expected a fraction in [0, 1)")
 
 
 def scored_tokens(token_ids: list[int], finished_by_eos: bool, checkpoint: int) -> tuple[list[int], bool]:

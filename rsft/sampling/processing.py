@@ -23,16 +23,32 @@ from torch import Tensor
 
 
 def check_sampling_settings(temperature: float, top_k: int, top_p: float, strategy: str) -> None:
-    """Raise ValueError naming the bad setting. strategy=greedy takes the argmax: temperature is unused."""
+    """Raise ValueError naming the bad setting (the sampler's check; rsft.config calls each rule below
+    for its own setting)."""
+    check_temperature(temperature, strategy)
+    check_top_p(top_p)
+    check_top_k(top_k)
+
+
+def check_temperature(temperature: float, strategy: str) -> None:
+    """strategy=greedy takes the argmax: temperature is unused there, and must be > 0 for any other."""
     if strategy != "greedy" and not temperature > 0:  # `not >` also catches NaN
         raise ValueError(
             f"temperature must be > 0 for strategy={strategy} (got {temperature}); "
             "for greedy decoding set sample.strategy=greedy"
         )
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (got {top_p}); top_p=1.0 turns nucleus sampling off")
+
+
+def check_top_p(top_p: float, key: str = "top_p") -> None:
+    """A nucleus keeps a positive mass at most 1; `key` is the setting's name in the message."""
+    if not 0 < top_p <= 1:  # `not` also catches NaN
+        raise ValueError(f"{key}={top_p!r}: expected a number in (0, 1] (1.0 = off)")
+
+
+def check_top_k(top_k: int, key: str = "top_k") -> None:
+    """top_k counts the tokens kept; 0 keeps them all."""
     if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (got {top_k}); top_k=0 turns top-k off")
+        raise ValueError(f"{key}={top_k!r}: expected an integer >= 0 (0 = off)")
 
 
 def check_finite(logits: Tensor, row_ids=None, where: str = "") -> None:

@@ -71,7 +71,7 @@ from rsft.sampling.verifier import AcceptanceStats, check_gamma, check_strategy,
 
 @dataclass
 class SamplingSettings:
-    """Plain settings (rsft.sample.sampling_settings builds them from conf/sample and conf/draft).
+    """Plain settings (rsft.generation.sampling_settings builds them from conf/sample and conf/draft).
     What has no neutral value is required; the defaults are the "off" values (no top-k / top-p,
     exact verification, no draft), never a second copy of the config's."""
 

@@ -49,17 +49,27 @@ PAD = -1  # no token in this slot
 STRATEGIES = ("exact", "greedy", "lenient", "skip_adjustment")
 
 
-def check_gamma(gamma: int) -> None:
-    """A speculative draft must propose at least one token per step (the sampler's and the config's rule)."""
+def check_gamma(gamma: int, key: str = "draft.gamma") -> None:
+    """A speculative draft must propose at least one token per step (the sampler's and the config's rule;
+    `key` names the setting in the message)."""
     if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"draft.gamma: gamma must be >= 1 (got {gamma!r}); to sample without speculation "
+        raise ValueError(f"{key}: gamma must be >= 1 (got {gamma!r}); to sample without speculation "
                          f"use draft=none")
 
 
 def check_strategy(strategy: str, leniency: float) -> None:
     """Raise ValueError for an unknown strategy, or a leniency that is out of (0, 1] or given without lenient."""
+    check_strategy_name(strategy)
+    check_leniency(leniency, strategy)
+
+
+def check_strategy_name(strategy: str, key: str = "strategy") -> None:
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES} (got {strategy!r})")
+        raise ValueError(f"{key} must be one of {STRATEGIES} (got {strategy!r})")
+
+
+def check_leniency(leniency: float, strategy: str) -> None:
+    """leniency belongs to strategy=lenient: in (0, 1] there, and left at 1.0 with any other strategy."""
     if strategy == "lenient" and not 0 < leniency <= 1:
         raise ValueError(f"leniency must be in (0, 1] for strategy=lenient (got {leniency})")
     if strategy != "lenient" and leniency != 1.0:
