@@ -17,18 +17,7 @@ server's URL and declared model and revision), never only a name.
 The kinds: `trained` (rsft's own Bradley-Terry model, reward.scoring), and those of the modules that
 register themselves in SOURCES (pretrained, function, http, combination).
 
-The spec forms open_source reads (SPEC_FORMS):
-
-    trained:<folder>                      a folder written by stage=reward (reward_stats.json in it)
-    pretrained:<folder or hub id>         any AutoModelForSequenceClassification, used as it is
-                                          (options: head=<index> for a multi-head model, max_length)
-    function:<module>:<function>          a Python callable, importable as module.function
-    function:<path/to/file.py>:<function> a callable in a file (relative to the current directory)
-    <folder>                              reward_stats.json in it: trained; config.json and no
-                                          reward_stats.json: pretrained
-    http://... or https://...             a reward server (rsft.reward_http)
-
-A combination of sources is built by combine(), not by a spec.
+rsft.reward_specs.open_source turns a spec string (`function:tasks.py:check`, a folder, a URL) into a source.
 """
 
 from __future__ import annotations
@@ -52,13 +41,7 @@ log = logging.getLogger(__name__)
 
 # kind -> factory(target, **options) -> RewardSource; modules that define a kind register it here
 SOURCES: dict[str, Callable[..., RewardSource]] = {}
-# kinds whose module open_source loads on first use (it registers itself in SOURCES when imported)
-PLUGINS = {"http": "rsft.reward_http"}
 
-SPEC_FORMS = ("trained:<folder>", "pretrained:<folder or hub id>", "function:<module>:<function>",
-              "function:<path/to/file.py>:<function>",
-              "<folder> (with reward_stats.json: trained; with config.json: pretrained)",
-              "http://<server> or https://<server>")
 
 
 def register(kind: str):
@@ -585,62 +568,7 @@ def combine(components: dict[str, tuple[RewardSource, float]], mode: str = "sum"
     return Combination(components, mode)
 
 
-def _options_for(kind: str, options: dict[str, Any], accepted: tuple[str, ...]) -> dict[str, Any]:
-    extra = sorted(k for k in options if k not in accepted)
-    if extra:
-        allowed = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
-        raise ConfigError(f"reward source option(s) {', '.join(extra)} do not apply to a {kind} source; {allowed}")
-    return {k: v for k, v in options.items() if k in accepted}
 
 
-def _http_source(url: str, options: dict[str, Any]) -> RewardSource:
-    if "http" not in SOURCES:
-        module = PLUGINS["http"]
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"reward source {url!r}: http reward servers are read by {module}, which this "
-                              f"installation does not have yet")
-        # loaded by name: rsft.reward_http imports this module (RewardSource), so a `from rsft.reward_http
-        # import` here would be a circle in the import graph (tests/test_imports.py)
-        loaded = importlib.import_module(module)
-        if "http" not in SOURCES:  # it did not register itself: its HttpReward class
-            if not hasattr(loaded, "HttpReward"):
-                raise ConfigError(f"reward source {url!r}: {module} neither registers the kind http in "
-                                  f"rsft.reward_sources.SOURCES nor defines HttpReward")
-            SOURCES["http"] = loaded.HttpReward
-    return SOURCES["http"](url, **options)
 
 
-def open_source(spec: str, device: str = "cpu", **options) -> RewardSource:
-    """The reward source a spec names (SPEC_FORMS, module docstring). Options whose value is None are
-    unset; one that does not apply to the kind is refused (ConfigError). pretrained takes head and
-    max_length; trained and function take none; http sources get the options as they are."""
-    options = {k: v for k, v in options.items() if v is not None}
-    text = str(spec).strip()
-    forms = "; ".join(SPEC_FORMS)
-    if text.startswith(("http://", "https://")):
-        return _http_source(text, options)
-    kind, colon, target = text.partition(":")
-    if colon and kind in ("trained", "pretrained", "function"):
-        if not target:
-            raise ConfigError(f"reward source {text!r}: nothing after {kind}:; expected {forms}")
-        if kind == "trained":
-            _options_for(kind, options, ())
-            return TrainedReward(target, device)
-        if kind == "pretrained":
-            return PretrainedReward(target, device, **_options_for(kind, options, ("head", "max_length")))
-        _options_for(kind, options, ())
-        return FunctionReward(target)
-    from reward.scoring import STATS_FILE
-
-    folder = Path(text).expanduser()
-    if folder.is_dir():
-        if (folder / STATS_FILE).is_file():
-            _options_for("trained", options, ())
-            return TrainedReward(folder, device)
-        if (folder / "config.json").is_file():
-            return PretrainedReward(str(folder), device, **_options_for("pretrained", options, ("head", "max_length")))
-        raise ConfigError(f"reward source {text!r}: the folder holds neither {STATS_FILE} (a model trained by "
-                          f"stage=reward) nor config.json (a pretrained model); expected {forms}")
-    if colon and kind in SOURCES and kind not in ("combination",):
-        return SOURCES[kind](target, **options)
-    raise ConfigError(f"reward source {text!r}: not a folder here, nor a spec rsft reads; expected {forms}")

@@ -14,7 +14,8 @@ from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
 from rsft.config import uses_trained_reward  # noqa: F401  (scripts read it here, beside open_reward)
 from rsft.paths import RunPaths
-from rsft.reward_sources import RewardSource, TrainedReward, combine, open_source
+from rsft.reward_sources import RewardSource, TrainedReward, combine
+from rsft.reward_specs import open_source
 from rsft.store import ShardStore, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _part(cfg: DictConfig, spec: str, device, trained_folder: Path | None) -> Re
 
 
 def source_spec(cfg: DictConfig) -> str:
-    """reward_source as one spec string (rsft.reward_sources.open_source): kind:spec, a URL as it is."""
+    """reward_source as one spec string (rsft.reward_specs.open_source): kind:spec, a URL as it is."""
     rs = cfg.reward_source
     return str(rs.spec) if rs.kind == "http" else f"{rs.kind}:{rs.spec}"
 
@@ -156,7 +157,7 @@ def judge_model(cfg: DictConfig) -> Path | None:
 
 
 def judge_spec(cfg: DictConfig) -> str | None:
-    """eval.judge as a reward source other than a trained model (rsft.reward_sources.open_source), or None:
+    """eval.judge as a reward source other than a trained model (rsft.reward_specs.open_source), or None:
     `pretrained:<folder or hub id>`, `function:<module:function>`, an http(s) URL, or a folder holding a
     pretrained sequence-classification model (config.json, no meta.json)."""
     name = cfg.eval.get("judge")

@@ -4,7 +4,7 @@
     python -m rsft.serve_reward pretrained:<folder or hub id> --device cuda --port 8100
     python -m rsft.serve_reward function:my_rewards:exact_match --host 0.0.0.0   # the network (no auth!)
 
-The spec is any that rsft.reward_sources.open_source takes (`trained:`, `pretrained:`, `function:`, a
+The spec is any that rsft.reward_specs.open_source takes (`trained:`, `pretrained:`, `function:`, a
 folder). A run then scores with the URL as its reward (rsft.reward_http.HttpReward), from this machine
 or another: the GPU that holds the reward model need not be the one that samples.
 
@@ -210,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from rsft.reward_sources import open_source
+    from rsft.reward_specs import open_source
 
     options = {} if args.head is None else {"head": args.head}
     try:

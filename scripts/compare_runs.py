@@ -57,7 +57,7 @@ def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int]
 
 def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     """Judge both runs' kept sets, round by round, with the reward model at `model`."""
-    from rsft.reward_sources import open_source
+    from rsft.reward_specs import open_source
 
     if not model.startswith(("pretrained:", "function:", "http://", "https://")) and not Path(model).is_dir():
         raise SystemExit(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "

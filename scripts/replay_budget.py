@@ -39,7 +39,7 @@ from datasets import load_from_disk
 from omegaconf import OmegaConf
 
 import rsft.scoring
-from rsft.reward_sources import open_source
+from rsft.reward_specs import open_source
 from rsft import stats
 from rsft.data import load_prompts
 from rsft.generation import round_seed, sample_dataset, sampling_settings

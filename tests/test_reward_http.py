@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import rsft.reward_sources as reward_sources
+import rsft.reward_specs as reward_specs
 from rsft.errors import ConfigError, InputError, MissingInput
 from rsft.reward_http import HttpReward, ServerUnreachable, base_url, vllm_reward
 from rsft.reward_sources import RewardSource
@@ -145,7 +146,7 @@ def test_identity_is_the_url_and_the_servers_model_and_revision(serve):
 def test_open_source_builds_an_http_reward_from_a_url_with_its_options(serve):
     source = Toy()
     served = serve(source, revision="v1")
-    reward = reward_sources.open_source(served.url + "/score", "cpu", batch_size=4, revision="v1", sleep=no_sleep)
+    reward = reward_specs.open_source(served.url + "/score", "cpu", batch_size=4, revision="v1", sleep=no_sleep)
     assert isinstance(reward, HttpReward) and reward_sources.SOURCES["http"] is HttpReward
     assert (reward.batch_size, reward.identity()["revision"]) == (4, "v1")
     assert reward.score(PROMPTS, COMPLETIONS, ROWS, progress=False) == source.score(PROMPTS, COMPLETIONS, ROWS)
@@ -393,7 +394,7 @@ def test_a_real_tiny_reward_model_scores_the_same_over_http(serve, tmp_path):
     tokenizer = build_byte_tokenizer()
     model = build_tiny_reward_model(OmegaConf.create({**TINY_REWARD, "seed": 0}), tokenizer).eval()
     save_reward_model(model, tokenizer, tmp_path, {"mean": 0.0, "std": 1.0, "max_length": 64})
-    source = reward_sources.open_source(f"trained:{tmp_path}", "cpu")
+    source = reward_specs.open_source(f"trained:{tmp_path}", "cpu")
     served = serve(source)
     reward = HttpReward(served.url, batch_size=4, sleep=no_sleep)
     expected = source.score(PROMPTS, COMPLETIONS, ROWS, progress=False)
@@ -525,6 +526,7 @@ def test_serve_reward_help_exits_0():
 SERVE_TOY = """
 import sys
 import rsft.reward_sources as sources
+import rsft.reward_specs as specs
 
 class Toy(sources.RewardSource):
     kind = "toy"
@@ -533,7 +535,7 @@ class Toy(sources.RewardSource):
     def identity(self):
         return {"kind": "toy"}
 
-sources.open_source = lambda spec, device, **options: Toy()
+specs.open_source = lambda spec, device, **options: Toy()
 from rsft.serve_reward import main
 sys.exit(main(sys.argv[1:]))
 """

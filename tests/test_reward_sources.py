@@ -26,8 +26,8 @@ from rsft.reward_sources import (
     TrainedReward,
     checked_scores,
     combine,
-    open_source,
 )
+from rsft.reward_specs import open_source
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reward_fixtures"

@@ -64,7 +64,7 @@ def test_a_verifier_none_is_never_kept_and_a_threshold_keeps_only_correct_answer
 @pytest.fixture
 def count_a_server():
     """count_a served over loopback by rsft.serve_reward, for the http source."""
-    from rsft.reward_sources import open_source
+    from rsft.reward_specs import open_source
     from rsft.serve_reward import make_server
 
     server = make_server(open_source(f"function:{VERIFIERS}:count_a"), "127.0.0.1", 0, "count_a", "test")
@@ -126,7 +126,7 @@ def test_a_pretrained_model_is_the_proxy_and_the_judge_of_eval(make_cfg, tmp_pat
 
 
 def test_the_http_source_scores_what_the_source_gives_in_process(make_cfg):
-    from rsft.reward_sources import open_source
+    from rsft.reward_specs import open_source
     from rsft.serve_reward import make_server
 
     source = open_source(f"function:{VERIFIERS}:count_a")
