@@ -7,7 +7,8 @@ right after 38?", "Which is larger, 35 or 67?", "What is 6 times 7?", each follo
 the number." The form mix is chosen so that the initial SmolLM2-135M-Instruct is right on a middling share
 (docs/results.md#a-verifiable-task): 2-digit arithmetic was too hard for it (5-10%). Every row carries its
 `reference` answer, which the checker reward.checkers.first_number reads (a `function` reward). Train and
-test questions are drawn from disjoint operand pairs, so no held-out question is a train question.
+test questions are drawn from disjoint ordered operand pairs: no held-out question is a train question,
+though for + and x a held-out one may be a train one with its operands swapped (6 x 7 beside 7 x 6).
 """
 
 from __future__ import annotations

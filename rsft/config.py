@@ -1029,6 +1029,15 @@ class RewardSourceConfig(Checked):
         if self.kind == "combination" and not self.components:
             _fail("reward_source.components", {}, "at least one component {source: ..., weight: ...} for "
                                                   "kind=combination")
+        for name, component in (self.components or {}).items():  # each component: a source and a number
+            if _unresolved(component):
+                continue
+            if not isinstance(component, dict) or not isinstance(component.get("source"), str) \
+                    or set(component) - {"source", "weight"}:
+                _fail(f"reward_source.components.{name}", component, "{source: <trained or a spec>, weight: <number>}")
+            weight = component.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
+                _fail(f"reward_source.components.{name}.weight", weight, "a number")
 
 
 @dataclass

@@ -262,18 +262,6 @@ def context_budget(model_config, max_new_tokens: int, setting: str = "sample.max
     return context - max_new_tokens
 
 
-def prompt_keys(which: str = "train", kind: str | None = None) -> tuple[str, ...]:
-    """The data settings a prompt set of data.kind `kind` depends on (for artifact fingerprints,
-    rsft.fingerprints). data=hh_rlhf reads one transcript file for both sets, split by a seeded hash."""
-    common = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
-              "data.system_prompt")
-    if kind == "hh_rlhf":
-        common += ("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed")
-    if which == "train":
-        return common + ("data.path", "data.split", "data.limit", "data.rotate")
-    return common + ("data.eval_path", "data.eval_split", "data.eval_limit")
-
-
 def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
     """The user's prompt file or folder a prompt set is read from (none for the demo and hub sets)."""
     if cfg.kind == "hh_rlhf":  # one transcript file holds both sets; a hub name is not a file

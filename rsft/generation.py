@@ -37,11 +37,6 @@ from rsft.store import ShardStore
 log = logging.getLogger(__name__)
 
 
-# the sample settings that shape a completion (not num_samples: eval.num_samples; not batch_rows)
-SAMPLING_KEYS = ("sample.max_new_tokens", "sample.temperature", "sample.top_k", "sample.top_p", "sample.strategy",
-                 "sample.leniency")
-
-
 TRAINED_DRAFT_KINDS = ("distilled", "feature")  # stage=draft trains them; the loop refreshes them every round
 
 
@@ -59,12 +54,6 @@ def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> Sa
     )
     settings.check()
     return settings
-
-
-def engine_keys(cfg: DictConfig) -> tuple[str, ...]:
-    """The fingerprint keys of the sampling engine: sample.backend and sample.vllm with backend=vllm,
-    none for rsft's own sampler (so artifacts made before the choice existed still match)."""
-    return ("sample.backend", "sample.vllm") if cfg.sample.get("backend", "rsft") == "vllm" else ()
 
 
 def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed: int):
@@ -180,16 +169,18 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
     return completions, len(shards), reused
 
 
-def token_scorer(scorer, tokenizer, prompt_texts: list[str]):
+def token_scorer(scorer, tokenizer, prompt_texts: list[str], prompt_rows: list[dict] | None = None):
     """score([(prompt index, token ids), ...]) -> the reward source's raw reward of each, the tokens decoded
     as the completion column is and read as a finished answer (pruning scores prefixes this way); a row the
     source cannot score (None) ranks below every scored one. Each process scores its own rows (no launcher
-    collectives: processes prune at different moments)."""
+    collectives: processes prune at different moments). prompt_rows: each prompt's other columns (a
+    reference answer), for sources that read them; a prefix has no finish_reason yet (None)."""
     prompt_texts = list(prompt_texts)
 
     def score(requests: list[tuple[int, list[int]]]) -> list[float]:
         texts = [tokenizer.decode(tokens, skip_special_tokens=True) for _, tokens in requests]
-        values = scorer.score([prompt_texts[p] for p, _ in requests], texts, progress=False)
+        rows = None if prompt_rows is None else [{**prompt_rows[p], "finish_reason": None} for p, _ in requests]
+        values = scorer.score([prompt_texts[p] for p, _ in requests], texts, rows, progress=False)
         return [float("-inf") if v is None else v for v in values]
 
     return score
@@ -254,7 +245,8 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
         log.warning("%d prompt(s) longer than the policy's context (%s tokens) less max_new_tokens were cut from "
                     "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
                     budget, sum(cut))
-    score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"])
+    score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"],
+                                                       prompts.remove_columns(["prompt"]).to_list())
     if (prune is not None or adaptive is not None) and score is None:
         raise ValueError("pruning and adaptive K need a reward model to score with")
     if engine is not None and (draft is not None or prune is not None):

@@ -24,7 +24,7 @@ r = 0 .. loop.rounds - 1, each stage reading what the one before wrote:
             reward/ in every round (one judge for all rounds, also with loop.refresh_reward)
 
 Every stage is called with a copy of the config at round r and skips when its artifact is
-complete and made from the same settings and inputs (rsft.paths fingerprints; other settings stop
+complete and made from the same settings and inputs (rsft.fingerprints, from each stage's declaration; other settings stop
 the loop with the keys that differ), so rerunning the same command after a crash resumes at the
 first missing artifact and ends with the same artifacts (sampling is seeded per round and completion). One Tracker (one
 wandb run) covers the whole loop; after each round the round's metrics are read back from the

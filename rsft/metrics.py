@@ -96,7 +96,8 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
     for i, prompt_id in enumerate(ds["prompt_id"]):
         texts[prompt_id].append(i)
     metrics = {
-        "reward_normalised_mean": statistics.fmean(scorable(ds["reward_normalised"]) or [0.0]),
+        **({"reward_normalised_mean": statistics.fmean(scorable(ds["reward_normalised"]))}
+           if scorable(ds["reward_normalised"]) else {}),
         "mean_tokens": statistics.fmean(ds["num_tokens"]),
         "mean_words": statistics.fmean(len(c.split()) for c in completions),
         "eos_fraction": statistics.fmean(f == "eos" for f in ds["finish_reason"]),

@@ -33,10 +33,6 @@ from rsft.runner import Built, Job, Plan
 log = logging.getLogger(__name__)
 
 
-
-
-
-
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The configured policy, the prompts and every prefs setting but batch_rows (rsft.stages)."""
     sampling_settings(cfg.prefs)  # bad settings stop here, before anything is loaded

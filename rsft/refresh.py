@@ -43,10 +43,6 @@ from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
 
-INIT = ("scratch", "previous")
-
-
-
 
 def pooled(parts: list[Dataset]) -> Dataset:
     """One dataset of pairs from several label sets: the columns all of them have (the demo's gold

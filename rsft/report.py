@@ -271,6 +271,11 @@ def write_plots(paths: RunPaths, rounds: int, records: Records | None = None) ->
     return {k: v for k, v in plots.items() if v is not None}
 
 
+def _rounded(value) -> float | str:
+    """A score for the examples table: 3 decimals, or "n/a" where the reward source could not score it."""
+    return "n/a" if value is None else round(value, 3)
+
+
 def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
     """The first sample of the first `count` held-out prompts: initial policy beside round r's."""
     if not (is_complete(paths.eval(round_idx)) and is_complete(paths.initial_eval)):
@@ -282,10 +287,10 @@ def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
         before = first[row["prompt_id"]]
         rows.append({
             "round": round_idx, "prompt": row["prompt"],
-            "initial_completion": before["completion"], "initial_reward": round(before["reward"], 3),
-            "initial_gold": round(before.get("gold", float("nan")), 3),
-            "completion": row["completion"], "reward": round(row["reward"], 3),
-            "gold": round(row.get("gold", float("nan")), 3),
+            "initial_completion": before["completion"], "initial_reward": _rounded(before["reward"]),
+            "initial_gold": _rounded(before.get("gold", float("nan"))),
+            "completion": row["completion"], "reward": _rounded(row["reward"]),
+            "gold": _rounded(row.get("gold", float("nan"))),
         })
     return rows
 

@@ -37,41 +37,6 @@ from rsft.runner import Built, Job, Plan
 log = logging.getLogger(__name__)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The samples read the policy and distilled draft artifacts they come from, the prompt file, and with
     pruning or adaptive K the reward model that decides them (their settings: rsft.stages)."""

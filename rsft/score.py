@@ -1,16 +1,19 @@
-"""stage=score: the reward model's score for every sampled completion.
+"""stage=score: the reward's score for every sampled completion.
 
-    python -m rsft.run stage=score [round=0]
+    python -m rsft.run stage=score [round=0] [reward_source=function reward_source.spec=tasks.py:check]
 
-Reads runs/<run_name>/round_XX/samples/ and the reward model that scores round XX
-(RunPaths.scoring_reward: the run's reward/, built by stage=prefs then stage=reward; with
-loop.refresh_reward the round's own round_XX/reward/, built by stage=refresh); writes
-round_XX/scored/: the samples (less the rows stage=sample pruned: prefixes, not completions) with
-three more columns, `reward` (the model's raw output), `reward_normalised` ((raw - mean) / std with the mean and std the reward stage measured on its
-training data, so thresholds do not depend on the scale a particular reward model happened to
-learn) and `reward_model` (which one gave the score, relative to the run directory; also in
-meta.json and, by its digest, in the fingerprint). The scorer sees the prompt as the user wrote it
-(the `prompt` column) and the completion text, as the reward model was trained.
+Reads runs/<run_name>/round_XX/samples/ and what scores them (reward_source, rsft.scoring.open_reward):
+by default the trained reward model of round XX (RunPaths.scoring_reward: the run's reward/, or with
+loop.refresh_reward the round's own round_XX/reward/), else a pretrained model, a function, a server or
+a combination. Writes round_XX/scored/: the samples (less the rows stage=sample pruned: prefixes, not
+completions) with `reward` (the raw score; None where the source could not score the row),
+`reward_normalised` (the trained model's (raw - mean) / std with its training statistics, so thresholds
+do not depend on the scale one model happened to learn; for other sources the raw score, or with
+reward_source.calibrate the round's own z-score), `reward_model` (what scored it: the trained model's
+folder relative to the run directory, or the source's spec) and for a combination `reward_<name>`, each
+component's raw score. The trained folder is in the fingerprint by digest, any other source by its
+identity (rsft.reward_sources). Each source sees the prompt as the user wrote it and the completion text,
+and frames them as its model was trained; a function also gets each row's other columns.
 
 stage=eval scores with the run's reward/ (RunPaths.eval_reward) in every round, refreshed or not: one
 fixed judge keeps the initial policy's and every round's numbers comparable.
@@ -34,18 +37,6 @@ from rsft.sampling.budget import PRUNED
 from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
@@ -81,17 +72,18 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if not scored_values:
         raise InputError(f"score: {scored_by} found none of round {cfg.round}'s {len(raw)} completions scorable "
                          f"(it returned None for every one); check that it reads these completions")
-    calibration = None
+    calibration, normalised = None, scorer.normalise(raw)
     if cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate:
-        mean, std = statistics.fmean(scored_values), statistics.pstdev(scored_values)
-        scorer.mean, scorer.std = mean, std if std > 0 else 1.0
-        calibration = {"rows": len(scored_values), "mean": mean, "std": scorer.std, "source": f"round {cfg.round}"}
+        # the scored round's own mean and std (a round every answer of which scores alike keeps std 1)
+        mean, std = statistics.fmean(scored_values), statistics.pstdev(scored_values) or 1.0
+        normalised = [None if r is None else (r - mean) / std for r in raw]
+        calibration = {"rows": len(scored_values), "mean": mean, "std": std, "source": f"round {cfg.round}"}
     scored = samples.add_column("reward", [None if r is None else float(r) for r in raw])
-    scored = scored.add_column("reward_normalised", scorer.normalise(raw))
+    scored = scored.add_column("reward_normalised", normalised)
     scored = scored.add_column("reward_model", [scored_by] * len(scored))
-    for name, values in scorer.components().items():  # a combination keeps every component's score
-        if len(values) == len(scored):
-            scored = scored.add_column(f"reward_{name}", values)
+    for name, part in scoring.combination_parts(scorer).items():  # each component's raw score beside the total
+        scored = scored.add_column(f"reward_{name}", scoring.score_rows(part, samples["prompt"],
+                                                                        samples["completion"], rows, progress=False))
 
     by_prompt = defaultdict(list)
     for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):

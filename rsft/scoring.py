@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
@@ -72,7 +72,7 @@ def _part(cfg: DictConfig, spec: str, device, trained_folder: Path | None) -> Re
         if trained_folder is None:
             raise RuntimeError("a trained reward component needs its folder")  # the callers pass it: a bug
         return trained_reward(trained_folder, device)
-    rs = cfg.reward_source
+    rs = source_config(cfg)
     options = {"head": rs.head, "max_length": rs.max_length} if spec.startswith("pretrained:") or Path(
         spec).is_dir() else {}
     if spec.startswith(("http://", "https://")):
@@ -83,14 +83,14 @@ def _part(cfg: DictConfig, spec: str, device, trained_folder: Path | None) -> Re
 
 def source_spec(cfg: DictConfig) -> str:
     """reward_source as one spec string (rsft.reward_specs.open_source): kind:spec, a URL as it is."""
-    rs = cfg.reward_source
+    rs = source_config(cfg)
     return str(rs.spec) if rs.kind == "http" else f"{rs.kind}:{rs.spec}"
 
 
 def open_reward(cfg: DictConfig, device, trained_folder: Path | None = None) -> RewardSource:
     """The configured reward source; its trained parts are the model at `trained_folder` (the round's
     scorer, RunPaths.scoring_reward; eval's, RunPaths.eval_reward)."""
-    rs = cfg.reward_source
+    rs = source_config(cfg)
     if rs.kind == "trained":
         return _part(cfg, "trained", device, trained_folder)
     if rs.kind != "combination":
@@ -105,11 +105,22 @@ def open_reward(cfg: DictConfig, device, trained_folder: Path | None = None) -> 
     return combine(parts, str(rs.combine))
 
 
+def combination_parts(scorer: RewardSource) -> dict[str, RewardSource]:
+    """A combination's components by name (stage=score keeps each one's raw score as a column); {} otherwise."""
+    return {name: source for name, (source, _) in getattr(scorer, "parts", {}).items()}
+
+
+def source_config(cfg: DictConfig):
+    """reward_source, or the trained model for a config recorded before reward sources existed (replay_budget
+    reads a run's recorded config)."""
+    return cfg.get("reward_source") or OmegaConf.create({"kind": "trained", "spec": None, "components": {}})
+
+
 def source_identity(cfg: DictConfig, device) -> dict:
     """What the configured reward's parts other than the trained model are (rsft.reward_sources identity:
     file digests, a function's source, a server's model and revision), for fingerprints; {} for the trained
     model alone, whose folder is an input artifact."""
-    rs = cfg.reward_source
+    rs = source_config(cfg)
     if rs.kind == "trained":
         return {}
     if rs.kind != "combination":

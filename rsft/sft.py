@@ -108,14 +108,6 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     )
 
 
-
-
-
-
-
-
-
-
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """Every sft setting, the seed and round (the trainer's seed), the prompt format, the policy it starts from
     (configured, or an artifact) and the selected completions."""

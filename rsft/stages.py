@@ -58,10 +58,14 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "sample.vllm.": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     # each completion has its own generator and a packed forward gives every row a plain forward's logits:
     # the rows per forward change nothing while sampling plainly
-    "sample.batch_rows": lambda cfg: cfg.draft.kind == "none",
+    "sample.batch_rows": lambda cfg: cfg.get("stage") == "sample" and cfg.draft.kind == "none",
     "prefs.batch_rows": lambda cfg: True,  # prefs samples plainly, always
     # the run's own trained model is an input artifact (its folder's digest), not a setting
     "reward_source.": lambda cfg: cfg.reward_source.kind == "trained",
+    # how a server is asked (its scores are what they are): never in a fingerprint
+    "reward_source.timeout": lambda cfg: True,
+    "reward_source.retries": lambda cfg: True,
+    "reward_source.batch_size": lambda cfg: True,
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

@@ -218,7 +218,7 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
 
     The caller may add entries to `meta` inside the block (counts, statistics); they are
     written with the config-independent fields (versions, timings) when the block ends, with
-    `wanted_fingerprint` (the fingerprint should_skip compares), each file's size and CRC-32, and a digest
+    `wanted_fingerprint` (the fingerprint rsft.fingerprints.check_reuse compares), each file's size and CRC-32, and a digest
     of both that downstream fingerprints record. On an exception the temporary folder is removed
     and nothing at `final` changes.
     """
@@ -275,7 +275,7 @@ class ProgressFolder:
     same command resumes instead of starting again: entries of `.<name>.<kind>/` beside the artifact
     (kind: shards for sampling and scoring, checkpoints for training) whose names start with a key, a
     hash of the stage's fingerprint and the number of processes: progress made for anything else is
-    deleted, never resumed. Not swept with the temporary folders; the stage calls remove() once the
+    deleted, never resumed. Not swept with the temporary folders; rsft.runner calls remove() once the
     artifact is written."""
 
     def __init__(self, final: str | os.PathLike, kind: str, wanted: dict):

@@ -38,6 +38,7 @@ from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
 
+
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """Every reward setting (reward.label_smoothing only when on: rsft.stages.WHILE_OFF), this run's prefs/ or
     the user's pair files by content."""

@@ -174,9 +174,9 @@ def score_all(prompts: list[Prompt], budget_scorer, final_scorer, tokenizer, tex
     else:
         golds = [gold_score(prompts[i].rows[k]["task"], prompts[i].rows[k]["completion"],
                             prompts[i].rows[k]["finish_reason"]) for i, k in flat]
-    for (i, k), f, g in zip(flat, finals, golds):
-        prompts[i].final.append(float(f))
-        prompts[i].gold.append(float(g))
+    for (i, k), f, g in zip(flat, finals, golds):  # a completion a source could not score ranks last
+        prompts[i].final.append(float("-inf") if f is None else float(f))
+        prompts[i].gold.append(float("nan") if g is None else float(g))
 
 
 def replay(prompts: list[Prompt], k: int, prune: PruneSchedule | None = None,

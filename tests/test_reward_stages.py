@@ -74,10 +74,15 @@ def count_a_server():
     server.server_close()
 
 
-@pytest.mark.parametrize("kind", ["function", "combination", "pretrained", "http"])
+@pytest.mark.parametrize("kind", ["function", "columns", "combination", "pretrained", "http"])
 def test_pruning_and_adaptive_k_spend_with_any_reward_source(make_cfg, kind, tmp_path, count_a_server):
+    """`columns`: a function that reads the prompt rows' own columns (the demo's task) while pruning."""
+    (tmp_path / "by_task.py").write_text("def score(prompts, completions, task, finish_reason):\n"
+                                         "    assert set(finish_reason) <= {None, 'eos', 'length'}\n"
+                                         "    return [float(len(t['topic']) + len(c)) for t, c in zip(task, completions)]\n")
     source = {
         "function": FUNCTION,
+        "columns": ["reward_source=function", f"reward_source.spec={tmp_path / 'by_task.py'}:score"],
         "combination": ["reward_source=combination", "reward_source.combine=mean",
                         f"+reward_source.components={{a: {{source: 'function:{VERIFIERS}:count_a', weight: 1}}, "
                         f"b: {{source: 'function:{VERIFIERS}:length', weight: 2}}}}"],
