@@ -292,7 +292,7 @@ class RunConfig(Checked):
     paths: Any = _group("Where runs and the provisioned-model cache live (conf/paths/).")
     policy: Any = _group("The model that samples and is fine-tuned (conf/policy/).")
     draft: Any = _group("The draft that proposes tokens for speculative sampling (conf/draft/).")
-    draft_model: Any = _group("How stage=draft trains the distilled draft (conf/draft_model/).")
+    distill: Any = _group("How stage=draft trains the distilled draft (conf/distill/).")
     data: Any = _group("The prompts: their source, splits and limits (conf/data/).")
     sample: Any = _group("How completions are sampled (conf/sample/).")
     select: Any = _group("Which scored completions SFT trains on (conf/select/).")
@@ -453,7 +453,7 @@ class DraftModelConfig(Checked):
 
 @dataclass
 class DraftDistilledConfig(Checked):
-    kind: str = setting("distilled", "distilled: the run's own small draft (stage=draft, conf/draft_model); round r "
+    kind: str = setting("distilled", "distilled: the run's own small draft (stage=draft, conf/distill); round r "
                                      "uses round r-1's, else runs/<run>/draft.", check=kind_is("distilled"))
     gamma: int = setting(3, "Draft tokens per step at most (the adaptive controller's ceiling).", check=GAMMA)
     adaptive: bool = setting(True, "Shrink or grow gamma from measured acceptance and cost.", check=boolean())
@@ -464,7 +464,7 @@ class DraftDistilledConfig(Checked):
 
 @dataclass
 class FeatureTrainConfig(Checked):
-    """stage=draft's settings for the feature draft (the distilled draft's are the draft_model group)."""
+    """stage=draft's settings for the feature draft (the distilled draft's are the distill group)."""
 
     _AT: ClassVar[str] = "train."
     num_layers: int = setting(1, "Decoder layers of the draft (EAGLE: 1).", check=at_least(1))
@@ -483,16 +483,16 @@ class FeatureTrainConfig(Checked):
     learning_rate: float = setting(3.0e-3, "AdamW learning rate, decayed linearly to 0.", check=positive())
     weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
     max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
-    heldout_fraction: float = setting(II("draft_model.heldout_fraction"),
+    heldout_fraction: float = setting(II("distill.heldout_fraction"),
                                       "Share of the sequences held out for the loss and acceptance measurement.",
                                       check=open_fraction())
-    eval_prompts: int = setting(II("draft_model.eval_prompts"), "Held-out prompts for the acceptance measurement.",
+    eval_prompts: int = setting(II("distill.eval_prompts"), "Held-out prompts for the acceptance measurement.",
                                 check=at_least(1))
-    eval_samples: int = setting(II("draft_model.eval_samples"), "Completions per held-out prompt in the measurement.",
+    eval_samples: int = setting(II("distill.eval_samples"), "Completions per held-out prompt in the measurement.",
                                 check=at_least(1))
-    eval_gamma: int = setting(II("draft_model.eval_gamma"), "The fixed gamma the acceptance is measured with.",
+    eval_gamma: int = setting(II("distill.eval_gamma"), "The fixed gamma the acceptance is measured with.",
                               check=at_least(1))
-    eval_seed: int = setting(II("draft_model.eval_seed"), "The measurement's sampling seed (the same for trained and "
+    eval_seed: int = setting(II("distill.eval_seed"), "The measurement's sampling seed (the same for trained and "
                                                            "untrained).", check=integer())
 
 
@@ -509,8 +509,8 @@ class DraftFeatureConfig(Checked):
 
 
 @dataclass
-class DraftModelTrainingConfig(Checked):
-    """The draft_model group: how stage=draft trains the distilled draft (the policy's architecture with
+class DistillConfig(Checked):
+    """The distill group: how stage=draft trains the distilled draft (the policy's architecture with
     few layers, its embeddings, a head over the most frequent completion tokens)."""
 
     num_layers: int = setting(2, "Decoder layers of the distilled draft.", check=at_least(1))
@@ -565,16 +565,13 @@ class DataDemoConfig(PromptSetConfig):
 
 
 @dataclass
-class DataCheckableConfig(PromptSetConfig):
+class DataCheckableConfig(DataDemoConfig):
+    """Generated like the demo prompts (ids, rotation, train and test splits), with their own questions."""
+
     kind: str = setting("checkable", "checkable: short questions with one right number (rsft.checkable_prompts), "
                                      "each with its `reference` answer.", check=kind_is("checkable"))
-    id_column: Optional[str] = setting("prompt_id", "The column holding each prompt's id.")
     limit: Optional[int] = setting(64, "Train prompts per round (null = all 192).")
-    rotate: bool = setting(True, "Round r takes the next data.limit train prompts (wrapping once the split is used "
-                                 "up).", check=boolean())
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all 64).")
-    split: str = setting("train", "The split sampled for training.")
-    eval_split: str = setting("test", "The held-out split eval judges on.")
     seed: int = setting(0, "Which questions: the operand pairs and their order.", check=integer())
 
 
@@ -661,20 +658,20 @@ class PruneConfig(Checked):
 
 @dataclass
 class AdaptiveKConfig(Checked):
-    """Adaptive K: a first pass of k0 per prompt, the rest of the budget where another sample can change
+    """Adaptive K: a first pass of k0 per prompt, the rest of a mean per prompt where another sample can change
     the pick (rsft.sampling.budget.allocate)."""
 
-    _AT: ClassVar[str] = "adaptive."
+    _AT: ClassVar[str] = "adaptive_k."
     k0: int = setting(0, "Completions per prompt in the first pass; 0 = off (every prompt gets num_samples).",
                       check=at_least(0, "(0 = off)"))
-    budget: Optional[float] = setting(None, "Mean completions per prompt over both passes, >= k0 (null = num_samples); "
+    mean: Optional[float] = setting(None, "Mean completions per prompt over both passes, >= k0 (null = num_samples); "
                                             "no prompt gets more than num_samples.")
 
     def __post_init__(self):
         super().__post_init__()
         # a mean over both passes counts the first pass's k0 per prompt: it cannot be less
-        if self.budget is not None:
-            _number(self._AT + "budget", self.budget, "a mean completions per prompt >= k0, or null",
+        if self.mean is not None:
+            _number(self._AT + "mean", self.mean, "a mean completions per prompt >= k0, or null",
                     lambda v: v >= self.k0)
 
 
@@ -720,7 +717,7 @@ class SampleConfig(Checked):
                                    "stage: prefs, sample, eval).", check=one_of(SAMPLING_BACKENDS))
     vllm: VllmConfig = setting(VllmConfig, "The vLLM engine, for backend=vllm.")
     prune: PruneConfig = setting(PruneConfig, "stage=sample only: stop low-ranked rows at checkpoints.")
-    adaptive: AdaptiveKConfig = setting(AdaptiveKConfig, "stage=sample only: adaptive K per prompt.")
+    adaptive_k: AdaptiveKConfig = setting(AdaptiveKConfig, "stage=sample only: adaptive K per prompt.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -732,11 +729,11 @@ class SampleConfig(Checked):
             _fail("prune.at", list(self.prune.at), "[] with backend=vllm (pruning needs rsft's sampler, which controls "
                                                    "every row between steps)")
         # num_samples is the most completions one prompt gets: the first pass cannot draw more
-        if self.adaptive.k0 > self.num_samples:
-            _fail("adaptive.k0", self.adaptive.k0, f"at most num_samples={self.num_samples}")
+        if self.adaptive_k.k0 > self.num_samples:
+            _fail("adaptive_k.k0", self.adaptive_k.k0, f"at most num_samples={self.num_samples}")
         # ... nor can the mean over both passes exceed it
-        if self.adaptive.budget is not None and self.adaptive.budget > self.num_samples:
-            _fail("adaptive.budget", self.adaptive.budget, f"at most num_samples={self.num_samples} (the most one "
+        if self.adaptive_k.mean is not None and self.adaptive_k.mean > self.num_samples:
+            _fail("adaptive_k.mean", self.adaptive_k.mean, f"at most num_samples={self.num_samples} (the most one "
                                                            f"prompt gets)")
 
 
@@ -997,8 +994,6 @@ class RewardSourceConfig(Checked):
     """The reward every stage scores with (rsft.reward_sources via rsft.scoring): stage=score, pruning and
     adaptive K, select's thresholds and DPO pairs (through the scores), and eval's proxy."""
 
-    _AT: ClassVar[str] = "reward_source."
-
     kind: str = setting("trained", "trained (this run's Bradley-Terry model, reward/) | pretrained | function | http "
                                    "| combination.", check=one_of(REWARD_KINDS))
     spec: Optional[str] = setting(None, "pretrained: a model folder or hub id; function: module:function or "
@@ -1024,20 +1019,21 @@ class RewardSourceConfig(Checked):
         super().__post_init__()
         # the spec names what scores for every kind but the run's own model and a combination
         if self.kind in ("pretrained", "function", "http") and not _unresolved(self.spec) and not self.spec:
-            _fail("reward_source.spec", self.spec, f"what scores, for kind={self.kind} (a folder or hub id, "
-                                                   f"module:function, or a URL)")
+            what = {"pretrained": "a model folder or hub id", "function": "module:function or path.py:function",
+                    "http": "the server's URL"}[self.kind]
+            _fail("spec", self.spec, f"{what} for reward_source={self.kind} (add reward_source.spec=...)")
         if self.kind == "combination" and not self.components:
-            _fail("reward_source.components", {}, "at least one component {source: ..., weight: ...} for "
+            _fail("components", {}, "at least one component {source: ..., weight: ...} for "
                                                   "kind=combination")
         for name, component in (self.components or {}).items():  # each component: a source and a number
             if _unresolved(component):
                 continue
             if not isinstance(component, dict) or not isinstance(component.get("source"), str) \
                     or set(component) - {"source", "weight"}:
-                _fail(f"reward_source.components.{name}", component, "{source: <trained or a spec>, weight: <number>}")
+                _fail(f"components.{name}", component, "{source: <trained or a spec>, weight: <number>}")
             weight = component.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
-                _fail(f"reward_source.components.{name}.weight", weight, "a number")
+                _fail(f"components.{name}.weight", weight, "a number")
 
 
 @dataclass
@@ -1224,7 +1220,7 @@ SCHEMAS: dict = {
     "policy": {"hf": PolicyHfConfig, "pypi_gguf": PolicyPypiGgufConfig, "tiny": PolicyTinyConfig},
     "draft": {"none": DraftNoneConfig, "ngram": DraftNgramConfig, "model": DraftModelConfig,
               "distilled": DraftDistilledConfig, "feature": DraftFeatureConfig},
-    "draft_model": {"default": DraftModelTrainingConfig},
+    "distill": {"default": DistillConfig},
     "data": {"demo": DataDemoConfig, "hh_rlhf": DataHhRlhfConfig, "hub": DataHubConfig, "local": DataLocalConfig,
              "checkable": DataCheckableConfig},
     "sample": {"default": SampleConfig},
@@ -1246,13 +1242,10 @@ ROOT_SCHEMA = "rsft_schema"  # conf/config.yaml's first default
 
 def schema_name(group: str, option: str) -> str:
     """The ConfigStore name under schema/ that conf/ lists (`- /schema/<name>@_here_`): <group> for a group
-    with one schema, <group>_<kind> otherwise; the backbones are backbone_<kind>, the draft_model group's
-    is draft_model_training (draft_model is the draft group's kind model), and the top level's is
+    with one schema, <group>_<kind> otherwise; the backbones are backbone_<kind>, and the top level's is
     rsft_schema, outside schema/ (conf/config.yaml's first default)."""
     if group == "run":
         return ROOT_SCHEMA
-    if group == "draft_model":
-        return "draft_model_training"
     group = group.removeprefix("reward.")
     return group if option == "default" else f"{group}_{option}"
 

@@ -222,7 +222,7 @@ def prompt_token_ids(tokenizer, prompt: str, system_prompt: str | None,
                      max_prompt_tokens: int | None = None) -> tuple[list[int], int]:
     """The chat-formatted prompt's ids (assistant turn opened) and how many tokens were cut to fit.
 
-    With max_prompt_tokens (context_budget), a longer prompt loses the start of the user's text: the
+    With max_prompt_tokens (prompt_room), a longer prompt loses the start of the user's text: the
     template and the system prompt stay whole, and the end of a long prompt usually holds the question
     or instruction the completion answers, while its start holds context. The cut falls on a token
     boundary of the user's text, and the kept text is re-encoded with the template, so the ids are
@@ -247,7 +247,7 @@ def prompt_token_ids(tokenizer, prompt: str, system_prompt: str | None,
     return frame, len(ids) - len(frame)
 
 
-def context_budget(model_config, max_new_tokens: int, setting: str = "sample.max_new_tokens") -> int | None:
+def prompt_room(model_config, max_new_tokens: int, setting: str = "sample.max_new_tokens") -> int | None:
     """Prompt tokens the policy can take: its context (max_position_embeddings) minus the completion's
     max_new_tokens, so that prompt and completion fit; None when the config states no context.
 

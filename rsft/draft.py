@@ -4,17 +4,17 @@
     python -m rsft.run stage=draft draft=feature [round=0]    # then: stage=sample draft=feature
 
 Which one: `draft=feature` trains the feature draft (below, `train_feature_draft`); any other
-draft setting trains the distilled small model (conf/draft_model).
+draft setting trains the distilled small model (conf/distill).
 
 SmolLM2-135M-Instruct has no smaller sibling with its tokenizer, and SFT moves the policy every
-round, so rsft grows its own draft: the policy's architecture with only `draft_model.num_layers`
+round, so rsft grows its own draft: the policy's architecture with only `distill.num_layers`
 layers, starting as a shallow sub-network of the policy (its embeddings, its first layers and its
 last layer, its final norm), trained to imitate the policy on completions the policy sampled (the
 round's samples, plus the kept set).
 
 - Loss: forward KL(p_policy || q_draft) on completion tokens, with the policy's full next-token
   distributions computed on the fly (distillation; affordable here because the samples are short
-  and a teacher forward is one pass per batch). `draft_model.distill=false` trains plain
+  and a teacher forward is one pass per batch). `distill.distill=false` trains plain
   next-token cross-entropy on the sampled tokens instead.
 - Vocabulary head: a draft may put zero probability on tokens (q(x) = 0 only means x is never
   proposed; the verifier stays exact), so the draft's output layer is restricted to the
@@ -72,7 +72,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from rsft.data import context_budget, prompt_token_ids
+from rsft.data import prompt_room, prompt_token_ids
 from rsft.errors import MissingInput
 from rsft.generation import sampling_settings
 from rsft.models import (
@@ -136,7 +136,7 @@ def extra_feature_sources(cfg: DictConfig, paths: RunPaths) -> list:
 def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -> list:
     """(prompt ids, completion ids + EOS) of each distinct completion of `sources`: sample artifacts
     (completion_ids) or the prefs DatasetDict (chosen / rejected texts, tokenized again)."""
-    budget = context_budget(teacher_config, int(cfg.sample.max_new_tokens))
+    room = prompt_room(teacher_config, int(cfg.sample.max_new_tokens))
     texts, sequences = set(), []
     for path in sources:
         data = load_dataset_artifact(path)
@@ -150,7 +150,7 @@ def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -
             if (prompt, tuple(completion)) in texts:
                 continue
             texts.add((prompt, tuple(completion)))
-            prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"), budget)
+            prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"), room)
             sequences.append((prefix, list(completion) + [tokenizer.eos_token_id]))
     return sequences
 
@@ -163,7 +163,7 @@ def _teacher_and_data(cfg: DictConfig, paths: RunPaths, sources: list, device):
     sequences = []
     for prompt, completion in zip(rows["prompt"], rows["completion_ids"]):
         prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"),
-                                     context_budget(teacher.config, int(cfg.sample.max_new_tokens)))
+                                     prompt_room(teacher.config, int(cfg.sample.max_new_tokens)))
         sequences.append((prefix, list(completion) + [tokenizer.eos_token_id]))
     log.info("draft: imitating %s on %d completions from %s", teacher_name, len(sequences), [str(s) for s in sources])
     return teacher, tokenizer, sequences, teacher_name
@@ -308,7 +308,7 @@ def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
 
 def distil(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
     """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
-    dcfg = cfg.draft_model
+    dcfg = cfg.distill
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
     rng = random.Random(int(cfg.seed))
     rng.shuffle(sequences)

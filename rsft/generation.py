@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.data import (
-    context_budget,
+    prompt_room,
     prompt_token_ids,
 )
 from rsft.errors import ConfigError
@@ -233,18 +233,18 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     first shard that was not finished (ShardStore).
 
     With a reward-model `scorer`, `prune` stops low-ranked rows (they stay in the dataset with
-    finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, budget) draws
+    finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, mean) draws
     k0 per prompt and then spends the rest of budget x prompts completions (second_pass), no prompt
     past num_samples. With an `engine` (open_policy's vLLM engine) it samples instead of rsft's
     Sampler, and `model` is open_policy's stand-in."""
-    budget = context_budget(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
-    encoded = [prompt_token_ids(tokenizer, p, system_prompt, budget) for p in prompts["prompt"]]
+    room = prompt_room(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
+    encoded = [prompt_token_ids(tokenizer, p, system_prompt, room) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
     cut = [n for _, n in encoded]
     if any(cut):
         log.warning("%d prompt(s) longer than the policy's context (%s tokens) less max_new_tokens were cut from "
                     "the left (%d tokens in all); meta.json counts them", sum(n > 0 for n in cut),
-                    budget, sum(cut))
+                    room, sum(cut))
     score = None if scorer is None else token_scorer(scorer, tokenizer, prompts["prompt"],
                                                        prompts.remove_columns(["prompt"]).to_list())
     if (prune is not None or adaptive is not None) and score is None:
@@ -333,9 +333,9 @@ def prune_schedule(sample: DictConfig) -> PruneSchedule | None:
 
 
 def adaptive_k(sample: DictConfig) -> tuple[int, float] | None:
-    """sample.adaptive as (k0, mean completions per prompt); None when off (k0 = 0)."""
-    adaptive = sample.get("adaptive")
+    """sample.adaptive_k as (k0, mean completions per prompt); None when off (k0 = 0)."""
+    adaptive = sample.get("adaptive_k")
     if adaptive is None or int(adaptive.k0) == 0:
         return None
-    budget = adaptive.budget if adaptive.budget is not None else sample.num_samples
-    return int(adaptive.k0), float(budget)
+    mean = adaptive.mean if adaptive.mean is not None else sample.num_samples
+    return int(adaptive.k0), float(mean)

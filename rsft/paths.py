@@ -38,7 +38,7 @@ class RunPaths:
                                       round so far, with loop.refresh_reward; else the run's reward/
       ... which trains on             refresh_labels(r): prefs/ (unless the user's pairs stand in) and
                                       round_00/prefs .. round_XX/prefs
-      round r prunes with             budget_reward(r): sample.prune / sample.adaptive's reward model, the
+      round r prunes with             budget_reward(r): sample.prune / sample.adaptive_k's reward model, the
                                       newest before round r samples (round r-1's refreshed one, else reward/)
       eval (every round) scores with  eval_reward: the run's reward/, the same for every round and the initial
                                       policy, so their numbers stay comparable when scoring follows the policy

@@ -173,6 +173,30 @@ def _setting(argv: list[str], key: str) -> str | None:
     return None
 
 
+# settings renamed so that a newcomer can tell them apart (adaptive K is not draft.adaptive, adaptive gamma;
+# the distilled draft's training group is not draft=model);
+# the old spellings still work on the command line, with a note, until they are removed
+RENAMED = {"sample.adaptive.budget": "sample.adaptive_k.mean", "sample.adaptive.": "sample.adaptive_k.",
+           "draft_model.": "distill."}
+
+
+def renamed_settings(argv: list[str]) -> list[str]:
+    """argv with every renamed setting (RENAMED) spelled the new way, saying so once per setting."""
+    out = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        plus = name[:len(name) - len(name.lstrip("+"))]
+        key = name.lstrip("+")
+        for old, new in RENAMED.items():
+            if sep and (key == old or (old.endswith(".") and key.startswith(old))):
+                renamed = new + key[len(old):] if old.endswith(".") else new
+                print(f"rsft: {key} is now {renamed}; the old name still works for now", file=sys.stderr)
+                arg = f"{plus}{renamed}{sep}{value}"
+                break
+        out.append(arg)
+    return out
+
+
 def quote_unicode_values(argv: list[str]) -> list[str]:
     """Hydra's override grammar takes only ASCII in an unquoted value (`run_name=résumé` is a lexer error);
     a quoted value may hold any text, so a non-ASCII value is quoted for the user."""
@@ -215,6 +239,6 @@ def check_command_line(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = quote_unicode_values(sys.argv[1:])
+    sys.argv[1:] = quote_unicode_values(renamed_settings(sys.argv[1:]))
     check_command_line(sys.argv[1:])
     main()

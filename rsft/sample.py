@@ -75,7 +75,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         "policy": policy_source,
         "sampler": json.dumps({**settings.__dict__, "draft": cfg.draft.kind,
                                **({"prune": OmegaConf.to_container(cfg.sample.prune)} if prune else {}),
-                               **({"adaptive": OmegaConf.to_container(cfg.sample.adaptive)} if adaptive else {}),
+                               **({"adaptive_k": OmegaConf.to_container(cfg.sample.adaptive_k)} if adaptive else {}),
                                **({"backend": "vllm"} if engine is not None else {})},
                               sort_keys=True),
     }

@@ -53,7 +53,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.diversity": lambda cfg: float(cfg.select.get("diversity") or 0.0) == 0.0,
     "reward.label_smoothing": lambda cfg: float(cfg.reward.get("label_smoothing") or 0.0) == 0.0,
     "sample.prune.": lambda cfg: cfg.sample.get("prune") is None or not cfg.sample.prune.at,
-    "sample.adaptive.": lambda cfg: cfg.sample.get("adaptive") is None or int(cfg.sample.adaptive.k0) == 0,
+    "sample.adaptive_k.": lambda cfg: cfg.sample.get("adaptive_k") is None or int(cfg.sample.adaptive_k.k0) == 0,
     "sample.backend": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     "sample.vllm.": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     # each completion has its own generator and a packed forward gives every row a plain forward's logits:
@@ -82,7 +82,7 @@ SAMPLING: Keys = ("sample.max_new_tokens", "sample.temperature", "sample.top_k",
 ENGINE: Keys = ("sample.backend", "sample.vllm")  # the vLLM engine's settings (WHILE_OFF with backend=rsft)
 _FEATURE = lambda cfg: cfg.draft.kind == "feature"  # noqa: E731
 _OWN_LABELS = lambda cfg: cfg.refresh.get("pairs") is not None  # noqa: E731
-_SPENDS = lambda cfg: bool(cfg.sample.prune.at) or int(cfg.sample.adaptive.k0) > 0  # noqa: E731
+_SPENDS = lambda cfg: bool(cfg.sample.prune.at) or int(cfg.sample.adaptive_k.k0) > 0  # noqa: E731
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ STAGES = (
           round_step=True, loop_switch="dpo"),
     Stage("draft", "rsft.draft",
           reads=("seed", "round", When(("draft.kind", "draft.train"), _FEATURE, "draft=feature"),
-                 When(("draft_model",), lambda cfg: not _FEATURE(cfg), "draft=distilled"), "policy",
+                 When(("distill",), lambda cfg: not _FEATURE(cfg), "draft=distilled"), "policy",
                  "data.system_prompt", *SAMPLING,
                  "sample.batch_rows"),
           uses=("draft",),

@@ -19,8 +19,8 @@ RESOLVER = "rsft_recorded"
 LOOP = ["stage=loop", "loop.rounds=2", "reward=tiny", "prefs.num_prompts=4", "prefs.num_samples=3",
         "prefs.max_new_tokens=8", "data.eval_limit=2", "eval.num_samples=2", "select.drop_truncated=false",
         "device=cpu", "loop.refresh_reward=true", "loop.dpo=true", "dpo.min_margin=0", "draft=distilled",
-        "draft_model.num_layers=1", "draft_model.epochs=1", "draft_model.eval_prompts=2",
-        "draft_model.eval_samples=2", "refresh.samples_per_prompt=2"]
+        "distill.num_layers=1", "distill.epochs=1", "distill.eval_prompts=2",
+        "distill.eval_samples=2", "refresh.samples_per_prompt=2"]
 
 
 class ReadRecorder:

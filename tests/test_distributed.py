@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 JOB = REPO / "tests" / "distributed_job.py"
 PREFS = ["prefs.num_prompts=4", "prefs.num_samples=2", "reward=tiny", "device=cpu"]
-BUDGET = ["sample.prune.at=[2,4]", "sample.adaptive.k0=2", "sample.adaptive.budget=2.5"]
+BUDGET = ["sample.prune.at=[2,4]", "sample.adaptive_k.k0=2", "sample.adaptive_k.mean=2.5"]
 
 
 def launch(tmp_path, stages: list[list[str]], kill: dict | None = None, processes: int = 2):

@@ -20,9 +20,9 @@ from rsft.paths import RunPaths
 from rsft.store import read_meta
 from rsft.run import run_stage
 
-SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6", "sample.max_new_tokens=24", "draft_model.num_layers=1",
-         "draft_model.epochs=6", "draft_model.batch_size=8", "draft_model.eval_prompts=3", "draft_model.eval_samples=4",
-         "draft_model.learning_rate=3e-3"]
+SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6", "sample.max_new_tokens=24", "distill.num_layers=1",
+         "distill.epochs=6", "distill.batch_size=8", "distill.eval_prompts=3", "distill.eval_samples=4",
+         "distill.learning_rate=3e-3"]
 
 
 def test_draft_stage_trains_a_draft_that_beats_an_untrained_one(make_cfg, tmp_path):

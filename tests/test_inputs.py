@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from transformers import LlamaConfig
 
 from rsft.checks import check_config
-from rsft.data import context_budget, duplicate_prompts, load_prompts, prompt_token_ids
+from rsft.data import prompt_room, duplicate_prompts, load_prompts, prompt_token_ids
 from rsft.errors import ConfigError
 from rsft.models import build_byte_tokenizer
 from rsft.stages import BY_NAME as STAGES
@@ -67,9 +67,9 @@ def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_pat
     ("sample.prune.at=[16,8]", "sample.prune.at=[16, 8]: expected ascending"),
     ("sample.prune.at=[4,8]", "sample.prune.at=[4, 8]: expected checkpoints below max_new_tokens=8"),
     ("sample.prune.at=[4] sample.prune.share=1.0", "sample.prune.share=1.0: expected"),
-    ("sample.adaptive.k0=4", "sample.adaptive.k0=4: expected at most num_samples=3"),
-    ("sample.adaptive.k0=2 sample.adaptive.budget=1", "sample.adaptive.budget=1.0: expected"),
-    ("sample.prune.at=[2,4] sample.adaptive.k0=2 sample.adaptive.budget=3", None),
+    ("sample.adaptive_k.k0=4", "sample.adaptive_k.k0=4: expected at most num_samples=3"),
+    ("sample.adaptive_k.k0=2 sample.adaptive_k.mean=1", "sample.adaptive_k.mean=1.0: expected"),
+    ("sample.prune.at=[2,4] sample.adaptive_k.k0=2 sample.adaptive_k.mean=3", None),
 ])
 def test_a_value_out_of_range_names_the_setting(make_cfg, override, message):
     cfg = make_cfg("stage=loop", *override.split())
@@ -303,9 +303,9 @@ def test_when_not_even_the_template_fits():
 
 def test_context_budget():
     config = LlamaConfig(max_position_embeddings=2048)
-    assert context_budget(config, 48) == 2000
+    assert prompt_room(config, 48) == 2000
     with pytest.raises(ValueError, match=r"^sample.max_new_tokens=2048: expected fewer than the policy's context"):
-        context_budget(config, 2048)
+        prompt_room(config, 2048)
     with pytest.raises(ValueError, match=r"^prefs.max_new_tokens="):
-        context_budget(config, 4096, setting="prefs.max_new_tokens")
-    assert context_budget(object(), 48) is None
+        prompt_room(config, 4096, setting="prefs.max_new_tokens")
+    assert prompt_room(object(), 48) is None

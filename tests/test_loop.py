@@ -93,8 +93,8 @@ def test_reward_from_copies_the_judge_and_baseline_of_another_run(tmp_path):
 def test_loop_refreshes_the_distilled_draft_after_each_rounds_sft(make_cfg):
     from rsft.store import read_meta
 
-    cfg = make_cfg(*LOOP, "run_name=drafted", "draft=distilled", "loop.eval=false", "draft_model.num_layers=1",
-                   "draft_model.epochs=1", "draft_model.eval_prompts=2", "draft_model.eval_samples=2")
+    cfg = make_cfg(*LOOP, "run_name=drafted", "draft=distilled", "loop.eval=false", "distill.num_layers=1",
+                   "distill.epochs=1", "distill.eval_prompts=2", "distill.eval_samples=2")
     paths = RunPaths(run_stage(cfg).path)
     assert read_meta(paths.samples(0))["config"]["draft"]["kind"] == "ngram"  # no distilled draft before round 0
     assert read_meta(paths.round_draft(0))["metrics"]["teacher"] == str(paths.policy(0))

@@ -23,7 +23,7 @@ def load_script():
 @pytest.mark.parametrize("prune,adaptive,overrides", [
     (PruneSchedule((2, 4), 0.5, False), None, ["sample.prune.at=[2,4]", "sample.prune.rank_finished=false"]),
     (PruneSchedule((3,), 0.75, True), (2, 3.0), ["sample.prune.at=[3]", "sample.prune.share=0.75",
-                                                 "sample.adaptive.k0=2", "sample.adaptive.budget=3"]),
+                                                 "sample.adaptive_k.k0=2", "sample.adaptive_k.mean=3"]),
 ])
 def test_replay_keeps_what_sampling_with_the_schedule_keeps(make_cfg, monkeypatch, tmp_path, prune, adaptive,
                                                             overrides):

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 VERIFIERS = REPO / "tests" / "reward_fixtures" / "verifiers.py"
 FUNCTION = ["reward_source=function", f"reward_source.spec={VERIFIERS}:count_a"]
 BUDGET = ["sample.num_samples=4", "sample.max_new_tokens=8", "sample.prune.at=[3]", "sample.prune.share=0.5",
-          "sample.adaptive.k0=2", "sample.adaptive.budget=3", "sample.shard_prompts=2"]
+          "sample.adaptive_k.k0=2", "sample.adaptive_k.mean=3", "sample.shard_prompts=2"]
 
 
 def test_score_with_a_function_reward_needs_no_trained_model_and_records_the_function(make_cfg):

@@ -95,3 +95,11 @@ def test_help_lists_every_stage_and_no_private_config(tmp_path):
     assert options and not [o for o in options if o.startswith("_")]
     settings = done.stdout.split("Settings (")[1]
     assert "sample.temperature=0.7  # " in settings  # every key with its default and its meaning (rsft.config)
+
+
+def test_renamed_settings_keep_working_on_the_command_line(capsys):
+    from rsft.run import renamed_settings
+
+    assert renamed_settings(["sample.adaptive.k0=2", "+sample.adaptive.budget=3", "sample.num_samples=4"]) == [
+        "sample.adaptive_k.k0=2", "+sample.adaptive_k.mean=3", "sample.num_samples=4"]
+    assert "sample.adaptive.k0 is now sample.adaptive_k.k0" in capsys.readouterr().err

@@ -134,7 +134,7 @@ def test_shards_of_other_settings_are_never_reused(make_cfg, monkeypatch):
 
 
 BUDGET = ["data.limit=4", "sample.num_samples=6", "sample.max_new_tokens=8", "sample.prune.at=[2,4]",
-          "sample.adaptive.k0=3", "sample.adaptive.budget=4.5"]
+          "sample.adaptive_k.k0=3", "sample.adaptive_k.mean=4.5"]
 
 
 def test_pruning_and_adaptive_k_record_stopped_rows_and_spend_the_budget(make_cfg, monkeypatch):
