@@ -64,20 +64,27 @@ class Job:
     plan: Plan
     wanted: dict
     tracker: Tracker
+    one_process: bool = False
     _progress: list = field(default_factory=list)
 
     @property
     def out(self) -> Path:
         return self.plan.outputs[0]
 
+    def _check_every_process_builds(self) -> None:
+        if self.one_process:  # its barriers would wait for processes that do not build: a bug in the stage
+            raise RuntimeError("a one-process build cannot keep resume progress (its barriers need every process)")
+
     def shards(self) -> ShardStore:
         """The finished shards of this artifact's rows (sampling, scoring), to resume from."""
+        self._check_every_process_builds()
         store = ShardStore(self.out, self.wanted)
         self._progress.append(store)
         return store
 
     def checkpoints(self) -> TrainingCheckpoints:
         """The trainer's checkpoints of this artifact, to resume from."""
+        self._check_every_process_builds()
         folder = TrainingCheckpoints(self.out, self.wanted)
         self._progress.append(folder)
         return folder
@@ -110,15 +117,24 @@ def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
         return module(stage).run(cfg, tracker)
     paths = RunPaths.from_config(cfg)
     plan = module(stage).plan(cfg, paths)
-    for first in plan.first:
-        run(first.stage, first, tracker)
+    if plan.first:  # the stages run first share this stage's tracker (one wandb run for the command)
+        with stage_tracker(cfg, name, tracker) as shared:
+            for first in plan.first:
+                run(first.stage, first, shared)
+            return _build(stage, cfg, paths, plan, shared)
+    return _build(stage, cfg, paths, plan, tracker)
+
+
+def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tracker: Tracker | None) -> Artifact:
+    """The protocol from the fingerprint on (run's second half)."""
+    name = stage.name
     wanted = fingerprint_of(stage, cfg, plan)
     names = plan.names or [name] * len(plan.outputs)
     if all(check_reuse(out, cfg.overwrite, what, wanted) for out, what in zip(plan.outputs, names)):
         return finished(plan.outputs[0])
     config = OmegaConf.to_container(cfg, resolve=True)  # every artifact records the whole config it was made with
     with stage_tracker(cfg, name, tracker) as tracker:
-        job = Job(paths, plan, wanted, tracker)
+        job = Job(paths, plan, wanted, tracker, one_process=stage.one_process)
         built = None
         if distributed.is_main() or not stage.one_process:
             built = module(stage).build(cfg, job)
@@ -134,8 +150,3 @@ def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
         if built is not None and built.metrics:
             tracker.log(built.metrics, step=built.step)
     return finished(plan.outputs[0])
-
-
-def at(cfg: DictConfig, name: str, **settings) -> DictConfig:
-    """`cfg` for stage `name` (and any other top-level or group settings), for Plan.first and the loop."""
-    return OmegaConf.merge(cfg, {"stage": name, **settings})

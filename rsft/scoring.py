@@ -147,7 +147,6 @@ def judge_model(cfg: DictConfig) -> Path | None:
     folder = Path(str(name)).expanduser()
     if not folder.is_dir():
         from rsft.config import check_run_name
-        from rsft.errors import ConfigError
 
         try:
             check_run_name(str(name), "eval.judge")
@@ -231,7 +230,8 @@ def score_rows(scorer: RewardSource, prompts, completions, rows: list[dict] | No
 def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardStore,
                     rows: list[dict] | None = None) -> list[float | None]:
     """score_rows, `shard_rows` completions at a time (0: all at once): each finished shard's rewards are
-    saved to `store` (rank 0 writes; every process holds them) and a rerun reuses the ones found there."""
+    saved to `store` by every process (each its own file, ShardStore) and a rerun reuses the ones found
+    there, so that all processes skip the same shards and meet at the same collectives."""
     size = shard_rows if shard_rows > 0 else max(len(completions), 1)
     raw: list[float] = []
     for index, start in enumerate(range(0, len(completions), size)):
@@ -239,7 +239,6 @@ def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardS
         if found is None:
             found = score_rows(scorer, prompts[start:start + size], completions[start:start + size],
                                None if rows is None else rows[start:start + size])
-            if distributed.is_main():
-                store.save(index, found)
+            store.save(index, found)  # each process its own file (the same rows): every one resumes alike
         raw += found
     return raw
