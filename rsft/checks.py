@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import config
 from rsft.distributed import per_device_batch
-from rsft.errors import ConfigError
+from rsft.errors import ConfigError, RsftError
 from rsft.models import resolve_device
 from rsft.stages import groups_read
 
@@ -50,6 +50,7 @@ def check_config(cfg: DictConfig) -> None:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
     _check_round_labels(cfg)
     _check_backend(cfg, groups)
+    _check_reward_sources(cfg, groups)
 
 
 def _check_round_labels(cfg: DictConfig) -> None:
@@ -61,6 +62,34 @@ def _check_round_labels(cfg: DictConfig) -> None:
     )
 
     check_round_labels(cfg, range(int(cfg.loop.rounds)) if cfg.stage == "loop" else range(int(cfg.round) + 1))
+
+
+def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """A reward source other than the trained model, and a judge given as a source, are opened now (a
+    function imported, a pretrained model loaded, a server asked for /health), so that a wrong spec stops
+    the command before any work, not when the first round reaches stage=score. rsft.scoring keeps what it
+    opened for the stages."""
+    from rsft import scoring
+
+    device = resolve_device(str(cfg.device))
+    try:
+        if "reward_source" in groups and cfg.reward_source.kind != "trained":
+            scoring.source_identity(cfg, device)
+    except RsftError as error:
+        raise _named(error, f"reward_source={cfg.reward_source.kind}") from error
+    try:
+        if "eval" in groups and scoring.judge_spec(cfg) is not None:
+            scoring.open_judge(cfg, device, None)
+    except RsftError as error:
+        raise _named(error, "eval.judge") from error
+
+
+def _named(error: RsftError, setting: str) -> RsftError:
+    """The same refusal, its message starting with the setting that named what was refused."""
+    try:
+        return type(error)(f"{setting}: {error}")
+    except TypeError:  # an error class with its own constructor: its message as it is
+        return error
 
 
 def _check_backend(cfg: DictConfig, groups: tuple[str, ...]) -> None:
