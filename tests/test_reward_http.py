@@ -248,7 +248,21 @@ def test_a_source_that_keeps_failing_ends_in_one_error_with_its_last_answer(serv
 # -- bad answers: an InputError naming the URL, never a silent number ---------------------------------------
 
 
-class Scripted(BaseHTTPRequestHandler):
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's handler: answers with a body (text, or an object sent as JSON), logs nothing."""
+
+    def reply(self, status, body):
+        body = (body if isinstance(body, str) else json.dumps(body)).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Scripted(QuietHandler):
     """/health answers ok; /score answers server.reply: (status, body)."""
 
     def do_GET(self):
@@ -257,16 +271,6 @@ class Scripted(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.reply(*self.server.reply)
-
-    def reply(self, status, body):
-        body = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
@@ -381,9 +385,6 @@ def test_a_source_answering_a_non_number_is_a_500_from_the_server(serve):
 
 
 def test_a_real_tiny_reward_model_scores_the_same_over_http(serve, tmp_path):
-    if not hasattr(reward_sources, "open_source") or not (hasattr(reward_sources, "TrainedReward")
-                                                         or hasattr(reward_sources, "PretrainedReward")):
-        pytest.skip("rsft.reward_sources has no open_source/TrainedReward yet (being written alongside)")
     from omegaconf import OmegaConf
 
     from reward.model import build_tiny_reward_model
@@ -416,7 +417,7 @@ def test_vllm_reward_reads_each_shape_of_pooling_output():
             vllm_reward(bad)
 
 
-class FakeVllm(BaseHTTPRequestHandler):
+class FakeVllm(QuietHandler):
     """vLLM's /v1/models and /pooling as its protocol declares them (vllm/entrypoints/pooling/pooling/protocol.py):
     per input one item {"index", "object": "pooling", "data": [[r] per token]}, answered out of order."""
 
@@ -432,16 +433,6 @@ class FakeVllm(BaseHTTPRequestHandler):
                  for i, text in enumerate(request["input"])]
         self.reply(200, {"id": "pool-1", "object": "list", "created": 0, "model": request["model"],
                          "data": items[::-1], "usage": {"prompt_tokens": 1, "total_tokens": 1}})
-
-    def reply(self, status, payload):
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 def test_the_vllm_api_posts_rendered_texts_to_pooling_and_reads_the_last_tokens_reward():
