@@ -67,7 +67,7 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
 
     assert compose_cfg(tmp_path, "stage=loop", tiny=False).loop.refresh_reward == "auto"
     demo = make_cfg("stage=loop", "loop.refresh_reward=auto")
-    assert refresh_reward_on(demo) and round_stages(demo) == ["sample", "refresh", "score", "select", "sft"]
+    assert refresh_reward_on(demo) and round_stages(demo) == ["sample", "labels", "refresh", "score", "select", "sft"]
     random = make_cfg("stage=loop", "loop.refresh_reward=auto", "select.strategy=random")
     assert not refresh_reward_on(random) and "refresh" not in round_stages(random)
     prompts = tmp_path / "prompts.jsonl"

@@ -10,6 +10,7 @@ from datasets import Dataset, load_from_disk
 from rsft.models import load_policy, load_saved_causal_lm
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact, read_meta
+from rsft.errors import ArtifactError
 from rsft.run import run_stage
 from rsft.sft import conversational_examples, cut_examples
 
@@ -163,15 +164,17 @@ def test_sft_whose_save_failed_resumes_at_its_last_step_with_its_losses(make_cfg
     straight = run_stage(straight_cfg).path
     cfg = make_cfg(*settings, "run_name=full-disk")
     write_selected(cfg, n=8)
-    real_write = sft.write_policy
+    real_writer = sft.policy_writer
 
     def full_disk(*args, **kwargs):
-        raise OSError(28, "No space left on device")
+        def write(folder):
+            raise OSError(28, "No space left on device")
+        return write
 
-    monkeypatch.setattr(sft, "write_policy", full_disk)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(sft, "policy_writer", full_disk)
+    with pytest.raises(ArtifactError, match="no space left on device"):
         run_stage(cfg)
-    monkeypatch.setattr(sft, "write_policy", real_write)
+    monkeypatch.setattr(sft, "policy_writer", real_writer)
     real_step, steps = Trainer.training_step, []
     monkeypatch.setattr(Trainer, "training_step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
     out = run_stage(cfg).path
