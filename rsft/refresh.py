@@ -86,6 +86,10 @@ def build(cfg: DictConfig, job: Job) -> Built:
     check_pairs(train, f"the pooled labels of rounds 0-{round_idx} and {source} (train)")
     train_cfg = cfg if start_from is None or cfg.refresh.epochs is None else OmegaConf.merge(
         cfg, {"reward": {"epochs": cfg.refresh.epochs}})
+    if cfg.reward_source.kind == "combination":
+        others = [name for name, c in cfg.reward_source.components.items() if str(c.get("source")) != "trained"]
+        log.info("refresh: retrains the trained component of reward_source=combination; %s are used as they are",
+                 ", ".join(others) or "no other component")
     log.info("refresh: round %d's reward model trains on %d pairs (%s and rounds 0-%d), %s", round_idx, len(train),
              source, round_idx, "from scratch" if start_from is None else f"continuing {start_from}")
     model, tokenizer, stats, metrics = train_and_measure(train_cfg, train, test, resolve_device(cfg.device),

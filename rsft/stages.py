@@ -126,7 +126,7 @@ STAGES = (
           does="labels pairs of the round's samples (simulated), or reads your labels of them (`refresh.pairs`), "
                "for the refreshed reward model", round_step=True, loop_switch="refresh_reward"),
     Stage("refresh", "rsft.refresh", reads=("round", "reward", "refresh.init", "refresh.epochs"),
-          uses=("refresh",),
+          uses=("refresh", "reward_source.kind", "reward_source.components"),
           reads_doc="every round's labels so far", writes="`round_XX/reward/`",
           does="retrains the reward model on every label so far (stage=labels of rounds 0..r first); that model "
                "scores the round", round_step=True, loop_switch="refresh_reward"),
