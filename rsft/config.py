@@ -766,6 +766,9 @@ class SelectConfig(Checked):
     truncated_penalty: Optional[float] = setting(None, "With drop_truncated=false: a truncated completion ranks by "
                                                        "reward_normalised less this (reward std units, >= 0); null = "
                                                        "prefer_complete decides.", check=optional(non_negative()))
+    min_reward: Optional[float] = setting(None, "top_k and threshold: never keep a completion whose reward_normalised "
+                                                "is below this (a verifier's 1.0 keeps only passed answers; the random "
+                                                "baseline ignores it); null = off.", check=optional(typed(float, "a number or null")))
     diversity: float = setting(0.0, "top_k only: pick by reward_normalised - this x the share of a completion's word "
                                     "bigrams the kept set already has (a collapse lever, >= 0; 0 = off).",
                                check=non_negative())

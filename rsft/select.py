@@ -21,6 +21,9 @@ Per prompt, in this order:
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,
    same filters, that shows what the reward model adds.
    The baseline draws from the best tier present (see truncated completions below), as top_k does.
+   select.min_reward (off by default) is a hard floor for top_k and threshold: a prompt keeps only
+   completions whose reward_normalised reaches it (a verifier's 1.0: only answers it passes), and
+   nothing when none does. The random baseline ignores it: the floor is the reward's doing.
 4. Collapse levers, off by default. Prompts are visited from the highest best reward down.
    - select.max_opening_share: at most that share of the kept set may open with the same words
      (rsft.stats.opening); a prompt picks among its survivors whose opening is still under the cap,
@@ -160,11 +163,18 @@ def prompt_rng(seed: int, round_idx: int, prompt_id: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
+def passes(row: dict, select_cfg: DictConfig) -> bool:
+    """select.min_reward as a hard filter of the reward's strategies: reward_normalised at least it (a
+    verifier's pass: 1.0 keeps only answers it passes, RFT / STaR style); every row when it is unset."""
+    floor = select_cfg.get("min_reward")
+    return floor is None or row["reward_normalised"] >= float(floor)
+
+
 def choose(ranked: list[dict], select_cfg: DictConfig, seed: int, round_idx: int, prompt_id: str) -> list[dict]:
     if select_cfg.strategy == "top_k":
-        return ranked[: int(select_cfg.k)]
+        return [c for c in ranked if passes(c, select_cfg)][: int(select_cfg.k)]
     if select_cfg.strategy == "threshold":
-        return [c for c in ranked if c["reward_normalised"] >= float(select_cfg.threshold)]
+        return [c for c in ranked if c["reward_normalised"] >= float(select_cfg.threshold) and passes(c, select_cfg)]
     # the baseline draws from the best tier present, as top_k does: only the reward's part of the ranking is left out
     pool = [c for c in ranked if tier(c, select_cfg) == tier(ranked[0], select_cfg)]
     picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(pool)), min(int(select_cfg.k), len(pool)))
@@ -178,7 +188,7 @@ def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) 
     already have. Maximal marginal relevance (Carbonell & Goldstein 1998) over the whole kept set, so a
     prompt whose best answer repeats what other prompts kept gives way to its next-best one."""
     lam = float(select_cfg.diversity)
-    remaining, picked, seen = list(ranked), [], set(kept_grams)
+    remaining, picked, seen = [c for c in ranked if passes(c, select_cfg)], [], set(kept_grams)
     while remaining and len(picked) < int(select_cfg.k):
         def score(c):
             grams = set(ngrams(c["completion"], 2))
@@ -281,6 +291,11 @@ def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: 
         raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
                          f"above every surviving completion's reward_normalised (the highest of {len(survivors_left)} "
                          f"is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower select.threshold")
+    if not selected and select_cfg.get("min_reward") is not None and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: none of the {len(survivors_left)} surviving "
+                         f"completions reaches select.min_reward={select_cfg.min_reward} (the highest "
+                         f"reward_normalised is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower "
+                         f"select.min_reward or sample more (sample.num_samples)")
     if not selected:
         raise InputError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
                          f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "

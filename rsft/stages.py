@@ -51,6 +51,7 @@ UNCOUNTED = frozenset({"progress", "logging_steps", "score_batch_size", "shard_p
 WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.truncated_penalty": lambda cfg: cfg.select.get("truncated_penalty") is None,
     "select.diversity": lambda cfg: float(cfg.select.get("diversity") or 0.0) == 0.0,
+    "select.min_reward": lambda cfg: cfg.select.get("min_reward") is None,
     "reward.label_smoothing": lambda cfg: float(cfg.reward.get("label_smoothing") or 0.0) == 0.0,
     "sample.prune.": lambda cfg: cfg.sample.get("prune") is None or not cfg.sample.prune.at,
     "sample.adaptive_k.": lambda cfg: cfg.sample.get("adaptive_k") is None or int(cfg.sample.adaptive_k.k0) == 0,

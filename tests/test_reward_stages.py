@@ -156,3 +156,19 @@ def test_a_loop_with_a_function_reward_runs_no_prefs_or_reward_stage(make_cfg):
     paths = RunPaths(run_stage(cfg).path)
     assert is_complete(paths.policy(0)) and not paths.prefs.exists() and not paths.reward.exists()
     assert not paths.round_reward(0).exists()  # loop.refresh_reward=auto: nothing trained to refresh
+
+
+def test_min_reward_keeps_a_prompts_best_only_when_the_verifier_passes_it_and_random_ignores_it(make_cfg, tmp_path):
+    module = tmp_path / "verify.py"
+    module.write_text("def check(prompts, completions):\n"
+                      "    return [float(i % 4 == 1) for i in range(len(completions))]\n")
+    spec = ["reward_source=function", f"reward_source.spec={module}:check", "select.drop_truncated=false",
+            "select.pairs=false"]
+    run_stage(make_cfg("stage=sample"))
+    scored = load_from_disk(str(run_stage(make_cfg("stage=score", *spec)).path))
+    passed = {p for p, r in zip(scored["prompt_id"], scored["reward"]) if r == 1.0}
+    best = load_from_disk(str(run_stage(make_cfg("stage=select", *spec, "select.min_reward=1.0")).path))
+    assert set(best["prompt_id"]) == passed and set(best["reward"]) == {1.0}
+    cfg = make_cfg("stage=select", *spec, "select.min_reward=1.0", "select.strategy=random", "overwrite=true")
+    random = load_from_disk(str(run_stage(cfg).path))
+    assert len(random) == len(set(scored["prompt_id"]))  # one per prompt, passed or not
