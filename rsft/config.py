@@ -1213,6 +1213,21 @@ def check_across_groups(cfg, groups) -> None:
                           f"loop.eval=false")
 
 
+# Settings renamed so that a newcomer can tell them apart (adaptive K is not draft.adaptive, adaptive gamma; the
+# distilled draft's training group is not draft=model): old key or prefix -> new. The old spellings still work
+# on the command line (rsft.run) with a note, and artifacts recorded under them still match (rsft.fingerprints).
+RENAMED = {"sample.adaptive.budget": "sample.adaptive_k.mean", "sample.adaptive.": "sample.adaptive_k.",
+           "draft_model.": "distill."}
+
+
+def renamed_key(key: str) -> str:
+    """A config key spelled the current way (RENAMED)."""
+    for old, new in RENAMED.items():
+        if key == old or (old.endswith(".") and key.startswith(old)):
+            return new + key[len(old):] if old.endswith(".") else new
+    return key
+
+
 # -- the registry -------------------------------------------------------------------------------------------------
 
 # group -> {option or kind: its dataclass}, in conf/config.yaml's order; "run" is the top level (no group),

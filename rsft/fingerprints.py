@@ -26,6 +26,7 @@ from rsft.errors import (
     MissingInput,
     StaleArtifact,
 )
+from rsft.config import renamed_key
 from rsft.stages import UNCOUNTED
 from rsft.store import (
     META_FILE,
@@ -125,7 +126,9 @@ def check_reuse(path: str | os.PathLike, overwrite: bool, what: str, wanted: dic
     path = Path(path)
     if is_complete(path) and not overwrite:
         meta = check_intact(path)
-        recorded = meta.get("fingerprint") or {}
+        recorded = dict(meta.get("fingerprint") or {})
+        # an artifact recorded under a renamed setting's old name (rsft.config.RENAMED) still matches
+        recorded["config"] = {renamed_key(k): v for k, v in (recorded.get("config") or {}).items()}
         differences = _differences(recorded, wanted)
         if differences:
             raise StaleArtifact(

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as omegaconf_errors
 
 from rsft import distributed, stages
-from rsft.config import check_run_name, describe, register_configs
+from rsft.config import check_run_name, describe, register_configs, renamed_key
 from rsft.errors import USER_ERRORS, ConfigError
 from rsft.lock import run_lock
 
@@ -173,26 +173,17 @@ def _setting(argv: list[str], key: str) -> str | None:
     return None
 
 
-# settings renamed so that a newcomer can tell them apart (adaptive K is not draft.adaptive, adaptive gamma;
-# the distilled draft's training group is not draft=model);
-# the old spellings still work on the command line, with a note, until they are removed
-RENAMED = {"sample.adaptive.budget": "sample.adaptive_k.mean", "sample.adaptive.": "sample.adaptive_k.",
-           "draft_model.": "distill."}
 
 
 def renamed_settings(argv: list[str]) -> list[str]:
-    """argv with every renamed setting (RENAMED) spelled the new way, saying so once per setting."""
+    """argv with every renamed setting (rsft.config.RENAMED) spelled the new way, saying so once per setting."""
     out = []
     for arg in argv:
         name, sep, value = arg.partition("=")
-        plus = name[:len(name) - len(name.lstrip("+"))]
-        key = name.lstrip("+")
-        for old, new in RENAMED.items():
-            if sep and (key == old or (old.endswith(".") and key.startswith(old))):
-                renamed = new + key[len(old):] if old.endswith(".") else new
-                print(f"rsft: {key} is now {renamed}; the old name still works for now", file=sys.stderr)
-                arg = f"{plus}{renamed}{sep}{value}"
-                break
+        plus, key = name[:len(name) - len(name.lstrip("+"))], name.lstrip("+")
+        if sep and renamed_key(key) != key:
+            print(f"rsft: {key} is now {renamed_key(key)}; the old name still works for now", file=sys.stderr)
+            arg = f"{plus}{renamed_key(key)}{sep}{value}"
         out.append(arg)
     return out
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from rsft.errors import StaleArtifact
 from rsft.fingerprints import check_reuse
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact, is_complete, read_meta
@@ -120,3 +121,15 @@ def test_round_table_with_dpo_and_refreshed_reward_models(tmp_path):
     assert paths.eval_reward == paths.reward == plain.eval_reward
     assert paths.other_run("y").dpo and paths.other_run("y").refresh_reward
 
+
+
+def test_an_artifact_recorded_under_a_renamed_settings_old_name_still_matches(tmp_path):
+    """rsft.config.RENAMED: draft_model.* is distill.*, sample.adaptive.budget is sample.adaptive_k.mean."""
+    final = tmp_path / "draft"
+    old = {"config": {"draft_model.epochs": 1, "sample.adaptive.budget": 3.0}, "inputs": {}, "user_files": {}}
+    with atomic_artifact(final, {"stage": "draft"}, old):
+        pass
+    new = {"config": {"distill.epochs": 1, "sample.adaptive_k.mean": 3.0}, "inputs": {}, "user_files": {}}
+    assert check_reuse(final, overwrite=False, what="draft", wanted=new)
+    with pytest.raises(StaleArtifact, match="distill.epochs: 1 -> 2"):
+        check_reuse(final, overwrite=False, what="draft", wanted={**new, "config": {**new["config"], "distill.epochs": 2}})
