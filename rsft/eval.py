@@ -103,6 +103,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
     settings = sampling_settings(cfg.sample)
     policy_path = None if initial else paths.eval_policy(round_idx)
     judge = scoring.judge_model(cfg) if cfg.eval.get("judge") is not None else None
+    warnings = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
+    for warning in warnings:  # the judge then shares the proxy's taste and cannot stand in for an oracle
+        log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
     curve_round = 0 if initial else round_idx
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
@@ -135,7 +138,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
     if judge_scorer is not None:
         metrics["judge"] = str(judge if judge is not None else scoring.judge_spec(cfg))
-        metrics["judge_warnings"] = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
+        metrics["judge_warnings"] = warnings
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}

@@ -135,10 +135,8 @@ def judge_model(cfg: DictConfig) -> Path | None:
     """eval.judge as a reward-model folder, or None when unset.
 
     eval.judge names a folder that stage=reward wrote (e.g. runs/<other>/reward) or a run name whose
-    reward/ is the judge. Refused: a path or run that holds no complete reward model. Warned about
-    (the judge then shares the proxy's taste and cannot stand in for an oracle): the proxy's own
-    folder, a copy of its weights, or a judge trained on pairs the proxy was also trained on (both
-    reward models record their pairs' hashes, rsft.reward_training.PAIR_HASHES_FILE).
+    reward/ is the judge. Refused: a path or run that holds no complete reward model. Why it may not be
+    independent of the proxy is judge_warnings' (stage=eval logs them and records them in its metrics).
     """
     name = cfg.eval.get("judge")
     if name is None or judge_spec(cfg) is not None:
@@ -161,8 +159,6 @@ def judge_model(cfg: DictConfig) -> Path | None:
     if not is_complete(folder) or read_meta(folder).get("stage") != "reward":
         raise ConfigError(f"eval.judge={name!r}: {folder} is not a complete reward model written by stage=reward "
                          f"(its meta.json is missing, incomplete or names another stage)")
-    for warning in judge_warnings(folder, paths.reward):
-        log.warning("eval.judge=%s: %s", name, warning)
     return folder
 
 
