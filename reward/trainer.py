@@ -94,9 +94,10 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
 
 
 def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, device: torch.device, output_dir: str,
-                       tracker=None, resume_from: str | None = None) -> dict:
+                       tracker=None, checkpoints=None) -> dict:
     """Train `model` in place on tokenised pairs (reward.encoding.tokenize_preferences); return train metrics.
-    resume_from: a checkpoint the trainer wrote into output_dir before (rsft.training.TrainingCheckpoints)."""
+    checkpoints: the rsft.training.TrainingCheckpoints at output_dir to resume from and save verified
+    checkpoints into (None: output_dir is scratch)."""
     args = training_args(cfg, device, output_dir)
     trainer = SoftLabelRewardTrainer(
         model=model, args=args, train_dataset=train_pairs, processing_class=tokenizer,
@@ -106,6 +107,6 @@ def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, device: t
     log.info("training reward model: %d pairs, %s epochs, batch %d x %d, lr %g, %s on %s", len(train_pairs),
              cfg.epochs, cfg.batch_size, cfg.grad_accum, cfg.learning_rate,
              "bf16" if args.bf16 else "fp32", device)
-    result = trainer.train(resume_from_checkpoint=resume_from)
+    result = trainer.train() if checkpoints is None else checkpoints.train(trainer)
     model.eval()
     return dict(result.metrics)

@@ -104,7 +104,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         train_dataset=kept.select_columns(["prompt", "chosen", "rejected"]), processing_class=tokenizer,
         peft_config=lora_config(cfg.dpo) if cfg.dpo.mode == "lora" else None, callbacks=[history],
     )
-    result = trainer.train(resume_from_checkpoint=checkpoints.resume_from())
+    result = checkpoints.train(trainer)
     trained, state_dict = trained_policy(trainer, cfg.dpo.mode)
 
     logged = [h for h in history.history if "loss" in h]

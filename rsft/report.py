@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rsft import stats
+from rsft.machine import describe, identity
 from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, score_columns
 from rsft.paths import RunPaths
 from rsft.store import Artifact, is_complete, load_dataset_artifact, read_meta
@@ -343,6 +344,32 @@ def reward_table(paths: RunPaths, rounds: int, records: Records | None = None) -
     return rows
 
 
+def machine_lines(paths: RunPaths, records: Records) -> list[str]:
+    """Which machine made the run's artifacts (rsft.machine), with its library versions: one line per machine,
+    and a warning line when there is more than one (the same command rounds differently per CPU)."""
+    by_machine: dict = {}
+    for meta_file in sorted(paths.root.glob("**/meta.json")):
+        if any(part.startswith(".") for part in meta_file.relative_to(paths.root).parts):
+            continue  # resume progress and temporary folders
+        meta = records.meta(meta_file.parent)
+        key = identity(meta.get("machine"))
+        entry = by_machine.setdefault(key, {"machine": meta.get("machine"), "artifacts": [], "versions": {}})
+        entry["artifacts"].append(str(meta_file.parent.relative_to(paths.root)))
+        entry["versions"] = meta.get("versions") or entry["versions"]
+    lines = []
+    for entry in by_machine.values():
+        versions = ", ".join(f"{k} {v}" for k, v in entry["versions"].items() if k in
+                             ("torch", "transformers", "trl", "datasets", "peft"))
+        artifacts = entry["artifacts"]
+        listed = ", ".join(artifacts[:4]) + (f" and {len(artifacts) - 4} more" if len(artifacts) > 4 else "")
+        lines.append(f"- {describe(entry['machine'])}; {versions or 'versions not recorded'}: "
+                     f"{len(artifacts)} artifact(s) ({listed})")
+    if len(by_machine) > 1:
+        lines.append("- **More than one machine made this run**: their numbers differ in rounding, so compare rounds "
+                     "made on one machine, or rebuild on one with overwrite=true.")
+    return lines
+
+
 def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict],
                   records: Records | None = None) -> Path:
     records = records or Records()
@@ -388,6 +415,7 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         warnings = sorted({w for m in judged for w in m.get("judge_warnings", [])})
         text += ["## Judge", "", f"`{judge}` (eval.judge): a reward model the proxy was not trained as; "
                  f"{'warnings: ' + '; '.join(warnings) if warnings else 'no overlap with the proxy found'}.", ""]
+    text += ["## Machine", "", *machine_lines(paths, records), ""]
     if plots:
         text += ["## Plots", ""] + [f"![{name}](plots/{p.name})" for name, p in plots.items()] + [""]
     if examples:

@@ -106,7 +106,7 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     started = time.perf_counter()
     if checkpoints is not None:  # a killed run resumes from its last checkpoint
         train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, str(checkpoints.folder),
-                                           tracker, checkpoints.resume_from())
+                                           tracker, checkpoints)
     else:
         with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
             train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)

@@ -26,9 +26,19 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed, stages
+from rsft.errors import RsftError
 from rsft.fingerprints import check_reuse, fingerprint
+from rsft.machine import warn_if_other_machine
 from rsft.paths import RunPaths
-from rsft.store import Artifact, ShardStore, atomic_artifact, finished
+from rsft.store import (
+    Artifact,
+    ShardStore,
+    atomic_artifact,
+    finished,
+    is_complete,
+    raise_if_write_failed,
+    read_meta,
+)
 from rsft.tracking import Tracker, stage_tracker
 from rsft.training import TrainingCheckpoints
 
@@ -125,11 +135,19 @@ def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
     return _build(stage, cfg, paths, plan, tracker)
 
 
+def _warn_other_machines(plan: Plan) -> None:
+    """Say when this command reads or reuses artifacts another machine made (rsft.machine): allowed, not silent."""
+    for path in [*plan.inputs, *plan.outputs]:
+        if is_complete(path):
+            warn_if_other_machine("the artifact", path, read_meta(path).get("machine"))
+
+
 def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tracker: Tracker | None) -> Artifact:
     """The protocol from the fingerprint on (run's second half)."""
     name = stage.name
     wanted = fingerprint_of(stage, cfg, plan)
     names = plan.names or [name] * len(plan.outputs)
+    _warn_other_machines(plan)
     if all(check_reuse(out, cfg.overwrite, what, wanted) for out, what in zip(plan.outputs, names)):
         return finished(plan.outputs[0])
     config = OmegaConf.to_container(cfg, resolve=True)  # every artifact records the whole config it was made with
@@ -137,7 +155,12 @@ def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tr
         job = Job(paths, plan, wanted, tracker, one_process=stage.one_process)
         built = None
         if distributed.is_main() or not stage.one_process:
-            built = module(stage).build(cfg, job)
+            try:
+                built = module(stage).build(cfg, job)
+            except Exception as error:  # a full disk mid-build (a datasets cache, a shard) is one line
+                if not isinstance(error, RsftError):
+                    raise_if_write_failed(error, job.out, during="build")
+                raise
         if distributed.is_main():
             if len(built.outputs) != len(plan.outputs):
                 raise RuntimeError(f"stage={name} built {len(built.outputs)} outputs for {len(plan.outputs)} planned")

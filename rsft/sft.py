@@ -139,7 +139,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
         callbacks=[history],
     )
-    result = trainer.train(resume_from_checkpoint=checkpoints.resume_from())
+    result = checkpoints.train(trainer)
     trained, state_dict = trained_policy(trainer, cfg.sft.mode)
 
     losses = [h["loss"] for h in history.history if "loss" in h]

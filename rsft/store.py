@@ -32,6 +32,7 @@ from rsft.errors import (
     MissingInput,
     StaleArtifact,
 )
+from rsft.machine import machine, warn_if_other_machine
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("rsft", "torch", "transformers", "trl", "datasets", "peft"):
+    for name in ("rsft", "torch", "transformers", "trl", "datasets", "peft", "accelerate", "huggingface_hub"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -230,6 +231,7 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
         yield tmp
         full_meta = dict(meta)
         full_meta.setdefault("versions", library_versions())
+        full_meta.setdefault("machine", machine())
         full_meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         full_meta["build_seconds"] = round(time.time() - started, 3)
         full_meta["fingerprint"] = wanted_fingerprint or {}
@@ -240,17 +242,53 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
         _move_into_place(tmp, final)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        _raise_if_disk_full(error, final)
+        raise_if_write_failed(error, final)
         raise
 
 
-def _raise_if_disk_full(error: BaseException, final: Path) -> None:
-    """A full disk, whichever library was writing (OSError ENOSPC, or safetensors' SafetensorError that only
-    quotes the OS message), becomes one line: the temporary folder is gone and `final` is as it was."""
-    full = isinstance(error, OSError) and error.errno == errno.ENOSPC
-    if full or "No space left on device" in str(error):
-        raise ArtifactError(f"no space left on device while writing {final}; nothing was written (the temporary "
-                            f"folder was removed); free space and rerun the same command") from error
+def write_failed(error: BaseException) -> bool:
+    """Whether `error` (or what it was raised from) is a write that failed for want of room: OSError ENOSPC,
+    a library that only quotes the OS message (safetensors' SafetensorError), or torch.save's stream writer,
+    which on a full disk says only `[enforce fail at inline_container.cc] unexpected pos ...`."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        torch_writer = "inline_container.cc" in text and ("unexpected pos" in text or "write" in text)
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in text \
+                or torch_writer or "PytorchStreamWriter failed" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _free(path: Path) -> str:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.0f} MB free there now"
+    except OSError:
+        return "free space unknown"
+
+
+def raise_if_write_failed(error: BaseException, final: Path, during: str = "artifact") -> None:
+    """A full disk, whichever library was writing, becomes one line naming what was being written and what is
+    left. during="artifact": nothing (its temporary folder is gone, `final` is as it was); "checkpoint": the
+    last complete training checkpoint (rsft.training.TrainingCheckpoints), which the rerun resumes from;
+    "build": the stage's resume progress (finished shards, complete checkpoints) is kept."""
+    if not write_failed(error):
+        return
+    cause = f"{type(error).__name__}: {str(error).strip()[:160]}; {_free(final)}"
+    if during == "checkpoint":
+        raise ArtifactError(f"no space left on device while saving a training checkpoint in {final} ({cause}); the "
+                            f"checkpoint is not trusted and the last complete one is kept: free space and rerun the "
+                            f"same command to resume") from error
+    if during == "build":
+        raise ArtifactError(f"no space left on device while building {final} ({cause}); what was finished is kept "
+                            f"(shards, complete checkpoints): free space and rerun the same command to resume") \
+            from error
+    raise ArtifactError(f"no space left on device while writing {final}; nothing was written (the temporary "
+                        f"folder was removed; {cause}); free space and rerun the same command") from error
 
 
 def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
@@ -266,7 +304,7 @@ def copy_artifact(source: str | os.PathLike, final: str | os.PathLike) -> None:
         _move_into_place(tmp, final)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        _raise_if_disk_full(error, final)
+        raise_if_write_failed(error, final)
         raise
 
 
@@ -293,6 +331,23 @@ class ProgressFolder:
                 else:
                     other.unlink(missing_ok=True)
         distributed.barrier()  # no process reads progress that is about to be deleted
+        self._record_machine()
+
+    def _record_machine(self) -> None:
+        """The machine that makes this progress, in `machine-<rank>.json` beside it: resuming progress made on
+        another machine is allowed (the fingerprint is the same) but warned about, naming both."""
+        record = self.root / f"{self.key}-machine-rank{distributed.rank()}.json"
+        try:
+            theirs = json.loads(record.read_text())
+        except (OSError, ValueError):
+            theirs = None
+        if theirs is not None:
+            warn_if_other_machine("resume progress", self.root, theirs)
+        if theirs != machine():
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_suffix(f".tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(machine()))
+            os.replace(tmp, record)
 
     def remove(self) -> None:
         """The artifact is written: its progress goes, once every process is done with its own."""

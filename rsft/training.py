@@ -7,18 +7,22 @@ It imports only rsft.distributed, so reward/ and the stages both use it without 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from transformers import TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rsft import distributed
 from rsft.errors import ConfigError
-from rsft.store import ProgressFolder
+from rsft.store import ProgressFolder, file_digest, raise_if_write_failed
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +88,62 @@ def check_trained(model, loss: float | None, section: DictConfig, group: str, st
 
 
 def checkpoint_arguments(section: DictConfig) -> dict[str, Any]:
-    """A resumable checkpoint every `<group>.checkpoint_steps` optimizer steps (0: none), the last one kept."""
+    """A resumable checkpoint every `<group>.checkpoint_steps` optimizer steps (0: none). The trainer keeps
+    every checkpoint it writes (no save_total_limit): TrainingCheckpoints deletes the older ones itself, and
+    only once the new one is complete and verified, so a save cut short never costs the last good one."""
     steps = int(section.get("checkpoint_steps") or 0)
     if steps <= 0:
         return {"save_strategy": "no"}
-    return {"save_strategy": "steps", "save_steps": steps, "save_total_limit": 1}
+    return {"save_strategy": "steps", "save_steps": steps, "save_total_limit": None}
+
+
+MANIFEST = "rsft-checkpoint.json"  # written last into a checkpoint: its files' sizes and CRC-32s
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why `checkpoint` cannot be trusted (no manifest: its save never finished; a file missing, of another
+    size or another CRC-32: damaged), or None when every file it recorded verifies."""
+    try:
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"it has no readable {MANIFEST} (its save did not finish: a kill or a full disk)"
+    for name, record in files.items():
+        file = checkpoint / name
+        if not file.is_file():
+            return f"{name} is missing"
+        digest = file_digest(file)
+        if digest != record:
+            return f"{name} has {digest['size']} bytes, CRC-32 {digest['crc32']}; recorded {record['size']} bytes, " \
+                   f"CRC-32 {record['crc32']}"
+    return None
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[1])
+
+
+class _VerifiedSaves(TrainerCallback):
+    """After the trainer saves a checkpoint (every process has written its share: a barrier), the main process
+    writes its manifest, atomically, and only then deletes the checkpoints before it."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def on_save(self, args, state, control, **kwargs):
+        distributed.barrier()
+        if distributed.is_main():
+            checkpoint = self.folder / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            files = {str(f.relative_to(checkpoint)): file_digest(f) for f in sorted(checkpoint.rglob("*"))
+                     if f.is_file() and f.name != MANIFEST}
+            tmp = checkpoint / f".{MANIFEST}.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps({"step": state.global_step, "files": files}))
+            os.replace(tmp, checkpoint / MANIFEST)
+            for older in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+                if older != checkpoint and older.is_dir():
+                    shutil.rmtree(older, ignore_errors=True)
+        distributed.barrier()
+        return control
 
 
 class TrainingCheckpoints(ProgressFolder):
@@ -98,19 +153,57 @@ class TrainingCheckpoints(ProgressFolder):
     artifact is written once, at the end. So the TRL trainer writes its checkpoints (the weights, or the
     LoRA adapter, with the optimizer, scheduler and RNG states: transformers' Trainer format) every
     `<group>.checkpoint_steps` steps into this folder (rsft.store.ProgressFolder: keyed by the stage's
-    fingerprint); a rerun of the same command resumes from the last one
-    (`trainer.train(resume_from_checkpoint=...)`), so it redoes at most one checkpoint interval. How
-    close a resumed run comes to an uninterrupted one: docs/run-directory.md.
+    fingerprint); a rerun of the same command resumes from the last one (`train`), so it redoes at most
+    one checkpoint interval. How close a resumed run comes to an uninterrupted one: docs/run-directory.md.
+
+    A checkpoint counts only when it is complete and verifies, as artifacts do: transformers writes a
+    checkpoint's files one by one into its folder, so a kill or a full disk mid-save leaves a folder that
+    looks like a checkpoint and is not (transformers' own get_last_checkpoint goes by the folder name and
+    then stops on the missing trainer_state.json). Here the main process writes a manifest (each file's
+    size and CRC-32) once every process has saved, and deletes the older checkpoint only after that;
+    resume takes the newest checkpoint whose files verify, deletes the others with a message, and trains
+    from the first step, saying so, when none does.
     """
 
     def __init__(self, final: str | Path, wanted: dict):
         super().__init__(final, "checkpoints", wanted)
+        self.callback = _VerifiedSaves(self.folder)
+
+    def _checkpoints(self) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
+        return [c for c in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+                if c.is_dir() and c.name.rsplit("-", 1)[1].isdigit()]
 
     def resume_from(self) -> str | None:
-        """The last complete checkpoint to resume from, or None (train from the first step)."""
-        from transformers.trainer_utils import get_last_checkpoint
-
-        last = get_last_checkpoint(str(self.folder)) if self.folder.is_dir() else None
+        """The newest checkpoint that verifies, or None (train from the first step); the ones that do not
+        verify are deleted (by the main process, every process waits) with a message saying why."""
+        if distributed.is_main() and self.folder.is_dir():
+            found = sorted(self._checkpoints(), key=_step, reverse=True)
+            trusted = None
+            for checkpoint in found:
+                problem = None if trusted is not None else checkpoint_problem(checkpoint)
+                if trusted is None and problem is None:
+                    trusted = checkpoint
+                    continue
+                if problem is not None:
+                    log.warning("passing over the training checkpoint %s: %s; deleting it", checkpoint, problem)
+                shutil.rmtree(checkpoint, ignore_errors=True)
+            if found and trusted is None:
+                log.warning("no complete training checkpoint in %s: training from the first step", self.folder)
+        distributed.barrier()
+        last = max(self._checkpoints(), key=_step, default=None)
         if last is not None:
-            log.info("resuming training from %s", last)
-        return last
+            log.info("resuming training from %s (step %d)", last, _step(last))
+        return str(last) if last is not None else None
+
+    def train(self, trainer):
+        """`trainer.train()`, resumed from the newest verified checkpoint, each new checkpoint verified; a full
+        disk while it saves is one line (the last good checkpoint is kept: rerun with room to resume)."""
+        trainer.add_callback(self.callback)
+        resume = self.resume_from()
+        try:
+            return trainer.train(resume_from_checkpoint=resume)
+        except Exception as error:
+            raise_if_write_failed(error, self.folder, during="checkpoint")
+            raise

@@ -1,0 +1,165 @@
+"""Training checkpoints count only when complete and verified (rsft.training.TrainingCheckpoints), for every
+TRL trainer rsft runs: SFT, DPO and the reward model. A full disk while a checkpoint is saved is one line, and
+the rerun with room resumes from the last complete checkpoint and ends where an uninterrupted run ends; a
+damaged checkpoint is passed over with a message."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import Trainer
+
+from reward.scoring import load_scorer
+from rsft.errors import ArtifactError
+from rsft.models import load_saved_causal_lm
+from rsft.paths import RunPaths
+from rsft.run import run_stage
+from rsft.training import MANIFEST, checkpoint_problem
+from tests.test_rounds import write_sft_policy_and_pairs
+from tests.test_sft import write_selected
+
+TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"  # torch.save's words
+
+
+def _sft(make_cfg, run_name, tmp_path):
+    cfg = make_cfg("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=2", "sft.batch_size=2", "sft.checkpoint_steps=3",
+                   "device=cpu", f"run_name={run_name}")
+    write_selected(cfg, n=8)
+    return cfg
+
+
+def _dpo(make_cfg, run_name, tmp_path):
+    cfg = make_cfg("stage=dpo", "loop.dpo=true", "dpo.mode=full", "dpo.learning_rate=5e-3", "dpo.epochs=2",
+                   "dpo.batch_size=2", "dpo.min_margin=0.5", "dpo.checkpoint_steps=3", "device=cpu",
+                   f"run_name={run_name}")
+    write_sft_policy_and_pairs(cfg, margins=[1.0] * 8)
+    return cfg
+
+
+def _reward(make_cfg, run_name, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"prompt": "q{i}", "chosen": "good {i}", "rejected": "bad {i}"}}\n' for i in range(12)))
+    return make_cfg("stage=reward", f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25", "reward.epochs=8",
+                    "reward.checkpoint_steps=3", "reward.batch_size=9", "device=cpu", f"run_name={run_name}")
+
+
+STAGES = {"sft": _sft, "dpo": _dpo, "reward": _reward}
+
+
+def _weights(stage: str, path) -> list[torch.Tensor]:
+    if stage == "reward":
+        return [p.detach().clone() for p in load_scorer(path, "cpu").model.parameters()]
+    return [p.detach().clone() for p in load_saved_causal_lm(path, torch.device("cpu"))[0].parameters()]
+
+
+def _assert_same_weights(stage: str, a, b) -> None:
+    worst = max(float((p - q).abs().max()) for p, q in zip(_weights(stage, a), _weights(stage, b)))
+    assert worst == 0.0, f"resumed weights differ from an uninterrupted run's by up to {worst}: not identical"
+
+
+@pytest.fixture
+def counted_steps(monkeypatch):
+    """The optimizer steps trainers take (1-based), and a switch that kills training at the n-th one."""
+    real_step, record = Trainer.training_step, {"steps": [], "kill_at": 0}
+
+    def counting(self, *args, **kwargs):
+        record["steps"].append(self.state.global_step + 1)
+        if record["kill_at"] and len(record["steps"]) == record["kill_at"]:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", counting)
+    return record
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_full_disk_while_a_checkpoint_saves_then_a_rerun_with_room_ends_as_an_uninterrupted_run(
+        stage, make_cfg, monkeypatch, counted_steps, caplog, tmp_path):
+    straight = run_stage(STAGES[stage](make_cfg, "straight", tmp_path)).path
+    assert counted_steps["steps"] == list(range(1, 9))
+    cfg = STAGES[stage](make_cfg, "full-disk", tmp_path)
+    real_save = torch.save
+
+    def disk_fills_at_the_second_checkpoint(obj, f, *args, **kwargs):
+        if "checkpoint-6" in str(f):  # the weights are written by then: a checkpoint folder without its state
+            raise RuntimeError(TORCH_FULL_DISK)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_fills_at_the_second_checkpoint)
+    counted_steps["steps"].clear()
+    with pytest.raises(ArtifactError, match=r"^no space left on device while saving a training checkpoint in "
+                                            r".*the last complete one is kept: free space and rerun"):
+        run_stage(cfg)
+    out = RunPaths.from_config(cfg).root
+    progress = next(p for p in out.glob("**/.*.checkpoints/*") if p.is_dir())
+    assert sorted(c.name for c in progress.iterdir() if c.is_dir()) == ["checkpoint-3", "checkpoint-6"]
+    assert checkpoint_problem(progress / "checkpoint-3") is None and checkpoint_problem(progress / "checkpoint-6")
+
+    monkeypatch.setattr(torch, "save", real_save)  # room again: the same command
+    counted_steps["steps"].clear()
+    with caplog.at_level(logging.WARNING, logger="rsft.training"):
+        resumed = run_stage(cfg).path
+    assert counted_steps["steps"] == [4, 5, 6, 7, 8]  # from checkpoint-3; the half-saved checkpoint-6 is not trusted
+    assert f"passing over the training checkpoint {progress / 'checkpoint-6'}: it has no readable {MANIFEST}" \
+        in caplog.text
+    assert not progress.exists()  # the progress goes once the artifact is written
+    _assert_same_weights(stage, straight, resumed)
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_damaged_checkpoint_is_passed_over_with_a_message_and_training_starts_afresh(
+        stage, make_cfg, counted_steps, caplog, tmp_path):
+    straight = run_stage(STAGES[stage](make_cfg, "straight", tmp_path)).path
+    cfg = STAGES[stage](make_cfg, "damaged", tmp_path)
+    counted_steps["steps"].clear()
+    counted_steps["kill_at"] = 5
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg)
+    checkpoint = next(RunPaths.from_config(cfg).root.glob("**/.*.checkpoints/*/checkpoint-3"))
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other content
+    weights.write_bytes(bytes(data))
+    counted_steps["steps"].clear()
+    counted_steps["kill_at"] = 0
+    with caplog.at_level(logging.WARNING, logger="rsft.training"):
+        resumed = run_stage(cfg).path
+    assert counted_steps["steps"] == list(range(1, 9))  # nothing trusted: from the first step
+    assert f"passing over the training checkpoint {checkpoint}: model.safetensors has" in caplog.text
+    assert "no complete training checkpoint in" in caplog.text and "training from the first step" in caplog.text
+    _assert_same_weights(stage, straight, resumed)
+
+
+def test_a_checkpoint_without_its_manifest_or_with_a_missing_file_is_not_trusted(tmp_path):
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text("{}")
+    assert "no readable" in checkpoint_problem(checkpoint)
+    (checkpoint / MANIFEST).write_text('{"files": {"trainer_state.json": {"size": 2, "crc32": "00000000"}, '
+                                       '"optimizer.pt": {"size": 9, "crc32": "00000000"}}}')
+    assert "CRC-32" in checkpoint_problem(checkpoint)
+    from rsft.store import file_digest
+
+    (checkpoint / MANIFEST).write_text('{"files": {"trainer_state.json": %s, "optimizer.pt": {"size": 9, "crc32": "0"}}}'
+                                       % __import__("json").dumps(file_digest(checkpoint / "trainer_state.json")))
+    assert checkpoint_problem(checkpoint) == "optimizer.pt is missing"
+
+
+def test_write_failures_are_told_from_other_errors():
+    import errno
+
+    from rsft.store import write_failed
+
+    assert write_failed(RuntimeError(TORCH_FULL_DISK))
+    assert write_failed(OSError(errno.ENOSPC, "No space left on device"))
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise ValueError("a library's own words") from inner
+    except ValueError as outer:
+        assert write_failed(outer)
+    assert not write_failed(RuntimeError("[enforce fail at inline_container.cc:230] . file not found: archive/data.pkl"))
+    assert not write_failed(ValueError("No space in this string"))
