@@ -24,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.errors import ConfigError
+from rsft.machine import machine
+from rsft.store import library_versions
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ class Tracker:
             tags=list(cfg.logger.get("tags") or []),
             mode=cfg.logger.mode,
             dir=str(wandb_dir),
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config={**OmegaConf.to_container(cfg, resolve=True), "machine": machine(), "versions": library_versions()},
             reinit="finish_previous",
         )
         log.info("wandb run %s (%s mode) in %s", self.run.id, cfg.logger.mode, self.run.dir)
