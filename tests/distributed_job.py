@@ -1,13 +1,16 @@
 """Run stages in order under a launcher: `torchrun --nproc-per-node N tests/distributed_job.py JOB.json`.
 
-JOB.json: {"runs_root": ..., "stages": [[override, ...], ...], "kill": {"rank": r, "sft_round": k}}.
-With "kill", process r kills itself (SIGKILL) when stage=sft starts round k: a rank lost mid-loop.
+JOB.json: {"runs_root": ..., "stages": [[override, ...], ...], "kill": {"rank": r, <when>}}.
+With "kill", process r kills itself (SIGKILL), <when> being one of: "sft_round": k, when stage=sft starts
+round k (a rank lost mid-loop); "shards": n, once it has saved its n-th shard of sampling (mid-stage);
+"checkpoint": s, once the training checkpoint of step s is saved and verified (mid-training).
 The same composition as tests/conftest.py (the tiny models, no wandb).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,13 +21,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import compose_cfg  # noqa: E402
 
 
+def _kill_mid_stage(kill: dict) -> None:
+    import rsft.store
+    import rsft.training
+
+    if "shards" in kill:
+        real_save, saved = rsft.store.ShardStore.save, []
+
+        def dying_save(self, *args, **kwargs):
+            real_save(self, *args, **kwargs)
+            saved.append(1)
+            if len(saved) == kill["shards"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        rsft.store.ShardStore.save = dying_save
+    if "checkpoint" in kill:
+        real_on_save = rsft.training._VerifiedSaves.on_save
+
+        def dying_on_save(self, args, state, control, **kwargs):
+            control = real_on_save(self, args, state, control, **kwargs)
+            if state.global_step == kill["checkpoint"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return control
+
+        rsft.training._VerifiedSaves.on_save = dying_on_save
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # what the test reads in stderr
     import rsft.sft
     from rsft.run import run_stage
 
     kill = job.get("kill")
-    if kill and int(os.environ.get("RANK", 0)) == kill["rank"]:
+    if kill and int(os.environ.get("RANK", 0)) == kill["rank"] and "sft_round" in kill:
         real_sft = rsft.sft.build
 
         def dying_sft(cfg, job):
@@ -33,6 +63,8 @@ def main() -> None:
             return real_sft(cfg, job)
 
         rsft.sft.build = dying_sft
+    if kill and int(os.environ.get("RANK", 0)) == kill["rank"]:
+        _kill_mid_stage(kill)
     for overrides in job["stages"]:
         run_stage(compose_cfg(Path(job["runs_root"]), *overrides))
 

@@ -11,8 +11,8 @@ import pytest
 from datasets import load_from_disk
 
 from rsft.paths import RunPaths
-from rsft.store import copy_artifact, is_complete, read_meta
 from rsft.run import run_stage
+from rsft.store import copy_artifact, is_complete, read_meta
 from tests.conftest import REPO
 
 JOB = REPO / "tests" / "distributed_job.py"
@@ -89,3 +89,40 @@ def test_ranks_started_with_different_configs_stop_with_a_clear_error(tmp_path):
     assert done.returncode != 0
     assert "ranks were started with different configs" in done.stderr
     assert not (tmp_path / "runs" / "x" / "round_00").exists()
+
+
+def test_a_rank_killed_mid_sample_and_mid_sft_resumes_to_the_uninterrupted_two_process_artifacts(tmp_path):
+    """Rank 1 is SIGKILLed after its first finished shard of sampling, and, in the next launch, once SFT's
+    checkpoint of step 4 (of 8) is saved; each relaunch of the same stages resumes (shards, the verified
+    checkpoint) and ends with what an uninterrupted 2-process run writes: the same rows, the same weights."""
+    import torch
+
+    from rsft.models import load_saved_causal_lm
+    from tests.conftest import compose_cfg
+    from tests.test_sft import write_selected
+
+    settings = ["device=cpu", "data.limit=4", "sample.shard_prompts=1", "sft.epochs=2", "sft.batch_size=2",
+                "sft.checkpoint_steps=2", "sft.learning_rate=3e-3"]
+    for name in ("straight", "killed"):
+        write_selected(compose_cfg(tmp_path, *settings, f"run_name={name}"), n=8)
+    stages = [["stage=sample", *settings], ["stage=sft", *settings]]
+    straight = launch(tmp_path, [[*stage, "run_name=straight"] for stage in stages])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = [[*stage, "run_name=killed"] for stage in stages]
+    mid_sample = launch(tmp_path, killed, kill={"rank": 1, "shards": 1})
+    paths, done = RunPaths(tmp_path / "runs" / "killed"), RunPaths(tmp_path / "runs" / "straight")
+    assert mid_sample.returncode != 0 and not is_complete(paths.samples(0))
+    assert list(paths.round_dir(0).glob(".samples.shards/*-rank1-*.json"))  # rank 1's finished shard is kept
+    mid_sft = launch(tmp_path, killed, kill={"rank": 1, "checkpoint": 4})
+    assert mid_sft.returncode != 0 and is_complete(paths.samples(0)), mid_sft.stderr[-4000:]
+    assert not is_complete(paths.policy(0))
+    assert [c.name for c in paths.round_dir(0).glob(".policy.checkpoints/*/checkpoint-*")] == ["checkpoint-4"]
+    resumed = launch(tmp_path, killed)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming training from" in resumed.stderr and "(step 4)" in resumed.stderr
+    columns = ("prompt_id", "sample_idx", "completion_ids", "seed", "finish_reason")
+    assert rows(paths.samples(0), *columns) == rows(done.samples(0), *columns)
+    a = load_saved_causal_lm(paths.policy(0), torch.device("cpu"))[0].state_dict()
+    b = load_saved_causal_lm(done.policy(0), torch.device("cpu"))[0].state_dict()
+    assert all(torch.equal(a[name], b[name]) for name in a), "resumed SFT weights differ from the uninterrupted run's"
+    assert read_meta(paths.policy(0))["stats"]["world_size"] == 2
