@@ -47,6 +47,7 @@ from rsft.sampling.budget import (
     check_checkpoints,
     check_checkpoints_below,
     check_prune_share,
+    check_prune_stops,
 )
 from rsft.sampling.processing import check_temperature, check_top_k, check_top_p
 from rsft.sampling.verifier import (
@@ -104,8 +105,8 @@ def _number(key: str, value, expected: str, within: Callable[[float], bool] = la
         _fail(key, value, expected)
 
 
-def _positive(key: str, value) -> None:
-    _number(key, value, "a number > 0", lambda v: v > 0)
+def _positive(key: str, value, note: str = "") -> None:
+    _number(key, value, "a number > 0" + (f" {note}" if note else ""), lambda v: v > 0)
 
 
 def _non_negative(key: str, value) -> None:
@@ -183,8 +184,9 @@ def number(expected: str, within: Callable[[float], bool], allowed: str) -> Chec
     return Check(lambda key, value: _number(key, value, expected, within), allowed)
 
 
-def positive() -> Check:
-    return Check(_positive, "> 0")
+def positive(note: str = "") -> Check:
+    """A number > 0; note says what 0 would do and what to set instead, e.g. for a learning rate."""
+    return Check(lambda key, value: _positive(key, value, note), "> 0")
 
 
 def non_negative() -> Check:
@@ -370,6 +372,19 @@ class TinyModelSource(Checked):
     num_key_value_heads: int = setting(2, "Key/value heads (grouped-query attention; llama only).", check=at_least(1))
     intermediate_size: int = setting(64, "MLP width.", check=at_least(1))
 
+    def __post_init__(self):
+        super().__post_init__()
+        sizes = (self.hidden_size, self.num_attention_heads, self.num_key_value_heads)
+        if any(_unresolved(v) for v in sizes):
+            return
+        hidden, heads, kv_heads = sizes
+        # attention splits hidden_size into equal heads: other sizes fail only when the model is built
+        if hidden % heads:
+            _fail(self._AT + "num_attention_heads", heads, f"a divisor of hidden_size={hidden}")
+        # each key/value head serves an equal group of query heads (llama; a bert backbone has none)
+        if getattr(self, "arch", "llama") == "llama" and heads % kv_heads:
+            _fail(self._AT + "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads={heads}")
+
 
 @dataclass
 class PolicyWeights(Checked):
@@ -407,6 +422,9 @@ class DraftNoneConfig(Checked):
 
 # every speculative draft's gamma: rsft.sampling.verifier's rule (>= 1 to speculate)
 GAMMA = sampling_rule(check_gamma, ">= 1")
+# stage=draft's epochs and learning rate: 0 would save the untrained draft as a trained one
+UNTRAINED_DRAFT = "(0 trains nothing, yet stage=draft would save the untrained draft as trained; draft=ngram " \
+                  "drafts without training, draft=none samples without a draft)"
 
 
 @dataclass
@@ -478,11 +496,16 @@ class FeatureTrainConfig(Checked):
                                     check=positive())
     more_samples: bool = setting(True, "Also train on earlier rounds' samples and the prefs completions (held out: "
                                        "this round's only).", check=boolean())
-    epochs: int = setting(20, "Epochs; cheap, since the policy's features are computed once.", check=at_least(1))
+    epochs: int = setting(20, "Epochs; cheap, since the policy's features are computed once.",
+                          check=at_least(1, UNTRAINED_DRAFT))
     batch_size: int = setting(16, "Sequences per step.", check=at_least(1))
-    learning_rate: float = setting(3.0e-3, "AdamW learning rate, decayed linearly to 0.", check=positive())
+    learning_rate: float = setting(3.0e-3, "AdamW learning rate, decayed linearly to 0.",
+                                   check=positive(UNTRAINED_DRAFT))
     weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
     max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
+    checkpoint_steps: int = setting(200, "Save a resumable checkpoint every N training steps (the last complete one "
+                                         "kept, deleted once the draft is saved); a rerun after a kill resumes from "
+                                         "it. 0 = none.", check=at_least(0, "(0 = none)"))
     heldout_fraction: float = setting(II("distill.heldout_fraction"),
                                       "Share of the sequences held out for the loss and acceptance measurement.",
                                       check=open_fraction())
@@ -518,9 +541,10 @@ class DistillConfig(Checked):
                                check=at_least(1))
     distill: bool = setting(True, "KL to the policy's distributions; false = cross-entropy on the sampled tokens.",
                             check=boolean())
-    epochs: int = setting(4, "Training epochs.", check=at_least(1))
+    epochs: int = setting(4, "Training epochs.", check=at_least(1, UNTRAINED_DRAFT))
     batch_size: int = setting(16, "Sequences per step.", check=at_least(1))
-    learning_rate: float = setting(1.0e-3, "AdamW learning rate, decayed linearly to 0.", check=positive())
+    learning_rate: float = setting(1.0e-3, "AdamW learning rate, decayed linearly to 0.",
+                                   check=positive(UNTRAINED_DRAFT))
     heldout_fraction: float = setting(0.1, "Share of the sequences held out for the loss and acceptance measurement.",
                                       check=open_fraction())
     eval_prompts: int = setting(8, "Held-out prompts for the acceptance measurement.", check=at_least(1))
@@ -530,6 +554,9 @@ class DistillConfig(Checked):
     max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
     eval_seed: int = setting(12345, "The measurement's sampling seed (the same for trained and untrained).",
                              check=integer())
+    checkpoint_steps: int = setting(200, "Save a resumable checkpoint every N training steps (the last complete one "
+                                         "kept, deleted once the draft is saved); a rerun after a kill resumes from "
+                                         "it. 0 = none.", check=at_least(0, "(0 = none)"))
 
 
 # -- data: the prompts ------------------------------------------------------------------------------------
@@ -650,8 +677,9 @@ class PruneConfig(Checked):
     at: List[int] = setting([], "Checkpoints in tokens, ascending, each below max_new_tokens, where each prompt's "
                                 "rows are ranked by the reward model; [] = off.",
                             check=Check(_checkpoints, "ascending, each >= 1"))
-    share: float = setting(0.5, "Fraction of a prompt's rows stopped at each checkpoint, in [0, 1); 0 stops none.",
-                           check=sampling_rule(check_prune_share, "in [0, 1)", float, "a fraction in [0, 1)"))
+    share: float = setting(0.5, "Fraction of a prompt's rows stopped at each checkpoint, in (0, 1), at least 1 / "
+                                "the rows a prompt has (a smaller share stops none); at=[] turns pruning off.",
+                           check=sampling_rule(check_prune_share, "in (0, 1)", float, "a fraction in (0, 1)"))
     rank_finished: bool = setting(True, "true: answers finished by a checkpoint compete with the live prefixes; false: "
                                         "live prefixes rank among themselves only.", check=boolean())
 
@@ -662,17 +690,25 @@ class AdaptiveKConfig(Checked):
     the pick (rsft.sampling.budget.allocate)."""
 
     _AT: ClassVar[str] = "adaptive_k."
-    k0: int = setting(0, "Completions per prompt in the first pass; 0 = off (every prompt gets num_samples).",
-                      check=at_least(0, "(0 = off)"))
-    mean: Optional[float] = setting(None, "Mean completions per prompt over both passes, >= k0 (null = num_samples); "
-                                            "no prompt gets more than num_samples.")
+    k0: int = setting(0, "Completions per prompt in the first pass, below num_samples; 0 = off (every prompt gets "
+                         "num_samples).", check=at_least(0, "(0 = off)"))
+    mean: Optional[float] = setting(None, "Mean completions per prompt over both passes, above k0 and below "
+                                          "num_samples (no prompt gets more than num_samples); set with k0, null "
+                                          "while k0=0.")
 
     def __post_init__(self):
         super().__post_init__()
-        # a mean over both passes counts the first pass's k0 per prompt: it cannot be less
-        if self.mean is not None:
-            _number(self._AT + "mean", self.mean, "a mean completions per prompt >= k0, or null",
-                    lambda v: v >= self.k0)
+        if self.mean is None or _unresolved(self.mean) or _unresolved(self.k0):
+            return  # a k0 without a mean is refused with num_samples in view (SampleConfig)
+        # k0=0 is off: a mean alone would change nothing, silently
+        if self.k0 == 0:
+            _fail(self._AT + "mean", self.mean, "null while adaptive_k.k0=0 (adaptive K off); set adaptive_k.k0 "
+                                                "(e.g. 4) to turn it on")
+        # a mean over both passes counts the first pass's k0 per prompt: at k0 the second pass draws nothing,
+        # and the first pass would be scored for nothing
+        _number(self._AT + "mean", self.mean, f"a mean completions per prompt above k0={self.k0} (at k0 the second "
+                                              f"pass draws nothing, yet the first is scored), or adaptive_k.k0=0 "
+                                              f"to turn adaptive K off", lambda v: v > self.k0)
 
 
 @dataclass
@@ -728,13 +764,34 @@ class SampleConfig(Checked):
         if self.backend == "vllm" and self.prune.at:
             _fail("prune.at", list(self.prune.at), "[] with backend=vllm (pruning needs rsft's sampler, which controls "
                                                    "every row between steps)")
-        # num_samples is the most completions one prompt gets: the first pass cannot draw more
-        if self.adaptive_k.k0 > self.num_samples:
-            _fail("adaptive_k.k0", self.adaptive_k.k0, f"at most num_samples={self.num_samples}")
-        # ... nor can the mean over both passes exceed it
-        if self.adaptive_k.mean is not None and self.adaptive_k.mean > self.num_samples:
-            _fail("adaptive_k.mean", self.adaptive_k.mean, f"at most num_samples={self.num_samples} (the most one "
-                                                           f"prompt gets)")
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        """Adaptive K and pruning, against num_samples: each must be able to change what is sampled, since
+        either scores rows with the reward model (rsft.sampling.budget)."""
+        n, k0, mean = self.num_samples, self.adaptive_k.k0, self.adaptive_k.mean
+        if any(_unresolved(v) for v in (n, k0, mean, self.prune.share)):
+            return
+        adaptive = k0 > 0
+        # num_samples is the most completions one prompt gets: a first pass of all of them leaves nothing to give
+        if adaptive and k0 >= n:
+            _fail("adaptive_k.k0", k0, f"an integer below num_samples={n} (a first pass of every completion "
+                                       f"leaves adaptive K nothing to allocate, yet is scored), or 0 (off)")
+        # the mean over both passes: at num_samples every prompt gets num_samples, as without adaptive K;
+        # above it, more than any prompt may get
+        if adaptive and (mean is None or mean >= n):
+            why = ("no prompt gets more than num_samples" if mean is not None and mean > n else
+                   "at num_samples every prompt gets num_samples, as with adaptive_k.k0=0, after scoring the first "
+                   "pass for nothing")
+            _fail("adaptive_k.mean", mean, f"a mean completions per prompt above k0={k0} and below num_samples={n} "
+                                           f"with adaptive_k.k0={k0} (e.g. {(k0 + n) / 2:g}); {why}")
+        # pruning ranks one pass's rows of a prompt at a time (adaptive K: the first pass's k0, then the
+        # second's, at most num_samples - k0): a share that stops none of them only pays for the scoring
+        if self.prune.at:
+            rows, rows_from = (n, f"num_samples={n}") if not adaptive else (
+                max(k0, n - k0), f"the larger of adaptive K's passes: k0={k0}, num_samples - k0={n - k0}")
+            _sampling_rule(check_prune_stops, list(self.prune.at), self.prune.share, self.prune.rank_finished, rows,
+                           rows_from, "")
 
 
 SELECT_STRATEGIES = ("top_k", "threshold", "random")
@@ -753,14 +810,16 @@ class SelectConfig(Checked):
     dedupe: bool = setting(True, "Identical completions (after strip) count once.", check=boolean())
     # all earlier rounds, as Llama 2 did: with sft.init=initial the kept set must carry what earlier rounds
     # learned
-    pool_rounds: int = setting(-1, "Also rank the scored samples of this many earlier rounds (-1 = all).",
+    pool_rounds: int = setting(-1, "Also rank the scored samples of this many earlier rounds (-1 = all, 0 = this round "
+                                   "only).",
                                check=at_least(-1, "(-1 = all earlier rounds)"))
     pairs: bool = setting(True, "Also write pairs/ (best vs worst survivor per prompt, TRL preference format) for DPO.",
                           check=boolean())
     prefer_complete: bool = setting(True, "With drop_truncated=false: truncated completions rank after every "
                                           "complete one.", check=boolean())
     max_opening_share: Optional[float] = setting(None, "At most this share of the kept set may open with the same 5 "
-                                                       "words (a collapse lever, e.g. 0.2; in (0, 1]); null = no cap.",
+                                                       "words (a collapse lever, e.g. 0.2; in (0, 1], where 1 caps "
+                                                       "nothing); null = no cap.",
                                                  check=optional(number("a fraction in (0, 1] or null (no cap)",
                                                                        lambda v: 0 < v <= 1, "in (0, 1]")))
     truncated_penalty: Optional[float] = setting(None, "With drop_truncated=false: a truncated completion ranks by "
@@ -784,6 +843,15 @@ class SelectConfig(Checked):
 
 # -- training: sft, dpo (and reward below) ------------------------------------------------------------------
 
+
+# Each trainer's epochs and learning rate: 0 trains nothing, yet the stage would save its model as trained.
+# The TrainingConfig defaults are sft's; dpo and reward declare their own.
+UNTRAINED_POLICY = "(0 trains nothing, yet stage=sft would save the policy as this round's fine-tuned one; to stop " \
+                   "before SFT run the stages up to stage=select, to evaluate the untrained policy eval.policy=initial)"
+UNTRAINED_DPO = "(0 trains nothing, yet stage=dpo would save the SFT policy as the DPO-trained one; loop.dpo=false " \
+                "skips DPO)"
+UNTRAINED_REWARD = "(0 trains nothing, yet the untrained head would be saved as the reward model; reward_source=" \
+                   "pretrained, function or http scores without training one)"
 
 WARMUP_TYPE = "int or float"
 WARMUP_HELP = "Warmup: an int counts steps, a float < 1 is a fraction of the training steps."
@@ -814,8 +882,8 @@ class TrainingConfig(Checked):
     """The settings every TRL trainer of rsft reads (rsft.training.training_arguments): sft, dpo and reward
     take them from here, each with its own defaults."""
 
-    learning_rate: float = setting(2.0e-4, "Peak learning rate.", check=positive())
-    epochs: int = setting(2, "Training epochs.", check=at_least(1))
+    learning_rate: float = setting(2.0e-4, "Peak learning rate.", check=positive(UNTRAINED_POLICY))
+    epochs: int = setting(2, "Training epochs.", check=at_least(1, UNTRAINED_POLICY))
     batch_size: int = setting(4, "Examples per optimizer step over all processes (before grad_accum).",
                               check=at_least(1))
     grad_accum: int = setting(1, "Gradient accumulation steps.", check=at_least(1))
@@ -858,8 +926,8 @@ class DpoConfig(TrainingConfig):
     """With loop.dpo: TRL's DPOTrainer on the round's best-vs-worst pairs, from the round's SFT policy, which
     is also the reference."""
 
-    learning_rate: float = setting(1.0e-4, "Peak learning rate.")
-    epochs: int = setting(1, "Training epochs.")
+    learning_rate: float = setting(1.0e-4, "Peak learning rate.", check=positive(UNTRAINED_DPO))
+    epochs: int = setting(1, "Training epochs.", check=at_least(1, UNTRAINED_DPO))
     mode: str = setting("lora", "full | lora (LoRA: the reference is the SFT policy with the adapter off; merged "
                                 "before saving).", check=one_of(TRAINING_MODES))
     beta: float = setting(0.1, "DPO's KL strength, > 0: larger keeps the policy closer to the SFT policy.",
@@ -885,7 +953,9 @@ class RefreshConfig(Checked):
     init: str = setting("previous", "scratch: the backbone with a fresh head; previous: continue training the reward "
                                     "model that scored round r - 1.", check=one_of(("scratch", "previous")))
     epochs: Optional[int] = setting(1, "With init=previous: epochs on the pooled labels (null = reward.epochs).",
-                                    check=optional(at_least(1, "or null (= reward.epochs)")))
+                                    check=optional(at_least(1, "or null (= reward.epochs); 0 would train nothing, yet "
+                                                               "save the previous reward model as retrained: "
+                                                               "loop.refresh_reward=false keeps one reward model")))
 
 
 @dataclass
@@ -909,7 +979,7 @@ class LoopConfig(Checked):
     eval: bool = setting(True, "Evaluate the initial policy and every round's policy on the held-out prompts.",
                          check=boolean())
     examples: int = setting(6, "Example completions per round in the wandb table and summary.md; 0 = none.",
-                            check=at_least(0))
+                            check=at_least(0, "(0 = none)"))
     reward_from: Optional[str] = setting(None, "Another run_name: reuse its prefs/, reward/ and eval_initial/ (the "
                                                "same judge for baselines).")
     refresh_reward: Any = setting("auto", "Relabel each round's samples and retrain the reward model that scores them "
@@ -1015,7 +1085,8 @@ class RewardSourceConfig(Checked):
     model: Optional[str] = setting(None, "http: the model the server must report (checked against /health).")
     revision: Optional[str] = setting(None, "http: the revision the server must report.")
     timeout: float = setting(30.0, "http: seconds per request.", check=positive())
-    retries: int = setting(5, "http: retries with exponential backoff before giving up.", check=at_least(0))
+    retries: int = setting(5, "http: retries with exponential backoff before giving up (0 = one try).",
+                           check=at_least(0, "(0 = one try)"))
     batch_size: int = setting(64, "http: rows per request.", check=at_least(1))
 
     def __post_init__(self):
@@ -1037,14 +1108,20 @@ class RewardSourceConfig(Checked):
             weight = component.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
                 _fail(f"components.{name}.weight", weight, "a number")
+            # sum and mean weigh the components (min ignores the weights): a 0 weight still scores every row
+            # with the component, and adds nothing
+            if weight == 0 and self.combine in ("sum", "mean"):
+                _fail(f"components.{name}.weight", weight, f"a nonzero number (at 0 combine={self.combine} still "
+                                                           f"scores every row with it, and adds nothing); remove "
+                                                           f"the component instead")
 
 
 @dataclass
 class RewardConfig(TrainingConfig):
     """The reward group: every option shares these training settings and sets its backbone."""
 
-    learning_rate: float = setting(5.0e-5, "Peak learning rate.")
-    epochs: int = setting(1, "Training epochs.")
+    learning_rate: float = setting(5.0e-5, "Peak learning rate.", check=positive(UNTRAINED_REWARD))
+    epochs: int = setting(1, "Training epochs.", check=at_least(1, UNTRAINED_REWARD))
     batch_size: int = setting(16, "Pairs per optimizer step over all processes (before grad_accum).")
     max_length: int = setting(256, "Tokens per (prompt, completion); longer prompts are cut from the left, never "
                                    "dropped.")
@@ -1053,7 +1130,7 @@ class RewardConfig(TrainingConfig):
     logging_steps: int = setting(10, "Log the training loss every this many steps.")
     data: RewardDataConfig = setting(RewardDataConfig, "The training pairs.")
     center_rewards_coefficient: Optional[float] = setting(None, "Weight of a penalty on the rewards' mean square "
-                                                                "(TRL's centring); null = off.",
+                                                                "(TRL's centring); null (or 0) = off.",
                                                           check=optional(non_negative()))
     label_smoothing: float = setting(0.0, "Train on labels pulled toward a tie: P(chosen wins) becomes (1 - e) hp + e/2, "
                                           "in [0, 0.5); 0 = off. Held-out accuracy reads the raw labels.",
@@ -1188,6 +1265,13 @@ def check_across_groups(cfg, groups) -> None:
     if "refresh" in groups and cfg.loop.refresh_reward is True and not uses_trained_reward(cfg):
         raise ConfigError(f"loop.refresh_reward=true retrains this run's Bradley-Terry model, and reward_source="
                           f"{cfg.reward_source.kind} does not use one; set loop.refresh_reward=false (or auto)")
+    if "refresh" in groups and refresh_reward_on(cfg) and simulated_labels_available(cfg) \
+            and cfg.refresh.pairs is None and cfg.sample.num_samples < 2:
+        # the demo's labels pair completions of one prompt: with one each, a refresh labels nothing
+        raise ConfigError(f"loop.refresh_reward={str(cfg.loop.refresh_reward).lower()} labels pairs among each "
+                          f"prompt's first refresh.samples_per_prompt completions, and sample.num_samples="
+                          f"{cfg.sample.num_samples} gives one: set sample.num_samples >= 2, or "
+                          f"loop.refresh_reward=false")
     if "refresh" in groups and refresh_reward_on(cfg) and not simulated_labels_available(cfg) \
             and cfg.refresh.pairs is None:
         raise ConfigError(f"loop.refresh_reward=true with data.kind={cfg.data.kind} needs your labelled pairs of each "

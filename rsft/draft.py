@@ -90,6 +90,7 @@ from rsft.sampling.drafts import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.sampler import Sampler
 from rsft.store import is_complete, load_dataset_artifact
+from rsft.training import LoopCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,57 @@ def frequent_tokens(sequences, count: int, eos_id: int) -> list[int]:
     return sorted(set(head) | {eos_id})
 
 
+@dataclasses.dataclass
+class Trained:
+    """What a hand-written training loop carries from step to step, and so what its checkpoint holds."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    rng: random.Random  # shuffles each epoch's batches
+
+
+def resumable_epochs(epochs: int, steps: int, batches, step, trained: Trained, checkpoints: LoopCheckpoints | None,
+                     every: int, desc: str) -> None:
+    """Run `step(batch)` over `epochs` epochs of `batches()` (a fresh, shuffled iterator per epoch), saving a
+    checkpoint every `every` steps (0: none) and first resuming from the newest complete one.
+
+    A checkpoint holds the model, optimizer and scheduler states, torch's RNG state, the batch order's RNG
+    state at the start of the epoch and how many of its batches are done: the resumed run rebuilds that
+    epoch's order and skips the batches done, so it takes the same steps as an uninterrupted run (on CPU,
+    bit for bit). Written by hand because the drafts' loops are (see train_draft)."""
+    state = checkpoints.load() if checkpoints is not None else None
+    first_epoch, skip, done = 0, 0, 0
+    if state is not None:
+        trained.model.load_state_dict(state["model"])
+        trained.optimizer.load_state_dict(state["optimizer"])
+        trained.schedule.load_state_dict(state["schedule"])
+        trained.rng.setstate(state["epoch_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        first_epoch, skip, done = state["epoch"], state["batch"], state["step"]
+        log.info("draft: resuming at step %d of %d (epoch %d, batch %d)", done, steps, first_epoch + 1, skip)
+    with tqdm(total=steps, initial=done, desc=desc, unit="step") as bar:
+        for epoch in range(first_epoch, epochs):
+            epoch_rng = trained.rng.getstate()
+            trained.model.train()
+            for index, batch in enumerate(batches()):
+                if epoch == first_epoch and index < skip:
+                    continue
+                bar.set_postfix(**step(batch))
+                bar.update(1)
+                done += 1
+                if checkpoints is not None and every > 0 and done % every == 0 and done < steps:
+                    checkpoints.save(done, {"model": trained.model.state_dict(),
+                                            "optimizer": trained.optimizer.state_dict(),
+                                            "schedule": trained.schedule.state_dict(), "epoch_rng": epoch_rng,
+                                            "torch_rng": torch.get_rng_state(), "epoch": epoch, "batch": index + 1,
+                                            "step": done})
+
+
 def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictConfig, pad_id: int,
-                rng: random.Random, device) -> dict:
-    """Train `draft` in place (AdamW, linear decay, clipped gradients); held-out loss before and after."""
+                rng: random.Random, device, checkpoints: LoopCheckpoints | None = None) -> dict:
+    """Train `draft` in place (AdamW, linear decay, clipped gradients); held-out loss before and after.
+    checkpoints: where to save every distill.checkpoint_steps steps and resume from (None: not resumable)."""
     head_tensor = torch.tensor(head_ids, device=device)
     distill, batch_size = bool(dcfg.distill), int(dcfg.batch_size)
 
@@ -234,19 +283,20 @@ def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictC
                                   weight_decay=float(dcfg.weight_decay))
     steps = int(dcfg.epochs) * math.ceil(len(train) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
+
+    def step(batch) -> dict:
+        loss = distillation_loss(draft, teacher, *(t.to(device) for t in batch), head_tensor, distill)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), float(dcfg.max_grad_norm))
+        optimizer.step()
+        schedule.step()
+        return {"loss": f"{loss.item():.3f}"}
+
     started = time.perf_counter()
-    with tqdm(total=steps, desc="distilling draft", unit="step") as bar:
-        for _ in range(int(dcfg.epochs)):
-            draft.train()
-            for batch in _batches(train, batch_size, rng, pad_id):
-                loss = distillation_loss(draft, teacher, *(t.to(device) for t in batch), head_tensor, distill)
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(draft.parameters(), float(dcfg.max_grad_norm))
-                optimizer.step()
-                schedule.step()
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+    resumable_epochs(int(dcfg.epochs), steps, lambda: _batches(train, batch_size, rng, pad_id), step,
+                     Trained(draft, optimizer, schedule, rng), checkpoints, int(dcfg.get("checkpoint_steps") or 0),
+                     "distilling draft")
     train_seconds = time.perf_counter() - started
     after = heldout_loss()
     draft.eval()
@@ -281,7 +331,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 def build(cfg: DictConfig, job: Job) -> Built:
     """The hand-written training loops run in one process (rsft.stages: one_process); the others wait."""
     train = train_feature_draft if trains_feature_draft(cfg) else distil
-    return train(cfg, job.paths, training_sources(cfg, job.paths), resolve_device(cfg.device))
+    return train(cfg, job.paths, training_sources(cfg, job.paths), resolve_device(cfg.device), job.loop_checkpoints())
 
 
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:
@@ -306,7 +356,7 @@ def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
                  step=max(int(cfg.round), 0))
 
 
-def distil(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
+def distil(cfg: DictConfig, paths: RunPaths, sources: list, device, checkpoints: LoopCheckpoints | None = None) -> Built:
     """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
     dcfg = cfg.distill
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
@@ -318,7 +368,8 @@ def distil(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
     draft = build_draft_model(teacher, int(dcfg.num_layers), head_ids, int(cfg.seed)).to(device)
     untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
     teacher.eval()
-    training = train_draft(draft, teacher, train, heldout, head_ids, dcfg, tokenizer.pad_token_id, rng, device)
+    training = train_draft(draft, teacher, train, heldout, head_ids, dcfg, tokenizer.pad_token_id, rng, device,
+                           checkpoints)
 
     prompts = _heldout_prompts(heldout, dcfg)
     eos_ids = eos_token_ids(teacher, tokenizer)
@@ -427,7 +478,8 @@ def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | Non
     return draft.to(policy.device)
 
 
-def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device) -> Built:
+def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device,
+                        checkpoints: LoopCheckpoints | None = None) -> Built:
     """Train a feature draft for the round's policy on its sequences, measure its acceptance, write it."""
     train = cfg.draft.train
     policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
@@ -462,19 +514,20 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device)
     steps = int(train.epochs) * math.ceil(len(examples) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
     rng = random.Random(int(cfg.seed))
+
+    def step(batch) -> dict:
+        loss, kls = feature_draft_loss(draft, *(t.to(device) for t in batch), weight, unroll, temperature)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, float(train.max_grad_norm))
+        optimizer.step()
+        schedule.step()
+        return {"loss": f"{loss.item():.3f}", "kl": f"{kls[0].item():.3f}"}
+
     started = time.perf_counter()
-    with tqdm(total=steps, desc="training feature draft", unit="step") as bar:
-        for _ in range(int(train.epochs)):
-            draft.train()
-            for batch in _feature_batches(examples, batch_size, rng, whole_sequence=True):
-                loss, kls = feature_draft_loss(draft, *(t.to(device) for t in batch), weight, unroll, temperature)
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, float(train.max_grad_norm))
-                optimizer.step()
-                schedule.step()
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}", kl=f"{kls[0].item():.3f}")
+    resumable_epochs(int(train.epochs), steps, lambda: _feature_batches(examples, batch_size, rng, whole_sequence=True),
+                     step, Trained(draft, optimizer, schedule, rng), checkpoints,
+                     int(train.get("checkpoint_steps") or 0), "training feature draft")
     train_seconds = time.perf_counter() - started
     after = heldout_kl()
     draft.eval()

@@ -40,7 +40,7 @@ from rsft.store import (
     read_meta,
 )
 from rsft.tracking import Tracker, stage_tracker
-from rsft.training import TrainingCheckpoints
+from rsft.training import LoopCheckpoints, TrainingCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,12 @@ class Job:
         """The trainer's checkpoints of this artifact, to resume from."""
         self._check_every_process_builds()
         folder = TrainingCheckpoints(self.out, self.wanted)
+        self._progress.append(folder)
+        return folder
+
+    def loop_checkpoints(self) -> LoopCheckpoints:
+        """The checkpoints of a hand-written training loop (a one-process build's), to resume from."""
+        folder = LoopCheckpoints(self.out, self.wanted)
         self._progress.append(folder)
         return folder
 

@@ -316,8 +316,9 @@ class ProgressFolder:
     deleted, never resumed. Not swept with the temporary folders; rsft.runner calls remove() once the
     artifact is written."""
 
-    def __init__(self, final: str | os.PathLike, kind: str, wanted: dict):
+    def __init__(self, final: str | os.PathLike, kind: str, wanted: dict, one_process: bool = False):
         final = Path(final)
+        self.one_process = one_process  # kept by the main process alone (a one-process build): no barriers
         self.root = final.parent / f".{final.name}.{kind}"
         identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
         self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
@@ -330,8 +331,12 @@ class ProgressFolder:
                     shutil.rmtree(other, ignore_errors=True)
                 else:
                     other.unlink(missing_ok=True)
-        distributed.barrier()  # no process reads progress that is about to be deleted
+        self.barrier()  # no process reads progress that is about to be deleted
         self._record_machine()
+
+    def barrier(self) -> None:
+        if not self.one_process:
+            distributed.barrier()
 
     def _record_machine(self) -> None:
         """The machine that makes this progress, in `machine-<rank>.json` beside it: resuming progress made on
@@ -351,7 +356,7 @@ class ProgressFolder:
 
     def remove(self) -> None:
         """The artifact is written: its progress goes, once every process is done with its own."""
-        distributed.barrier()
+        self.barrier()
         if distributed.is_main():
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -359,10 +364,15 @@ class ProgressFolder:
 class ShardStore(ProgressFolder):
     """The finished shards of a stage that has not finished (sampling, scoring): it works a shard at a time
     and saves each finished shard's result as JSON (written to a temporary name and renamed), so a rerun
-    loads them and does only the rest."""
+    loads them and does only the rest. The rows assembled from the shards are written into a folder of
+    it (rows_folder), so that no process holds them all; they go with the progress once the artifact is written."""
 
     def __init__(self, final: str | os.PathLike, wanted: dict):
         super().__init__(final, "shards", wanted)
+
+    def rows_folder(self, name: str) -> Path:
+        """A folder of this progress that every process shares (the main process writes it)."""
+        return self.root / f"{self.key}-{name}"
 
     def _file(self, index: int) -> Path:
         return self.root / f"{self.key}-rank{distributed.rank()}-{index:05d}.json"

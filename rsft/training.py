@@ -134,11 +134,7 @@ class _VerifiedSaves(TrainerCallback):
         distributed.barrier()
         if distributed.is_main():
             checkpoint = self.folder / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            files = {str(f.relative_to(checkpoint)): file_digest(f) for f in sorted(checkpoint.rglob("*"))
-                     if f.is_file() and f.name != MANIFEST}
-            tmp = checkpoint / f".{MANIFEST}.tmp-{os.getpid()}"
-            tmp.write_text(json.dumps({"step": state.global_step, "files": files}))
-            os.replace(tmp, checkpoint / MANIFEST)
+            write_manifest(checkpoint, state.global_step)
             for older in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
                 if older != checkpoint and older.is_dir():
                     shutil.rmtree(older, ignore_errors=True)
@@ -165,8 +161,8 @@ class TrainingCheckpoints(ProgressFolder):
     from the first step, saying so, when none does.
     """
 
-    def __init__(self, final: str | Path, wanted: dict):
-        super().__init__(final, "checkpoints", wanted)
+    def __init__(self, final: str | Path, wanted: dict, one_process: bool = False):
+        super().__init__(final, "checkpoints", wanted, one_process)
         self.callback = _VerifiedSaves(self.folder)
 
     def _checkpoints(self) -> list[Path]:
@@ -191,7 +187,7 @@ class TrainingCheckpoints(ProgressFolder):
                 shutil.rmtree(checkpoint, ignore_errors=True)
             if found and trusted is None:
                 log.warning("no complete training checkpoint in %s: training from the first step", self.folder)
-        distributed.barrier()
+        self.barrier()
         last = max(self._checkpoints(), key=_step, default=None)
         if last is not None:
             log.info("resuming training from %s (step %d)", last, _step(last))
@@ -207,3 +203,51 @@ class TrainingCheckpoints(ProgressFolder):
         except Exception as error:
             raise_if_write_failed(error, self.folder, during="checkpoint")
             raise
+
+
+def write_manifest(checkpoint: Path, step: int) -> None:
+    """The manifest, written last (to a temporary name, then renamed): from then on `checkpoint` counts."""
+    files = {str(f.relative_to(checkpoint)): file_digest(f) for f in sorted(checkpoint.rglob("*"))
+             if f.is_file() and f.name != MANIFEST and not f.name.startswith(f".{MANIFEST}")}
+    tmp = checkpoint / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"step": step, "files": files}))
+    os.replace(tmp, checkpoint / MANIFEST)
+
+
+class LoopCheckpoints(TrainingCheckpoints):
+    """The checkpoints of a training loop rsft writes by hand (the distilled and the feature draft: a draft
+    trains on the policy's own logits or features, which no TRL trainer does), kept by the one process that
+    trains: the model, optimizer and scheduler states, the RNG states and the position in the epoch, in one
+    torch.save file per checkpoint, verified like a trainer's (a manifest written last), so that a rerun
+    resumes where the last complete checkpoint left off and ends as an uninterrupted run ends."""
+
+    STATE = "state.pt"
+
+    def __init__(self, final: str | Path, wanted: dict):
+        super().__init__(final, wanted, one_process=True)
+
+    def save(self, step: int, state: dict) -> None:
+        """Write checkpoint `step` (into a temporary folder, renamed when complete), then drop the older ones."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        tmp = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir()
+            torch.save(state, tmp / self.STATE)
+            write_manifest(tmp, step)
+            os.replace(tmp, final)
+        except Exception as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise_if_write_failed(error, self.folder, during="checkpoint")
+            raise
+        for older in self._checkpoints():
+            if older != final:
+                shutil.rmtree(older, ignore_errors=True)
+
+    def load(self) -> dict | None:
+        """The newest verified checkpoint's state, or None (train from the first step)."""
+        for stale in self.folder.glob(f".{PREFIX_CHECKPOINT_DIR}-*.tmp-*") if self.folder.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # a save cut short
+        last = self.resume_from()
+        return None if last is None else torch.load(Path(last) / self.STATE, weights_only=False)

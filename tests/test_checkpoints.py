@@ -163,3 +163,62 @@ def test_write_failures_are_told_from_other_errors():
         assert write_failed(outer)
     assert not write_failed(RuntimeError("[enforce fail at inline_container.cc:230] . file not found: archive/data.pkl"))
     assert not write_failed(ValueError("No space in this string"))
+
+
+# ---- the drafts' own training loops (rsft.draft.resumable_epochs, rsft.training.LoopCheckpoints) ----
+
+DRAFTS = {"distilled": ["distill.epochs=6", "distill.checkpoint_steps=5"],
+          "feature": ["draft=feature", "draft.train.epochs=6", "draft.train.checkpoint_steps=5"]}
+
+
+def _draft_weights(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("kind", list(DRAFTS))
+def test_a_draft_whose_checkpoint_save_fills_the_disk_resumes_identical_and_passes_over_damage(
+        kind, make_cfg, monkeypatch, caplog):
+    """A full disk at the second checkpoint (step 10): one line, the first checkpoint kept, the rerun resumes
+    from step 5 and saves the draft an uninterrupted run saves. Then the same with checkpoint-5 damaged:
+    passed over with a message, training from the first step, the same draft again."""
+    from tests.test_draft import SMALL
+
+    steps = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: steps.append(1) or real_clip(*a, **k))
+    settings = [*SMALL, *DRAFTS[kind]]
+    run_stage(make_cfg("stage=sample", *SMALL))  # the draft's training sequences
+    straight = run_stage(make_cfg("stage=draft", *settings, "run_name=demo")).path
+    total = len(steps)
+    assert total > 10
+    expected = _draft_weights(straight)
+    real_save = torch.save
+
+    def full_at_step_10(obj, f, *args, **kwargs):
+        if "checkpoint-10" in str(f):
+            raise RuntimeError(TORCH_FULL_DISK)
+        return real_save(obj, f, *args, **kwargs)
+
+    for damage in (False, True):
+        cfg = make_cfg("stage=draft", *settings, "overwrite=true")
+        monkeypatch.setattr(torch, "save", full_at_step_10)
+        steps.clear()
+        with pytest.raises(ArtifactError, match=r"^no space left on device while saving a training checkpoint"):
+            run_stage(cfg)
+        assert len(steps) == 10
+        folder = next(p for p in straight.parent.glob(".draft.checkpoints/*") if p.is_dir())
+        assert [c.name for c in folder.iterdir()] == ["checkpoint-5"]  # the half-saved one is gone
+        if damage:
+            state = folder / "checkpoint-5" / "state.pt"
+            state.write_bytes(state.read_bytes()[:-10])
+        monkeypatch.setattr(torch, "save", real_save)
+        steps.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rsft.training"):
+            resumed = run_stage(make_cfg("stage=draft", *settings, "overwrite=true")).path
+        assert len(steps) == (total if damage else total - 5)
+        assert ("passing over the training checkpoint" in caplog.text) == damage
+        got = _draft_weights(resumed)
+        assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got), kind

@@ -67,9 +67,9 @@ def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_pat
     ("sample.prune.at=[16,8]", "sample.prune.at=[16, 8]: expected ascending"),
     ("sample.prune.at=[4,8]", "sample.prune.at=[4, 8]: expected checkpoints below max_new_tokens=8"),
     ("sample.prune.at=[4] sample.prune.share=1.0", "sample.prune.share=1.0: expected"),
-    ("sample.adaptive_k.k0=4", "sample.adaptive_k.k0=4: expected at most num_samples=3"),
+    ("sample.adaptive_k.k0=4", "sample.adaptive_k.k0=4: expected an integer below num_samples=3"),
     ("sample.adaptive_k.k0=2 sample.adaptive_k.mean=1", "sample.adaptive_k.mean=1.0: expected"),
-    ("sample.prune.at=[2,4] sample.adaptive_k.k0=2 sample.adaptive_k.mean=3", None),
+    ("sample.prune.at=[2,4] sample.adaptive_k.k0=2 sample.adaptive_k.mean=2.5", None),
 ])
 def test_a_value_out_of_range_names_the_setting(make_cfg, override, message):
     cfg = make_cfg("stage=loop", *override.split())

@@ -36,7 +36,7 @@ PRUNED = "pruned"  # the finish_reason of a stopped row: a prefix, never a compl
 @dataclass(frozen=True)
 class PruneSchedule:
     """checkpoints: token counts at which a prompt's candidates are ranked (ascending, >= 1);
-    share: the fraction stopped at each checkpoint, in [0, 1); rank_finished: see the module docstring."""
+    share: the fraction stopped at each checkpoint, in (0, 1); rank_finished: see the module docstring."""
 
     checkpoints: tuple[int, ...]
     share: float = 0.5
@@ -72,9 +72,34 @@ def check_checkpoints_below(checkpoints, max_new_tokens: int, prefix: str = "sam
 
 
 def check_prune_share(share: float, key: str = "sample.prune.share") -> None:
-    """The fraction of a prompt's rows stopped at each checkpoint, in [0, 1) (0 stops none)."""
-    if not 0.0 <= share < 1.0:  # `not` also catches NaN
-        raise ValueError(f"{key}={share!r}: expected a fraction in [0, 1)")
+    """The fraction of a prompt's rows stopped at each checkpoint, in (0, 1): 0 would stop none while the
+    reward model still scores every row at every checkpoint (no checkpoints, `prune.at=[]`, is off)."""
+    if not 0.0 < share < 1.0:  # `not` also catches NaN
+        off = f"{key.removesuffix('share')}at=[] turns pruning off"
+        raise ValueError(f"{key}={share!r}: expected a fraction in (0, 1)" + (
+            f" (0 stops no row, yet every checkpoint scores every row; {off})" if share == 0 else ""))
+
+
+def most_stopped(share: float, rows: int, rank_finished: bool) -> int:
+    """The most rows one checkpoint can stop among a prompt's `rows` candidates (all of them live):
+    rows_to_stop's own count, about floor(share x rows), at least one row kept."""
+    return len(rows_to_stop([0.0] * rows, [True] * rows, share, rank_finished))
+
+
+def check_prune_stops(checkpoints, share: float, rank_finished: bool, rows: int, rows_from: str,
+                      prefix: str = "sample.") -> None:
+    """A schedule that can stop a row: with `rows` candidates per prompt at most (rows_from says where that
+    number comes from) a share below 1/rows stops none at any checkpoint, and neither does one row alone,
+    yet each checkpoint still scores every row with the reward model."""
+    if most_stopped(share, rows, rank_finished):
+        return
+    off = f"{prefix}prune.at=[] turns pruning off"
+    if rows < 2:
+        raise ValueError(f"{prefix}prune.at={list(checkpoints)}: expected [] with one row per prompt ({rows_from}): pruning keeps a "
+                         f"prompt's last row, so it would stop none, yet every checkpoint scores every row; {off}")
+    raise ValueError(f"{prefix}prune.share={share!r}: expected at least 1/{rows} = {1 / rows:.3g}: a checkpoint "
+                     f"stops about share x {rows} rows of a prompt ({rows_from}), so this share stops none, yet "
+                     f"every checkpoint scores every row; {off}")
 
 
 def scored_tokens(token_ids: list[int], finished_by_eos: bool, checkpoint: int) -> tuple[list[int], bool]:
