@@ -15,20 +15,24 @@ rsft.config.check_across_groups. Which groups: the top-level settings every comm
 stage reads (rsft.stages; stage=loop: those of every stage it runs). A group a stage does not read is
 not checked (stage=reward does not fail on sample.top_p=7), so a stage can be run with any leftovers
 of another experiment on the command line. This module adds what needs the machine or the user's files: the
-device, the number of processes a training batch must divide over, and every refresh.pairs round
-file the command will read.
+device, the number of processes a training batch must divide over, every refresh.pairs round
+file the command will read, and the optional packages the settings need (vLLM, wandb, peft, gguf).
 """
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import config
 from rsft.distributed import per_device_batch
-from rsft.errors import ConfigError, RsftError
+from rsft.errors import ConfigError, MissingPackage, RsftError
 from rsft.models import resolve_device
 from rsft.stages import groups_read
+from rsft.store import is_complete
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -49,7 +53,7 @@ def check_config(cfg: DictConfig) -> None:
         if group in groups:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
     _check_round_labels(cfg)
-    _check_backend(cfg, groups)
+    _check_packages(cfg, groups)
     _check_reward_sources(cfg, groups)
 
 
@@ -92,14 +96,50 @@ def _named(error: RsftError, setting: str) -> RsftError:
         return error
 
 
-def _check_backend(cfg: DictConfig, groups: tuple[str, ...]) -> None:
-    """sample.backend=vllm needs an importable vLLM: say so before any work, not when the engine starts."""
-    if "sample" not in groups or cfg.sample.get("backend", "rsft") != "vllm":
-        return
-    from rsft.sampling.vllm_engine import INSTALL_HINT, vllm_available
+def _installed(package: str) -> bool:
+    """Whether `package` can be found (not imported: importing wandb or peft takes seconds)."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module without a spec
+        return False
 
-    if not vllm_available():
-        raise ConfigError(f"sample.backend=vllm: vLLM cannot be imported here. {INSTALL_HINT}")
+
+def _needed_packages(cfg: DictConfig, groups: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(setting, package, the setting that does without it) for every optional package the command's
+    settings need. A pypi_gguf model needs gguf only to be provisioned (once, into paths.cache_dir)."""
+    needed = []
+    if cfg.get("logger") is not None and cfg.logger.get("kind") == "wandb":
+        needed.append(("logger=wandb", "wandb", "logger=none"))
+    for group in ("sft", "dpo"):
+        if group in groups and cfg[group].get("mode") == "lora":
+            needed.append((f"{group}.mode=lora", "peft", f"{group}.mode=full"))
+    models = [("policy.kind", cfg.policy, "policy=hf policy.name_or_path=<folder or hub id>")] if "policy" in groups else []
+    if "reward" in groups and OmegaConf.is_dict(cfg.reward.get("backbone")):
+        models.append(("reward.backbone.kind", cfg.reward.backbone, "reward.backbone.kind=hf with a folder or hub id"))
+    if "draft" in groups and cfg.draft.get("kind") == "model":
+        models.append(("draft.source", OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")}),
+                       "draft.source=hf"))
+    for key, model, instead in models:
+        if model.get("kind") == "pypi_gguf" and not is_complete(Path(cfg.paths.cache_dir) / "models" /
+                                                                str(model.name_or_path)):
+            needed.append((f"{key}=pypi_gguf", "gguf", instead))
+    return needed
+
+
+def _check_packages(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """The optional packages the settings need, importable before any work, not when the first model loads:
+    sample.backend=vllm needs vLLM (imported: a broken install counts as missing), logger=wandb wandb, LoRA
+    peft, a GGUF model still to provision gguf."""
+    if "sample" in groups and cfg.sample.get("backend", "rsft") == "vllm":
+        from rsft.sampling.vllm_engine import INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise MissingPackage(f"sample.backend=vllm: vLLM cannot be imported here. {INSTALL_HINT}")
+    for setting, package, instead in _needed_packages(cfg, groups):
+        if not _installed(package):
+            raise MissingPackage(f"{setting} needs the {package} package, which is not installed here: "
+                                 f"`pip install {package}` (or `pip install -e .`, which installs every package rsft "
+                                 f"needs), or use {instead}")
 
 
 def _as_config_error(prefix: str, check, *args) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 
@@ -14,9 +15,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as omegaconf_errors
 
-from rsft import distributed, stages
+from rsft import distributed, errors, stages
 from rsft.config import check_run_name, describe, register_configs, renamed_key
-from rsft.errors import USER_ERRORS, ConfigError
+from rsft.errors import ConfigError
 from rsft.lock import run_lock
 
 log = logging.getLogger("rsft")
@@ -89,9 +90,6 @@ def run_stage(cfg: DictConfig):
         return runner.run(stage.name, cfg)
 
 
-BUG_REPORT = ("this is a bug in rsft, not a problem with your settings: please report it with the command, "
-              "this traceback and the output of `pip freeze`")
-
 # OmegaConf errors a stage meets while it reads the composed config: a composition problem (an
 # interpolation to a key the chosen option lacks, a ??? left unset), not a bug
 CONFIG_READ_ERRORS = (omegaconf_errors.InterpolationResolutionError, omegaconf_errors.MissingMandatoryValue,
@@ -136,23 +134,13 @@ def config_read_problem(error: BaseException) -> str | None:
 
 
 def report_failure(error: BaseException) -> NoReturn:
-    """How a command ends on an exception from its stage (main() calls it; it always raises).
-
-    rsft's own refusals (rsft.errors.RsftError) and OmegaConf's errors while a stage reads the config
-    (config_read_problem) end in one line and exit 1; RSFT_TRACEBACK=1 shows the traceback as well. Ctrl-C
-    says how to resume. Anything else is a bug: its traceback is logged (console and the run's log file),
-    then a line saying so, exit 1."""
-    if isinstance(error, SystemExit):
-        raise error
-    if isinstance(error, KeyboardInterrupt):
-        raise SystemExit("interrupted; rerun the same command to resume (complete artifacts are kept)") from None
-    message = str(error) if isinstance(error, USER_ERRORS) else config_read_problem(error)
-    if message is not None:
-        if os.environ.get("RSFT_TRACEBACK"):
-            raise error
-        raise SystemExit(f"{message}\n(RSFT_TRACEBACK=1 shows the traceback)") from None
-    log.error("the command failed with an unexpected %s:", type(error).__name__, exc_info=error)
-    raise SystemExit(BUG_REPORT) from None
+    """How a command ends on an exception from its stage (main() calls it; it always raises):
+    rsft.errors.report_failure, which every entry point shares, with OmegaConf's errors while a stage reads
+    the config (config_read_problem) as user errors too, and Ctrl-C saying how to resume. A user error ends
+    in one line and exit 1 (RSFT_TRACEBACK=1 shows the traceback as well); anything else is a bug: its
+    traceback is logged (console and the run's log file), then a line saying so, exit 1."""
+    errors.report_failure(error, config_read_problem,
+                          interrupted="interrupted; rerun the same command to resume (complete artifacts are kept)")
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -160,7 +148,7 @@ def main(cfg: DictConfig) -> None:
     """Run the stage; a failure ends as report_failure says: a user error in one line, a bug with its traceback."""
     try:
         run_stage(cfg)
-    except BaseException as error:
+    except BaseException as error:  # noqa: BLE001  (report_failure re-raises or ends the command)
         report_failure(error)
 
 
@@ -202,6 +190,17 @@ def quote_unicode_values(argv: list[str]) -> list[str]:
     return quoted
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why `folder` cannot be written, found by writing (os.access says yes to root on a read-only mount)."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".rsft-write-probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"not writable ({error.strerror or error})"
+    return None
+
+
 def check_command_line(argv: list[str]) -> None:
     """What must stop before Hydra starts, since Hydra creates its log folder under paths.run_dir before
     main() runs: a run_name that would put it outside the runs root (`..`, absolute, empty), and a run
@@ -223,8 +222,8 @@ def check_command_line(argv: list[str]) -> None:
     existing = Path(run_dir).absolute()
     while not existing.exists():  # the nearest folder that exists: Hydra creates the rest
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        reason = "not a folder" if not existing.is_dir() else "not writable"
+    reason = "not a folder" if not existing.is_dir() else _unwritable(existing)
+    if reason:
         raise SystemExit(f"cannot create the run folder {run_dir}: {existing} is {reason}; choose a writable folder "
                          f"with paths.runs_root=<folder> (or RSFT_RUNS_ROOT)")
 

@@ -43,7 +43,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rsft.errors import RsftError
+from rsft.errors import ConfigError, RsftError, main_guard
 from rsft.reward_sources import RewardSource, checked_scores
 
 log = logging.getLogger("rsft.serve_reward")
@@ -213,13 +213,12 @@ def main(argv=None) -> int:
     from rsft.reward_specs import open_source
 
     options = {} if args.head is None else {"head": args.head}
+    source = open_source(args.spec, args.device, **options)  # a wrong spec: an RsftError, one line (main_guard)
     try:
-        source = open_source(args.spec, args.device, **options)
         server = make_server(source, args.host, args.port, args.name or args.spec, args.revision, args.batch_size)
-    except RsftError as error:
-        raise SystemExit(str(error)) from None
     except OSError as error:  # the port is taken, the address is not this machine's
-        raise SystemExit(f"cannot listen on {args.host}:{args.port}: {error}") from None
+        raise ConfigError(f"--host {args.host} --port {args.port}: cannot listen there ({error}); choose another "
+                          f"port (--port 0 picks a free one) or an address of this machine") from None
     host, port = server.server_address[:2]
     log.info("loaded %s reward %s on %s: %s", getattr(source, "kind", "?"), args.spec, args.device,
              json.dumps(source.identity(), default=str))
@@ -243,4 +242,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_guard(main)())

@@ -22,20 +22,35 @@ from replay_budget import round_config
 
 import rsft.scoring
 from rsft.data import load_prompts
+from rsft.errors import ConfigError, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.sampling.budget import PruneSchedule
 
+SCHEDULE_WORDS = ("prune", "share", "apart", "k0", "mean", "k")
 
-def parse_schedule(text: str, k_ref: int) -> tuple[int, PruneSchedule | None, tuple[int, float] | None]:
+
+def parse_schedule(text: str, k_ref: int, max_new_tokens: int | None = None
+                   ) -> tuple[int, PruneSchedule | None, tuple[int, float] | None]:
+    """A --schedule's words (the module docstring); ConfigError naming the schedule for one that does not
+    parse, or (given max_new_tokens) whose pruning the sampler would refuse."""
     words = dict(w.split("=", 1) if "=" in w else (w, "") for w in text.split())
-    k = int(words.get("k", k_ref))
-    prune = None
-    if "prune" in words:
-        prune = PruneSchedule(tuple(int(c) for c in words["prune"].split(",")), float(words.get("share", 0.5)),
-                              "apart" not in words)
-    adaptive = (int(words["k0"]), float(words.get("mean", k_ref))) if "k0" in words else None
+    unknown = sorted(set(words) - set(SCHEDULE_WORDS))
+    expected = "expected words like `prune=8,16 share=0.5 apart`, `k0=4 mean=6`, `k=32`"
+    if unknown:
+        raise ConfigError(f"--schedule {text!r}: unknown word(s) {', '.join(unknown)}; {expected}")
+    try:
+        k = int(words.get("k", k_ref))
+        prune = None
+        if "prune" in words:
+            prune = PruneSchedule(tuple(int(c) for c in words["prune"].split(",")), float(words.get("share", 0.5)),
+                                  "apart" not in words)
+            if max_new_tokens is not None:
+                prune.check(max_new_tokens)
+        adaptive = (int(words["k0"]), float(words.get("mean", k_ref))) if "k0" in words else None
+    except ValueError as error:
+        raise ConfigError(f"--schedule {text!r}: {error}; {expected}") from None
     return k, prune, adaptive
 
 
@@ -47,17 +62,20 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats}: expected at least 1")
     logging.basicConfig(level=logging.WARNING)
     device = resolve_device(args.device)
-    cfg = round_config(args.run, args.round)
+    cfg = round_config(args.run, args.round)  # MissingInput for a missing run or round
+    k_ref = int(cfg.sample.num_samples)
+    schedules = [(s, parse_schedule(s, k_ref, int(cfg.sample.max_new_tokens))) for s in args.schedule]  # before any loading
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", args.round)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(args.round), device)
     scorer = rsft.scoring.open_reward(cfg, device, paths.budget_reward(args.round)
                                       if rsft.scoring.uses_trained_reward(cfg) else None)
     settings = sampling_settings(cfg.sample)
-    k_ref = int(cfg.sample.num_samples)
-    runs = [("exhaustive", (k_ref, None, None))] + [(s, parse_schedule(s, k_ref)) for s in args.schedule]
+    runs = [("exhaustive", (k_ref, None, None)), *schedules]
     results = {name: [] for name, _ in runs}
     for repeat in range(args.repeats):
         for name, (k, prune, adaptive) in runs:
@@ -83,4 +101,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

@@ -22,14 +22,12 @@ Prints one JSON object: accuracy, training time, pairs trained on, for both.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from datasets import Dataset
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -39,6 +37,8 @@ from reward.model import load_reward_backbone
 from reward.scoring import RewardScorer, pairwise_accuracy, score_pairs
 from reward.trainer import train_reward_model, training_args
 from rsft.config import register_configs
+from rsft.errors import ConfigError, main_guard
+from rsft.tables import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 register_configs()  # conf/ composes the typed schema (rsft.config)
@@ -48,11 +48,14 @@ CONF = CONFIG.reward
 
 
 def load_split(path: Path, n_train: int, n_test: int, seed: int):
-    with gzip.open(path, "rt") as handle:
-        rows = [json.loads(line) for line in handle]
-    pairs = to_preference_pairs(Dataset.from_list(rows), "hh_rlhf", "label_prob", str(path)).shuffle(seed=seed)
+    """The first n_train and the last n_test pairs of HH-RLHF's file at `path` (--data), shuffled; the
+    file's problems (missing, empty, a bad line) are InputError / MissingInput naming --data."""
+    rows, source = read_table("--data", str(path), "HH-RLHF pairs, one JSON object with chosen and rejected per line")
+    pairs = to_preference_pairs(rows, "hh_rlhf", "label_prob", source).shuffle(seed=seed)
+    if n_train < 1 or n_test < 1:
+        raise ConfigError(f"--train {n_train} --test {n_test}: expected at least 1 pair each")
     if n_train + n_test > len(pairs):
-        raise ValueError(f"{path} has {len(pairs)} pairs, fewer than --train {n_train} + --test {n_test}")
+        raise ConfigError(f"--data {path} has {len(pairs)} pairs, fewer than --train {n_train} + --test {n_test}")
     return pairs.select(range(n_train)), pairs.select(range(len(pairs) - n_test, len(pairs)))
 
 
@@ -114,7 +117,7 @@ def run_plain_trl(train, test, cfg, device, cache_dir):
             "pairs_trained": kept, "pairs_dropped": len(train) - kept}
 
 
-def main():
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT / "../shared/data/hh-rlhf/harmless-base-test.jsonl.gz")
     parser.add_argument("--train", type=int, default=2000)
@@ -123,7 +126,7 @@ def main():
     parser.add_argument("--seed", type=int, default=int(CONF.seed), help="default: reward.seed")
     parser.add_argument("--only", choices=["ours", "trl"], default=None)
     parser.add_argument("--out", type=Path, default=None)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     cfg = OmegaConf.merge(CONF, {"epochs": 1, "max_length": options.max_length, "seed": options.seed})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cache_dir = CONFIG.paths.cache_dir
@@ -143,4 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

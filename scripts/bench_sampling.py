@@ -60,6 +60,7 @@ from hydra import compose, initialize_config_dir
 
 from rsft.config import register_configs
 from rsft.data import load_prompts, prompt_token_ids
+from rsft.errors import ConfigError, main_guard
 from rsft.models import (
     eos_token_ids,
     load_causal_lm,
@@ -243,7 +244,24 @@ def print_acceptance_needed(costs: dict[int, list[dict]], draft_cost: float, gam
         print(f"| {rows} | {1000 * plain_s:.1f} | {per_token} | {needed[1.0]} | {needed[1.25]} |")
 
 
-def main():
+METHODS = ("hf", "plain", "vllm", "ngram", "model", "feature", "ngram-adaptive", "model-adaptive", "feature-adaptive")
+
+
+def check_arguments(args) -> None:
+    """The arguments' mistakes as ConfigError, before any model is loaded."""
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; expected {', '.join(METHODS)}")
+    for method, option, given in (("model", "--draft", args.draft), ("feature", "--feature-draft", args.feature_draft)):
+        if given is None and any(m.split("-")[0] == method for m in args.methods):
+            raise ConfigError(f"--methods {method}: needs {option} PATH")
+    for name, values in (("--prompts", [args.prompts]), ("--k", [args.k]), ("--max-new-tokens", [args.max_new_tokens]),
+                         ("--batch-rows", args.batch_rows), ("--gammas", args.gammas), ("--repeats", [args.repeats])):
+        if any(v < 1 for v in values):
+            raise ConfigError(f"{name} {' '.join(map(str, values))}: expected positive integers")
+
+
+def main(argv: list[str] | None = None) -> None:
     register_configs()  # conf/ composes the typed schema (rsft.config)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["stage=sample", "draft=ngram"])  # the defaults below come from conf/
@@ -278,7 +296,8 @@ def main():
     parser.add_argument("--draft-cost", type=float, default=0.06,
                         help="--forward-cost: one draft forward's cost as a fraction of a plain policy step "
                              "(default 0.06, the feature draft's measured cost)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg.data.limit = cfg.data.eval_limit = args.prompts
@@ -306,8 +325,6 @@ def main():
                 plans.extend((rows, method, g, False) for g in args.gammas)
             elif method in ("ngram-adaptive", "model-adaptive", "feature-adaptive"):
                 plans.append((rows, method.split("-")[0], max(args.gammas), True))
-            else:
-                raise SystemExit(f"--methods: unknown method {method!r}")
     engines = {}
     if "vllm" in args.methods:
         from rsft.models import model_source
@@ -329,10 +346,6 @@ def main():
     results = []
     for repeat in range(args.repeats):
         for rows, method, gamma, adaptive in plans:
-            if method == "model" and draft_model is None:
-                raise SystemExit("--methods model needs --draft PATH")
-            if method == "feature" and feature_model is None:
-                raise SystemExit("--methods feature needs --feature-draft PATH")
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 if method == "hf":
@@ -395,4 +408,4 @@ def print_table(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

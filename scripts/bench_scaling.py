@@ -30,8 +30,9 @@ from datasets import load_from_disk
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rsft.paths import RunPaths  # noqa: E402
-from rsft.store import copy_artifact, read_meta  # noqa: E402
+from rsft.errors import ConfigError, main_guard
+from rsft.paths import RunPaths
+from rsft.store import copy_artifact, read_meta
 
 SETUPS = {"1x1": (1, 1), "1x2": (1, 2), "2x1": (2, 1)}  # name -> (processes, threads per process)
 
@@ -42,7 +43,7 @@ def run(stage: str, run_name: str, runs_root: Path, processes: int, threads: int
     command = [*launcher, "-m", "rsft.run", f"stage={stage}", f"run_name={run_name}", f"paths.runs_root={runs_root}",
                f"threads={threads}", "logger=none", "device=cpu", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(command)}` failed:\n{done.stderr[-3000:]}")
 
@@ -85,7 +86,7 @@ def measure(stage: str, paths: RunPaths) -> dict:
             "steps_per_second": round(stats["steps"] / stats["seconds"], 3), "final_loss": stats["train_loss"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", nargs="+", default=["sample", "reward", "sft"], choices=["sample", "reward", "sft"])
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
@@ -93,7 +94,10 @@ def main() -> None:
     parser.add_argument("--reward-epochs", type=int, default=1)
     parser.add_argument("--runs-root", type=Path, default=None, help="default: a fresh temporary folder")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for option, value in (("--repeats", args.repeats), ("--reward-epochs", args.reward_epochs)):
+        if value < 1:
+            raise ConfigError(f"{option} {value}: expected at least 1")
     runs_root = args.runs_root or Path(tempfile.mkdtemp(prefix="rsft-bench-scaling-"))
     extra = [f"reward.epochs={args.reward_epochs}"]
     base = RunPaths(runs_root / "base", runs_root)
@@ -137,4 +141,4 @@ def print_table(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

@@ -25,17 +25,18 @@ import argparse
 from pathlib import Path
 
 from rsft import stats
+from rsft.errors import InputError, MissingInput, main_guard
 from rsft.paths import RunPaths
-from rsft.store import is_complete, load_dataset_artifact
 from rsft.report import evaluations
+from rsft.store import is_complete, load_dataset_artifact
 
 
 def pick_column(a, b, wanted: str | None) -> str:
     for column in ([wanted] if wanted else ["judge", "gold", "reward"]):
         if column in a.column_names and column in b.column_names:
             return column
-    raise SystemExit(f"no score column {'(' + wanted + ') ' if wanted else ''}in both evaluations: A has "
-                     f"{a.column_names}, B has {b.column_names}")
+    raise InputError(f"{'--column ' + wanted + ': no such' if wanted else 'no score'} column (judge, gold or reward) in "
+                     f"both evaluations: A has {a.column_names}, B has {b.column_names}")
 
 
 def fmt(d: dict, signed: bool = False) -> str:
@@ -60,7 +61,7 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     from rsft.reward_specs import open_source
 
     if not model.startswith(("pretrained:", "function:", "http://", "https://")) and not Path(model).is_dir():
-        raise SystemExit(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "
+        raise MissingInput(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "
                          f"or a reward source (pretrained:<folder or hub id>, function:<module:function>, a URL)")
     scorer = open_source(model, "cpu")
     a_paths, b_paths = RunPaths(run_a), RunPaths(run_b)
@@ -78,7 +79,8 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
                   f"{fmt(stats.paired_difference(mine, theirs), signed=True)} | {fmt(stats.paired_win_rate(mine, theirs))} |")
         round_idx += 1
     if round_idx == 0:
-        raise SystemExit(f"{run_a} and {run_b} have no complete round_00/selected in common")
+        raise MissingInput(f"{run_a} and {run_b} have no complete round_00/selected in common; --kept compares the "
+                           f"kept sets of runs that ran stage=select")
 
 
 def main(argv=None) -> None:
@@ -89,12 +91,16 @@ def main(argv=None) -> None:
     parser.add_argument("--kept", type=str, default=None, metavar="REWARD_MODEL",
                         help="judge the runs' kept sets (round_XX/selected) with this reward model instead")
     args = parser.parse_args(argv)
+    for run in (args.run_a, args.run_b):
+        if not run.is_dir():
+            raise MissingInput(f"run {run}: no such folder; give two run directories (runs/<run_name>)")
     if args.kept is not None:
         return compare_kept(args.run_a, args.run_b, args.kept)
     a_evals, b_evals = (dict(evaluations(RunPaths(run))) for run in (args.run_a, args.run_b))
     shared = [name for name in a_evals if name in b_evals]
     if not shared:
-        raise SystemExit(f"{args.run_a} and {args.run_b} have no evaluation of the same policy stage in common")
+        raise MissingInput(f"{args.run_a} and {args.run_b} have no evaluation of the same policy in common (complete "
+                           f"eval_initial/ or round_XX/eval/ in both); run `python -m rsft.run stage=eval` first")
     column = None
     print(f"A = {args.run_a}, B = {args.run_b}")
     for name in shared:
@@ -114,4 +120,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

@@ -30,6 +30,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from rsft.errors import InputError, MissingInput, main_guard
 from rsft.paths import RunPaths
 from rsft.report import evaluations
 from rsft.stats import bootstrap, distinct_n, mid_sentence_share
@@ -56,7 +57,7 @@ def point(folder: Path, column: str | None) -> dict:
     ds = load_dataset_artifact(folder)
     column = column or ("judge" if "judge" in ds.column_names else "gold" if "gold" in ds.column_names else "reward")
     if column not in ds.column_names:
-        raise SystemExit(f"--column {column}: {folder} has no such column (columns: {ds.column_names})")
+        raise InputError(f"--column {column}: {folder} has no such column (columns: {ds.column_names})")
     scores, texts = defaultdict(list), defaultdict(list)
     for pid, value, text in zip(ds["prompt_id"], ds[column], ds["completion"]):
         scores[pid].append(float(value))
@@ -110,10 +111,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for spec in args.runs:
         run, _, label = spec.partition(":")
         if not Path(run).is_dir():
-            raise SystemExit(f"{spec}: {run} is not a run directory")
+            raise MissingInput(f"{spec}: {run} is not a run directory (no such folder)")
         found = evaluations(RunPaths(run))
         if not found:
-            raise SystemExit(f"{spec}: {run} has no complete evaluation (eval_initial/ or round_XX/eval/)")
+            raise MissingInput(f"{spec}: {run} has no complete evaluation (eval_initial/ or round_XX/eval/); run "
+                               f"`python -m rsft.run stage=eval` (or stage=loop) first")
         for policy, folder in found:
             if policy == "initial":
                 if initial_seen:
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 continue
             points.append({"label": "initial" if policy == "initial" else (label or Path(run).name),
                            "policy": policy, **point(folder, args.column)})
+    if not points:
+        raise MissingInput(f"--rounds {' '.join(map(str, args.rounds))}: no complete evaluation of these rounds in "
+                           f"{', '.join(args.runs)}")
     print(f"| run | policy | {points[0]['column']} [95% CI] | distinct-2 (all) [95% CI] | ends with EOS | of those, "
           f"mid-sentence | mean tokens |")
     print("|---|---|---|---|---|---|---|")
@@ -139,4 +144,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

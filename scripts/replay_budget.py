@@ -39,13 +39,13 @@ from datasets import load_from_disk
 from omegaconf import OmegaConf
 
 import rsft.scoring
-from rsft.reward_specs import open_source
 from rsft import stats
 from rsft.data import load_prompts
+from rsft.errors import ConfigError, MissingInput, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
-from rsft.store import load_dataset_artifact, read_meta
+from rsft.reward_specs import open_source
 from rsft.sampling.budget import (
     PruneSchedule,
     adaptive_counts,
@@ -53,6 +53,7 @@ from rsft.sampling.budget import (
     rows_to_stop,
     scored_tokens,
 )
+from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 log = logging.getLogger("replay_budget")
 
@@ -68,8 +69,15 @@ def checkpoints_for(max_new_tokens: int, points=CHECKPOINTS) -> tuple[int, ...]:
 def round_config(run: Path, round_idx: int, prompts: int | None = None):
     """The config round r's samples were made with (recorded in their meta.json), pointed at `run`;
     with `prompts`, that many train prompts from the round's first (data.limit; with data.rotate the
-    round's slice is then that long, so later rounds read other prompts than the run did)."""
-    cfg = OmegaConf.create(read_meta(RunPaths(run).samples(round_idx))["config"])
+    round's slice is then that long, so later rounds read other prompts than the run did). MissingInput
+    when `run` is not a folder or round r has no complete samples."""
+    if not run.is_dir():
+        raise MissingInput(f"run {run}: no such folder; give a run directory (runs/<run_name>)")
+    samples = RunPaths(run).samples(round_idx)
+    if not is_complete(samples):
+        raise MissingInput(f"run {run} has no complete round_{round_idx:02d}/samples (round {round_idx}); run "
+                           f"`python -m rsft.run stage=sample round={round_idx} run_name=...` (or stage=loop) first")
+    cfg = OmegaConf.create(read_meta(samples)["config"])
     cfg.paths.run_dir, cfg.paths.runs_root, cfg.round = str(run), str(run.parent), round_idx
     if prompts is not None:
         cfg.data.limit = prompts
@@ -277,8 +285,13 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args(argv)
+    for option, value in (("--k", args.k), ("--prompts", args.prompts)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{option} {value}: expected at least 1")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
     device = resolve_device(args.device)
+    for r in args.rounds:  # every round's samples, before any sampling
+        round_config(args.run, r)
     report, lines = {}, []
     for r in args.rounds:
         cfg = round_config(args.run, r)
@@ -315,8 +328,8 @@ def main(argv=None) -> None:
         report[f"round {r}"] = {"prompts": len(prompts), "best_of_1_gold": best1, f"best_of_{k_ref}_gold": best_k,
                                 "target": target, "kendall_tau": taus, "schedules": rows}
         lines += [f"### Round {r} ({len(prompts)} prompts)", "",
-                  f"best-of-1 gold {best1:.3f}, best-of-{k_ref} {best_k:.3f}: a schedule passes when its gold "
-                  f"difference's lower bound is >= {target:+.3f} (10% of the gap).", "",
+                  (f"best-of-1 gold {best1:.3f}, best-of-{k_ref} {best_k:.3f}: a schedule passes when its gold "
+                   f"difference's lower bound is >= {target:+.3f} (10% of the gap)."), "",
                   "Kendall tau, checkpoint score vs final score: "
                   + ", ".join(f"{c} tokens {t:.2f}" for c, t in taus.items()), "",
                   "| schedule | tokens | RM calls | recall | gold | gold - best-of-K [95%] | within 10% | lost |",
@@ -331,4 +344,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

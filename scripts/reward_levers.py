@@ -69,7 +69,7 @@ from reward.scoring import (
     score_pairs,
 )
 from rsft.config import check_run_name, register_configs
-from rsft.errors import ConfigError
+from rsft.errors import ConfigError, InputError, main_guard
 from rsft.reward_training import PAIR_HASHES_FILE
 from rsft.stats import LEVEL, RESAMPLES, SEED, bootstrap, by_prompt, paired_difference
 from rsft.store import is_complete, loading_artifact, user_files_digest
@@ -261,7 +261,8 @@ def measure(models: dict[str, list[Member]], baseline: str, pairs, options) -> d
         results[name] = {"members": member_records, "chosen": chosen, "rejected": rejected,
                          "correct": correct_by_pair(chosen, rejected, labels)}
     if not results[baseline]["correct"]:
-        raise ValueError("every evaluated pair is labelled 0.5 (a tie): no pair has a direction to agree with")
+        raise InputError(f"--data {options.data}: every evaluated pair is labelled 0.5 (a tie): no pair has a direction "
+                         f"to agree with")
     out = {"data": str(options.data), "parts": options.parts, "part": options.part, "part_seed": options.part_seed,
            "part_by": PAIRS_CONF.part_by, "format": PAIRS_CONF.format, "limit": options.limit, "pairs": len(pairs),
            "ties_left_out": sum(p == 0.5 for p in labels), "selection_digest": selection, "pair_hashes": hashes,
@@ -344,4 +345,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)()

@@ -90,5 +90,9 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
 def test_kept_names_a_missing_reward_model(tmp_path):
     import pytest
 
-    with pytest.raises(SystemExit, match="no such folder"):
+    from rsft.errors import MissingInput
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with pytest.raises(MissingInput, match="--kept .*nope: no such folder"):
         load_script().main([str(tmp_path / "a"), str(tmp_path / "b"), "--kept", str(tmp_path / "nope")])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
+from rsft.errors import MissingInput
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact
 from rsft.stats import distinct_n
@@ -47,5 +48,5 @@ def test_points_of_a_run_with_judge_intervals(curve, tmp_path, capsys):
     assert [(p["label"], p["policy"]) for p in points] == [("initial", "initial"), ("mine", "round 0")]
     assert points[1]["score"]["mean"] == pytest.approx(2.5) and points[1]["column"] == "judge"
     assert (tmp_path / "curve.png").stat().st_size > 0 and "| mine | round 0 |" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="not a run directory"):
+    with pytest.raises(MissingInput, match="not a run directory"):
         curve.main([str(tmp_path / "missing")])

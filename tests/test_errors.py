@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rsft import errors
-from rsft.errors import ConfigError, InputError, MissingInput, RsftError
-from rsft.run import BUG_REPORT, config_read_problem, report_failure
+from rsft.errors import BUG_REPORT, ConfigError, InputError, MissingInput, RsftError
+from rsft.run import config_read_problem, report_failure
 from tests.conftest import REPO
 
 HINT = "(RSFT_TRACEBACK=1 shows the traceback)"
@@ -131,8 +132,8 @@ DRIVER = textwrap.dedent("""
 @pytest.mark.parametrize("stage,overrides,last_line", [
     ("refuse", [], "data.path='p.jsonl', line 2: invalid JSON; expected one JSON object per line"),
     ("interpolation", ["data=local", "data.path=p.jsonl", "reward.data.data_dir=${data.data_dir}"],
-     "reward.data.data_dir reads data.data_dir, which data=local does not have: set reward.data.data_dir=null (or "
-     "another value) on the command line, or choose a data= option that has data.data_dir"),
+     ("reward.data.data_dir reads data.data_dir, which data=local does not have: set reward.data.data_dir=null (or "
+      "another value) on the command line, or choose a data= option that has data.data_dir")),
     ("bug", [], BUG_REPORT),
 ])
 def test_the_command_ends_in_one_line_or_with_the_traceback_of_a_bug(tmp_path, stage, overrides, last_line):
@@ -140,7 +141,7 @@ def test_the_command_ends_in_one_line_or_with_the_traceback_of_a_bug(tmp_path, s
     env["HYDRA_MAIN_MODULE"] = "__main__"  # find conf/ next to rsft/run.py, as `python -m rsft.run` does
     done = subprocess.run([sys.executable, "-c", DRIVER, f"stage={stage}", "logger=none",
                            f"paths.runs_root={tmp_path}", *overrides],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+                          check=False, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     if stage == "bug":
@@ -150,3 +151,90 @@ def test_the_command_ends_in_one_line_or_with_the_traceback_of_a_bug(tmp_path, s
     else:
         assert "Traceback" not in output
         assert done.stderr.strip().splitlines() == [last_line, HINT]
+
+
+# -- every other entry point: scripts/ and `python -m rsft.serve_reward` end through errors.main_guard -----------
+
+
+def test_main_guard_ends_a_script_as_the_entry_point_ends_a_stage(caplog, monkeypatch):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+
+    def refuse(run):
+        raise MissingInput(f"run {run}: no such folder; give a run directory")
+
+    def bug():
+        return {}["input_ids"]
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert errors.main_guard(lambda a, b=0: a + b)(1, b=2) == 3  # what main returns, untouched
+    with pytest.raises(SystemExit) as stop:
+        errors.main_guard(refuse)("runs/x")
+    assert stop.value.code == f"run runs/x: no such folder; give a run directory\n{HINT}" and not caplog.records
+    with caplog.at_level(logging.ERROR, logger="rsft"), pytest.raises(SystemExit) as stop:
+        errors.main_guard(bug)()
+    assert stop.value.code == BUG_REPORT
+    [record] = caplog.records
+    assert isinstance(record.exc_info[1], KeyError)
+    with pytest.raises(SystemExit, match="^interrupted$"):
+        errors.main_guard(interrupted)()
+    monkeypatch.setenv("RSFT_TRACEBACK", "1")
+    with pytest.raises(MissingInput):
+        errors.main_guard(refuse)("runs/x")
+
+
+# -- optional packages: named before any work, in one line -------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides,package,message", [
+    (["stage=sample", "sample.backend=vllm"], "vllm", "sample.backend=vllm: vLLM cannot be imported here"),
+    (["stage=sample", "logger=wandb"], "wandb", "logger=wandb needs the wandb package"),
+    (["stage=sft", "sft.mode=lora"], "peft", "sft.mode=lora needs the peft package"),
+    (["stage=loop", "loop.dpo=true", "select.pairs=true"], "peft", "dpo.mode=lora needs the peft package"),
+    (["stage=sample", "policy=smollm2_135m"], "gguf", "policy.kind=pypi_gguf needs the gguf package"),
+    (["stage=reward", "reward=policy"], "gguf", "reward.backbone.kind=pypi_gguf needs the gguf package"),
+])
+def test_an_optional_package_the_settings_need_is_named_before_any_work(make_cfg, tmp_path, monkeypatch, overrides,
+                                                                        package, message):
+    from rsft.checks import check_config
+
+    monkeypatch.setitem(sys.modules, package, None)  # an import of it fails, as when it is not installed
+    cfg = make_cfg(*overrides, f"paths.cache_dir={tmp_path}/cache")  # nothing provisioned there
+    with pytest.raises(errors.MissingPackage, match=rf"^{re.escape(message)}.*(pip install|sample.backend=rsft)"):
+        check_config(cfg)
+    monkeypatch.delitem(sys.modules, package)
+    if package != "vllm":  # installed here: the same settings pass
+        check_config(cfg)
+
+
+def test_a_provisioned_gguf_policy_needs_no_gguf(make_cfg, tmp_path, monkeypatch):
+    from rsft.checks import check_config
+    from rsft.store import atomic_artifact
+
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    cfg = make_cfg("stage=sample", "policy=smollm2_135m", f"paths.cache_dir={tmp_path}")
+    with atomic_artifact(tmp_path / "models" / cfg.policy.name_or_path, {"source": "test"}):
+        pass
+    check_config(cfg)
+
+
+def test_the_vllm_engine_says_vllm_is_missing_as_a_user_error(monkeypatch):
+    from rsft.sampling.sampler import SamplingSettings
+    from rsft.sampling.vllm_engine import VllmSampler
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(errors.MissingPackage, match=r"needs vLLM: .*\((ModuleNotFound|Import)Error: ") as raised:
+        VllmSampler("runs/demo/round_00/policy", SamplingSettings(8, 0.7, 4), [0], seed=0)
+    assert isinstance(raised.value, ImportError) and "\n" not in str(raised.value)
+
+
+def test_sample_backend_vllm_without_vllm_ends_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RSFT_TRACEBACK"}
+    driver = "import sys; sys.modules['vllm'] = None\nimport runpy; runpy.run_module('rsft.run', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", driver, "stage=sample", "sample.backend=vllm", "policy=tiny",
+                           "logger=none", f"paths.runs_root={tmp_path}"], capture_output=True, text=True, cwd=REPO,
+                          env={**env, "OMP_NUM_THREADS": "1"}, timeout=300, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
+    line, hint = done.stderr.strip().splitlines()
+    assert line.startswith("sample.backend=vllm: vLLM cannot be imported here") and hint == HINT

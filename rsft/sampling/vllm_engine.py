@@ -29,6 +29,7 @@ import gc
 import importlib
 import time
 
+from rsft.errors import MissingPackage
 from rsft.sampling.sampler import Completion, SamplingSettings, completion_seed
 from rsft.sampling.verifier import AcceptanceStats
 
@@ -57,9 +58,9 @@ class VllmSampler:
         try:
             from vllm import LLM
             from vllm.platforms import current_platform
-        except Exception as error:  # absent, or an unusable install: one line (rsft.generation says it as a ConfigError)
+        except Exception as error:  # absent, or an unusable install: one line (rsft.generation names the setting)
             reason = str(error).splitlines()[0] if str(error) else ""
-            raise ImportError(f"{INSTALL_HINT} ({type(error).__name__}: {reason})") from None
+            raise MissingPackage(f"{INSTALL_HINT} ({type(error).__name__}: {reason})") from None
         self.settings, self.eos = settings, sorted(int(t) for t in eos_token_ids)
         # a per-request seed fails on vLLM's CPU backend; there the engine's own seed is all there is
         self.seeded_requests = not current_platform.is_cpu()

@@ -1,0 +1,138 @@
+"""Every script in scripts/ (and `python -m rsft.serve_reward`) ends a user's mistake as rsft.run does: one
+line naming the path or argument and what was expected, then how to see the traceback; never a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rsft.errors import TRACEBACK_HINT, ConfigError, InputError, main_guard
+from tests.conftest import REPO
+
+SCRIPTS = sorted(p.name for p in (REPO / "scripts").glob("*.py"))
+
+
+def load(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))  # bench_budget imports replay_budget, as `python scripts/x.py`
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_line(main, argv, caplog) -> str:
+    """What the command prints when it stops: the line, checked to be one line plus the hint, and no bug."""
+    with caplog.at_level(logging.ERROR, logger="rsft"), pytest.raises(SystemExit) as stop:
+        main_guard(main)(argv)
+    assert isinstance(stop.value.code, str), stop.value.code
+    line, hint = stop.value.code.split("\n")
+    assert hint == TRACEBACK_HINT and not caplog.records  # a bug would have logged its traceback
+    return line
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_ends_through_main_guard(script):
+    assert (REPO / "scripts" / script).read_text().rstrip().endswith(
+        'if __name__ == "__main__":\n    main_guard(main)()'), f"scripts/{script}: end it with main_guard(main)()"
+
+
+# scripts that read a run directory: argv for a run at `run`
+ON_A_RUN = {
+    "replay_budget": lambda run: [run, "--rounds", "0"],
+    "bench_budget": lambda run: [run],
+    "diversity_curve": lambda run: [run],
+    "compare_runs": lambda run: [run, run],
+    "push_to_hub": lambda run: [run, "--repo", "you/model", "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+@pytest.mark.parametrize("script", sorted(ON_A_RUN))
+def test_a_missing_or_empty_run_directory_is_one_line_naming_it(script, folder, tmp_path, monkeypatch, caplog,
+                                                                 capsys):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    run = tmp_path / folder
+    if folder == "empty":
+        run.mkdir()
+    line = one_line(load(script, monkeypatch).main, ON_A_RUN[script](str(run)), caplog)
+    assert str(run) in line and ("no such folder" in line if folder == "missing" else "stage=" in line), line
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script,argv,expected", [
+    ("bench_reward", ["--data", "{tmp}/nope.jsonl.gz"], "--data='{tmp}/nope.jsonl.gz': no such file"),
+    ("bench_sampling", ["--methods", "plain", "fast"], "--methods: unknown method(s) 'fast'"),
+    ("bench_sampling", ["--methods", "model-adaptive"], "--methods model: needs --draft PATH"),
+    ("bench_sampling", ["--batch-rows", "0"], "--batch-rows 0: expected positive integers"),
+    ("bench_scaling", ["--repeats", "0"], "--repeats 0: expected at least 1"),
+    ("replay_budget", ["{tmp}", "--k", "0"], "--k 0: expected at least 1"),
+    ("push_to_hub", ["{tmp}", "--repo", "a/b/c", "--dry-run"], "--repo a/b/c: Repo id must be in the form"),
+])
+def test_bad_arguments_are_one_line_naming_the_argument(script, argv, expected, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    line = one_line(load(script, monkeypatch).main, [a.format(tmp=tmp_path) for a in argv], caplog)
+    assert line.startswith(expected.format(tmp=tmp_path)), line
+
+
+def test_a_schedule_that_does_not_parse_names_it(monkeypatch):
+    parse = load("bench_budget", monkeypatch).parse_schedule
+    assert parse("prune=8,16 share=0.5 apart", 8, 48)[1].checkpoints == (8, 16)
+    for text, message in (("prune=8,x", "invalid literal"), ("prune=8 cut=2", "unknown word(s) cut"),
+                          ("prune=64", "expected checkpoints below"), ("prune=8 share=1.5", "expected a fraction")):
+        with pytest.raises(ConfigError, match=rf"^--schedule '{re.escape(text)}': .*{re.escape(message)}"):
+            parse(text, 8, 48)
+
+
+def test_gen_docs_names_a_page_without_its_markers(monkeypatch):
+    with pytest.raises(InputError, match="README.md lacks the markers"):
+        load("gen_docs", monkeypatch).with_block("no markers", "<!-- a -->", "<!-- b -->", "", "README.md")
+
+
+def test_argparse_usage_errors_pass_as_they_are(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main_guard(load("compare_runs", monkeypatch).main)(["only-one-run"])
+    assert stop.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_serve_reward_names_a_spec_it_cannot_open(tmp_path, caplog, monkeypatch):
+    from rsft import serve_reward
+
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    line = one_line(serve_reward.main, [str(tmp_path / "nope")], caplog)
+    assert line.startswith(f"reward source '{tmp_path / 'nope'}': not a folder here"), line
+
+
+def test_serve_reward_names_a_port_it_cannot_listen_on(caplog, monkeypatch):
+    import socket
+
+    import rsft.reward_specs
+    from rsft import serve_reward
+
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    monkeypatch.setattr(rsft.reward_specs, "open_source", lambda spec, device, **options: object())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line(serve_reward.main, ["toy:spec", "--port", str(port), "--revision", "r1"], caplog)
+    assert line.startswith(f"--host 127.0.0.1 --port {port}: cannot listen there"), line
+
+
+@pytest.mark.parametrize("command", [
+    ["scripts/replay_budget.py", "{run}", "--rounds", "0"],  # the issue's example: was a FileNotFoundError traceback
+    ["scripts/push_to_hub.py", "{run}", "--repo", "you/model", "--dry-run"],
+])
+def test_the_command_prints_one_line_and_no_traceback(command, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RSFT_TRACEBACK"}
+    run = tmp_path / "missing"
+    done = subprocess.run([sys.executable, *[c.format(run=run) for c in command]], capture_output=True, text=True,
+                          cwd=REPO, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
+    line, hint = done.stderr.strip().splitlines()[-2:]
+    assert str(run) in line and "no such folder" in line and hint == TRACEBACK_HINT
