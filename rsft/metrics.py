@@ -40,27 +40,75 @@ def best_of_n_kl_bound(n: int) -> float:
     return math.log(n) - (n - 1) / n
 
 
-def best_of_n_curve(scored: Dataset, gold: list[float] | None = None) -> dict:
-    """Expected max reward (and gold of the reward-best) vs N = 1..K, averaged over prompts."""
+def best_of_n_curve(scored: Dataset, gold: list[float] | None = None, judge: list[float | None] | None = None) -> dict:
+    """Expected max reward, and the gold and judge score of the reward-best, vs N = 1..K, averaged over
+    prompts, each with its 95% bootstrap interval over prompts, and the point past which more samples stop
+    paying (`enough`, see enough_samples). Computed from one round's own K samples per prompt: every
+    subset of N of them is weighed exactly (expected_best_of_n), nothing is resampled but the prompts."""
     groups = defaultdict(list)
     for i, prompt_id in enumerate(scored["prompt_id"]):
         groups[prompt_id].append(i)
     k = min(len(v) for v in groups.values())  # a prompt with fewer samples caps K for all
     rows = [v[:k] for v in groups.values()]
-    all_rewards = list(scored["reward"])
-    if None in all_rewards:  # a row the reward source could not score ranks as the lowest score seen
-        lowest = min((r for r in all_rewards if r is not None), default=0.0)
-        all_rewards = [lowest if r is None else r for r in all_rewards]
+    all_rewards = _lowest_for_none(list(scored["reward"]))  # a row the source could not score ranks lowest
     rewards = [[all_rewards[i] for i in r] for r in rows]  # [prompts][K]
-    golds = None if gold is None else [[gold[i] for i in r] for r in rows]  # [prompts][K]
     ns = list(range(1, k + 1))
-    curve = {"n": ns, "kl_bound": [best_of_n_kl_bound(n) for n in ns],
-             "expected_max_reward": [statistics.fmean(expected_best_of_n(r, r, n) for r in rewards) for n in ns],
-             "expected_gold": None}
-    if golds is not None:
-        curve["expected_gold"] = [statistics.fmean(expected_best_of_n(r, g, n) for r, g in zip(rewards, golds))
-                                  for n in ns]
+    # per prompt, per N: the expected value of the reward-best of N ([prompts][K] each)
+    per_prompt = {"proxy": [[expected_best_of_n(r, r, n) for n in ns] for r in rewards]}
+    for name, values in (("gold", gold), ("judge", judge)):
+        if values is not None and any(v is not None for v in values):
+            values = _lowest_for_none(list(values))
+            per_prompt[name] = [[expected_best_of_n(r, [values[i] for i in row], n) for n in ns]
+                                for r, row in zip(rewards, rows)]
+    intervals = {name: [stats.bootstrap([[p[n - 1]] for p in matrix]) for n in ns]
+                 for name, matrix in per_prompt.items()}
+    curve = {"n": ns, "kl_bound": [best_of_n_kl_bound(n) for n in ns], "prompts": len(rows),
+             "expected_max_reward": [i["mean"] for i in intervals["proxy"]],
+             "expected_gold": [i["mean"] for i in intervals["gold"]] if "gold" in intervals else None,
+             "expected_judge": [i["mean"] for i in intervals["judge"]] if "judge" in intervals else None,
+             "intervals": {name: {"low": [i["low"] for i in ivs], "high": [i["high"] for i in ivs]}
+                           for name, ivs in intervals.items()}}
+    curve["enough"] = enough_samples(per_prompt)
     return curve
+
+
+def _lowest_for_none(values: list) -> list[float]:
+    if None in values:
+        lowest = min((v for v in values if v is not None), default=0.0)
+        return [lowest if v is None else v for v in values]
+    return values
+
+
+# which curve stands for the truth when choosing how many samples are enough: an independent judge
+# first (what the user configured to check the proxy), else the task's gold oracle, else the proxy itself
+TRUTHS = ("judge", "gold", "proxy")
+
+
+def enough_samples(per_prompt: dict[str, list[list[float]]]) -> dict:
+    """The over-optimisation point of a best-of-N curve: the smallest N whose truth value (judge, else gold,
+    else the proxy) is not decidedly below the curve's best, and whether the proxy still rises past it.
+
+    The rule, on the prompts of one round (paired: the same prompts at every N): with N* the N of the
+    highest mean truth, N is enough when the 95% bootstrap interval of truth(N*) - truth(N), paired over
+    prompts, reaches 0 or below. More samples than that buy no truth the prompts can show, while the
+    proxy, which best-of-N maximises, keeps rising (`proxy_gain_after`: proxy(K) - proxy(N), paired):
+    when that interval is above 0 the proxy is being over-optimised past N (`overoptimised`)."""
+    truth = next(name for name in TRUTHS if name in per_prompt)
+    matrix, proxy = per_prompt[truth], per_prompt["proxy"]
+    k = len(matrix[0])
+    means = [sum(p[j] for p in matrix) / len(matrix) for j in range(k)]
+    best = max(range(k), key=lambda j: (means[j], -j))  # the smallest N of the highest mean
+    enough = best
+    for j in range(best):
+        gap = stats.bootstrap([[p[best] - p[j]] for p in matrix])
+        if gap["low"] <= 0.0:
+            enough = j
+            break
+    gap = stats.bootstrap([[p[best] - p[enough]] for p in matrix])
+    proxy_gain = stats.bootstrap([[p[k - 1] - p[enough]] for p in proxy])
+    return {"truth": truth, "n": enough + 1, "value": means[enough], "best_n": best + 1, "best": means[best],
+            "gap_to_best": gap, "k": k, "proxy_gain_after": proxy_gain,
+            "overoptimised": enough + 1 < k and proxy_gain["low"] > 0.0}
 
 
 def gold_scores(ds: Dataset) -> list[float] | None:

@@ -87,36 +87,72 @@ def round_metrics(paths: RunPaths, round_idx: int, records: Records | None = Non
     return {k: v for k, v in out.items() if v is not None}
 
 
-def plot_best_of_n(paths: RunPaths, rounds: int, out: Path) -> Path | None:
-    import matplotlib.pyplot as plt
-
+def best_of_n_curves(paths: RunPaths, rounds: int, records: Records) -> list[tuple[int, dict]]:
+    """(round, curve) for each round with scored samples: the curve its evaluation recorded (rsft.eval: proxy,
+    gold and judge with intervals), else one computed from the scored samples (proxy and gold)."""
     curves = []
     for r in range(rounds):
-        if is_complete(paths.scored(r)):
+        curve = records.metrics(paths.eval(r)).get("best_of_n")
+        if curve and curve.get("round") == r and "enough" in curve:
+            curves.append((r, curve))
+        elif is_complete(paths.scored(r)):
             scored = load_dataset_artifact(paths.scored(r))
             curves.append((r, best_of_n_curve(scored, gold_scores(scored))))
+    return curves
+
+
+CURVE_PANELS = (("proxy", "expected_max_reward", "E[max proxy reward of N]", "the proxy's best of N"),
+                ("gold", "expected_gold", "E[gold of the proxy's pick]", "gold of the proxy's pick"),
+                ("judge", "expected_judge", "E[judge score of the proxy's pick]", "judge score of the proxy's pick"))
+
+
+def plot_best_of_n(paths: RunPaths, rounds: int, out: Path, records: Records | None = None) -> Path | None:
+    """Per round, the best-of-N curve under the proxy, gold and the judge (95% intervals over prompts), and
+    the point past which the truth stops rising (rsft.metrics.enough_samples) marked on each panel."""
+    import matplotlib.pyplot as plt
+
+    curves = best_of_n_curves(paths, rounds, records or Records())
     if not curves:
         return None
-    has_gold = any(c["expected_gold"] is not None for _, c in curves)
-    fig, axes = plt.subplots(1, 2 if has_gold else 1, figsize=(10 if has_gold else 5, 4), squeeze=False)
-    for r, curve in curves:
-        axes[0][0].plot(curve["n"], curve["expected_max_reward"], marker="o", label=f"round {r} samples")
-        if has_gold and curve["expected_gold"] is not None:
-            axes[0][1].plot(curve["n"], curve["expected_gold"], marker="o", label=f"round {r} samples")
-    axes[0][0].set(xlabel="N (samples per prompt)", ylabel="E[max reward of N] (reward model)",
-                   title="expected best-of-N reward")
-    if has_gold:
-        axes[0][1].set(xlabel="N (samples per prompt)", ylabel="E[gold of the reward-best of N]",
-                       title="gold score of the reward model's pick")
-    for ax in axes[0]:
+    panels = [panel for panel in CURVE_PANELS if any(c.get(panel[1]) is not None for _, c in curves)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (name, key, ylabel, title) in zip(axes[0], panels):
+        for r, curve in curves:
+            if curve.get(key) is None:
+                continue
+            line, = ax.plot(curve["n"], curve[key], marker="o", label=f"round {r} samples")
+            band = (curve.get("intervals") or {}).get(name)
+            if band:
+                ax.fill_between(curve["n"], band["low"], band["high"], color=line.get_color(), alpha=0.15)
+            enough = curve.get("enough")
+            if enough:
+                ax.axvline(enough["n"], color=line.get_color(), linestyle=":", alpha=0.8)
+        ax.set(xlabel="N (samples per prompt)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     kl = ", ".join(f"N={n}: {k:.2f}" for n, k in zip(curves[-1][1]["n"], curves[-1][1]["kl_bound"]))
-    fig.suptitle(f"best-of-N KL bound log N - (N-1)/N: {kl}", fontsize=8)
+    fig.suptitle(f"dotted: N enough by the {curves[-1][1].get('enough', {}).get('truth', 'truth')} "
+                 f"(rsft.metrics.enough_samples); best-of-N KL bound log N - (N-1)/N: {kl}", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def best_of_n_table(paths: RunPaths, rounds: int, records: Records) -> list[dict]:
+    """One row per round: how many samples were enough by the truth curve, and what the proxy did past it."""
+    rows = []
+    for r, curve in best_of_n_curves(paths, rounds, records):
+        enough = curve.get("enough")
+        if not enough:
+            continue
+        gain = enough["proxy_gain_after"]
+        rows.append({"round": r, "K": enough["k"], "truth": enough["truth"], "N enough": enough["n"],
+                     "truth at N": f"{enough['value']:.3f}", "best N": enough["best_n"],
+                     "truth at best N": f"{enough['best']:.3f}",
+                     "proxy gain N -> K": f"{gain['mean']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]",
+                     "over-optimised past N": "yes" if enough["overoptimised"] else "no"})
+    return rows
 
 
 def evaluations(paths: RunPaths, rounds: int | None = None) -> list[tuple[str, Path]]:
@@ -264,7 +300,7 @@ def write_plots(paths: RunPaths, rounds: int, records: Records | None = None) ->
     matplotlib.use("Agg")
     paths.plots.mkdir(parents=True, exist_ok=True)
     plots = {
-        "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png"),
+        "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png", records),
         "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png", records),
         "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png", records),
         "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png", records),
@@ -403,6 +439,14 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         markdown_table(rows),
         "",
     ]
+    curve_rows = best_of_n_table(paths, rounds, records)
+    if curve_rows:
+        text += ["## Best-of-N: when more samples stop paying", "",
+                 "From each round's own K samples per prompt: `N enough` is the smallest N whose truth (the judge, "
+                 "else gold, else the proxy) is not decidedly below the best N's (paired 95% interval over prompts); "
+                 "`proxy gain N -> K` is what the proxy still rises past it. A proxy that rises while the truth "
+                 "does not is over-optimised (rsft.metrics.enough_samples; plots/best_of_n.png marks N).", "",
+                 markdown_table(curve_rows), ""]
     reward_rows = reward_table(paths, rounds, records)
     if reward_rows:
         text += ["## Reward models", "",
