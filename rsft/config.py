@@ -733,8 +733,38 @@ SAMPLING_BACKENDS = ("rsft", "vllm")
 
 
 @dataclass
+class AutoKConfig(Checked):
+    """sample.num_samples=auto (rsft.auto_k): round 0 samples `start`; round r samples the smallest N at which
+    round r - 1's best-of-N curve stopped rising by the truth (its evaluation's best_of_n.enough: the judge,
+    else gold), within [floor, cap]; a curve still rising at its last N doubles K instead."""
+
+    _AT: ClassVar[str] = "auto_k."
+    cap: int = setting(8, "The most completions per prompt a round samples.", check=at_least(2))
+    floor: int = setting(2, "The fewest completions per prompt a round samples.", check=at_least(1))
+    start: Optional[int] = setting(None, "Round 0's K, before any curve exists (null = cap).",
+                                   check=optional(at_least(1)))
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not any(_unresolved(v) for v in (self.cap, self.floor, self.start)):
+            if self.floor > self.cap:
+                _fail(self._AT + "floor", self.floor, f"at most auto_k.cap={self.cap}")
+            if self.start is not None and not self.floor <= self.start <= self.cap:
+                _fail(self._AT + "start", self.start, f"between auto_k.floor={self.floor} and auto_k.cap={self.cap}")
+
+
+def most_samples(sample) -> int:
+    """The most completions per prompt a round can sample: num_samples, or with auto the cap."""
+    return int(sample.auto_k.cap) if sample.num_samples == "auto" else int(sample.num_samples)
+
+
+@dataclass
 class SampleConfig(Checked):
-    num_samples: int = setting(8, "K: completions sampled per prompt.", check=at_least(1))
+    num_samples: Any = setting(8, "K: completions sampled per prompt; auto: each round samples the K the previous "
+                                  "round's best-of-N curve says is enough (sample.auto_k).", shown_type="int or auto",
+                               check=Check(lambda key, value: value == "auto" or _integer(key, value, 1, "or auto"),
+                                           ">= 1"))
+    auto_k: AutoKConfig = setting(AutoKConfig, "With num_samples=auto: how K is chosen each round.")
     max_new_tokens: int = setting(48, "Tokens per completion at most; a longer one is cut (finish_reason length).",
                                   check=MAX_NEW_TOKENS)
     # below plain sampling's temperature, at which the default policy rambles
@@ -769,9 +799,13 @@ class SampleConfig(Checked):
     def _check_budget(self) -> None:
         """Adaptive K and pruning, against num_samples: each must be able to change what is sampled, since
         either scores rows with the reward model (rsft.sampling.budget)."""
-        n, k0, mean = self.num_samples, self.adaptive_k.k0, self.adaptive_k.mean
-        if any(_unresolved(v) for v in (n, k0, mean, self.prune.share)):
+        k0, mean = self.adaptive_k.k0, self.adaptive_k.mean
+        if any(_unresolved(v) for v in (self.num_samples, self.auto_k.cap, k0, mean, self.prune.share)):
             return
+        n = most_samples(self)
+        if self.num_samples == "auto" and (k0 > 0 or self.prune.at):
+            _fail("num_samples", "auto", "an integer with adaptive_k or prune (each is set against a fixed K), or "
+                                         "adaptive_k.k0=0 and prune.at=[] with auto")
         adaptive = k0 > 0
         # num_samples is the most completions one prompt gets: a first pass of all of them leaves nothing to give
         if adaptive and k0 >= n:
@@ -971,6 +1005,23 @@ class EvalConfig(Checked):
 
 
 @dataclass
+class StopConfig(Checked):
+    """loop.stop (rsft.loop.stop_decision): after each round's evaluation, the round's gain over the policy
+    before it (the paired difference on held-out prompts, 95% bootstrap interval over prompts) under the
+    truth: eval.judge when set, else gold where the task has an oracle. A round has gained when the interval's
+    low end is above min_gain; the loop stops after `patience` rounds in a row that have not."""
+
+    enabled: bool = setting(False, "Stop when the truth's round-over-round gain is not positive for `patience` "
+                                   "rounds in a row (needs loop.eval).", check=boolean())
+    patience: int = setting(1, "Rounds in a row without a gain before the loop stops.", check=at_least(1))
+    min_gain: float = setting(0.0, "The gain a round must show: its paired interval's low end above this.",
+                              check=number("a number >= 0", lambda v: v >= 0, ">= 0"))
+    truth: str = setting("auto", "The column judged: auto (judge, else gold), judge, gold or reward (the proxy: "
+                                 "then the rule measures the proxy, not the truth).",
+                         check=one_of(("auto", "judge", "gold", "reward")))
+
+
+@dataclass
 class LoopConfig(Checked):
     """Rounds of sample -> score -> select -> sft (-> eval); prefs and reward are trained first if missing."""
 
@@ -988,6 +1039,8 @@ class LoopConfig(Checked):
                                   check=boolean("true, false or auto", also=("auto",)))
     dpo: bool = setting(False, "End each round with DPO on its best-vs-worst pairs, from its SFT policy.",
                         check=boolean())
+    stop: StopConfig = setting(StopConfig, "Stop the rounds early when they stop paying (off by default; "
+                                           "loop.rounds is then the most rounds).")
 
 
 @dataclass
@@ -1250,7 +1303,7 @@ def simulated_labels_available(cfg) -> bool:
 
 def check_across_groups(cfg, groups) -> None:
     """The rules that span groups, for a command of stage cfg.stage reading `groups` (rsft.stages.groups_read)."""
-    if "select" in groups and cfg.select.pairs and cfg.sample.num_samples < 2:
+    if "select" in groups and cfg.select.pairs and most_samples(cfg.sample) < 2:
         # checked against this run's sampling settings; pairs pooled across rounds are not counted
         raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): a pair "
                           f"is the best and the worst completion of a prompt; or set select.pairs=false")
@@ -1266,7 +1319,7 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"loop.refresh_reward=true retrains this run's Bradley-Terry model, and reward_source="
                           f"{cfg.reward_source.kind} does not use one; set loop.refresh_reward=false (or auto)")
     if "refresh" in groups and refresh_reward_on(cfg) and simulated_labels_available(cfg) \
-            and cfg.refresh.pairs is None and cfg.sample.num_samples < 2:
+            and cfg.refresh.pairs is None and most_samples(cfg.sample) < 2:
         # the demo's labels pair completions of one prompt: with one each, a refresh labels nothing
         raise ConfigError(f"loop.refresh_reward={str(cfg.loop.refresh_reward).lower()} labels pairs among each "
                           f"prompt's first refresh.samples_per_prompt completions, and sample.num_samples="
@@ -1287,6 +1340,13 @@ def check_across_groups(cfg, groups) -> None:
                               f"need the demo task's gold oracle")
         if cfg.loop.reward_from:  # as rsft.loop reads it: empty = not set
             check_run_name(cfg.loop.reward_from, "loop.reward_from")
+        # both read each round's evaluation: the best-of-N curve (auto K) and the gain over the round before
+        if cfg.sample.num_samples == "auto" and not cfg.loop.eval:
+            raise ConfigError("sample.num_samples=auto chooses each round's K from the previous round's evaluation "
+                              "(its best-of-N curve): set loop.eval=true, or a number of samples")
+        if cfg.loop.stop.enabled and not cfg.loop.eval:
+            raise ConfigError("loop.stop.enabled=true stops on the rounds' gains on held-out prompts: set "
+                              "loop.eval=true, or loop.stop.enabled=false")
     evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval)
     if evaluates and cfg.data.kind == "local" and cfg.data.get("eval_path") is None:
         raise ConfigError("data.eval_path is not set: evaluation (stage=eval, or stage=loop with loop.eval=true) "

@@ -42,7 +42,7 @@ from rsft.config import uses_trained_reward
 from rsft.errors import MissingInput
 from rsft.generation import TRAINED_DRAFT_KINDS
 from rsft.paths import RunPaths
-from rsft.store import Artifact, copy_artifact, is_complete
+from rsft.store import Artifact, copy_artifact, is_complete, load_dataset_artifact
 from rsft.tracking import Tracker, stage_tracker
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,43 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
     return stage_cfg
 
 
+def stop_column(cfg: DictConfig, evaluation) -> str:
+    """The score column loop.stop judges: loop.stop.truth, or with auto the judge when eval.judge is set, else
+    gold where the task has an oracle, else the proxy reward."""
+    truth = str(cfg.loop.stop.truth)
+    if truth != "auto":
+        return truth
+    columns = load_dataset_artifact(evaluation).column_names
+    return next(c for c in ("judge", "gold", "reward") if c in columns)
+
+
+def stop_decision(cfg: DictConfig, paths: RunPaths, round_idx: int, gains: list[dict]) -> str | None:
+    """loop.stop's rule after round `round_idx`'s evaluation: the round's gain is the paired difference of its
+    policy's scores minus the previous policy's (round 0: the initial policy's) on the same held-out prompts
+    and sample seeds, with its 95% bootstrap interval over prompts (rsft.stats). A round has gained when
+    that interval's low end is above loop.stop.min_gain; after loop.stop.patience rounds in a row that have
+    not, the loop stops. Returns why it stops, or None. `gains` collects each round's record."""
+    stop = cfg.loop.stop
+    mine = paths.eval(round_idx)
+    before = paths.eval(round_idx - 1) if round_idx > 0 else paths.initial_eval
+    column = stop_column(cfg, mine)
+    gain = report.paired_vs(mine, before, column)
+    if gain is None:
+        raise MissingInput(f"loop.stop: round {round_idx}'s evaluation and {before.name} have no paired '{column}' "
+                           f"scores to compare (another eval.num_samples or data.eval_limit?)")
+    gained = gain["low"] > float(stop.min_gain)
+    gains.append({"round": round_idx, "column": column, "mean": gain["mean"], "low": gain["low"],
+                  "high": gain["high"], "gained": gained})
+    log.info("loop.stop: round %d's %s gain %+.3f [%+.3f, %+.3f]: %s", round_idx, column, gain["mean"], gain["low"],
+             gain["high"], "a gain" if gained else f"no gain above {stop.min_gain}")
+    flat = [g for g in gains[-int(stop.patience):] if not g["gained"]]
+    if len(gains) < int(stop.patience) or len(flat) < int(stop.patience):
+        return None
+    shown = "; ".join(f"round {g['round']} {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]" for g in flat)
+    return (f"stopped after round {round_idx} of at most {cfg.loop.rounds}: {stop.patience} round(s) in a row without "
+            f"a {column} gain whose paired 95% interval is above {stop.min_gain} ({shown})")
+
+
 def run(cfg: DictConfig, tracker: Tracker | None = None):
     paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
     if cfg.loop.refresh_reward == "auto":
@@ -113,6 +150,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
         if cfg.loop.eval:
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker, records)
+        gains, stopped, done = [], None, rounds
         for r in range(rounds):
             for name in round_stages(cfg):
                 run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
@@ -125,13 +163,26 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             if distributed.is_main():
                 tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r, records).items()}, step=r)
                 tracker.log_table("examples", report.example_rows(paths, r, int(cfg.loop.examples)), step=r)
+            if cfg.loop.stop.enabled:  # every process decides alike, from the same artifacts
+                stopped = stop_decision(cfg, paths, r, gains)
+                if stopped:
+                    log.info("loop.stop: %s", stopped)
+                    done = r + 1
+                    break
+        notes = [f"**loop.stop**: {stopped}." if stopped else
+                 f"**loop.stop**: ran every round of loop.rounds={rounds}; each round's gain: " + "; ".join(
+                     f"round {g['round']} {g['column']} {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]"
+                     for g in gains) + "."] if cfg.loop.stop.enabled else []
         if distributed.is_main():  # one process writes the report
-            plots = report.write_plots(paths, rounds, records)
+            plots = report.write_plots(paths, done, records)
             for name, png in plots.items():
-                tracker.log_image(f"plots/{name}", png, step=rounds - 1)
-            summary = report.write_summary(paths, rounds, plots,
-                                           report.example_rows(paths, rounds - 1, int(cfg.loop.examples)), records)
-            tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, rounds - 1, records).items()})
-            log.info("loop: %d rounds done; %s", rounds, summary)
+                tracker.log_image(f"plots/{name}", png, step=done - 1)
+            summary = report.write_summary(paths, done, plots,
+                                           report.example_rows(paths, done - 1, int(cfg.loop.examples)), records,
+                                           notes)
+            tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, done - 1, records).items()}
+                            | ({"loop/stopped_after_round": done - 1} if stopped else {}))
+            log.info("loop: %d rounds done; %s", done, summary)
         distributed.barrier()
-    return Artifact(paths.root, {"stage": "loop", "rounds": rounds, "summary": str(paths.summary)})
+    return Artifact(paths.root, {"stage": "loop", "rounds": done, "stopped": stopped, "gains": gains,
+                                 "summary": str(paths.summary)})

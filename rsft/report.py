@@ -407,7 +407,7 @@ def machine_lines(paths: RunPaths, records: Records) -> list[str]:
 
 
 def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict],
-                  records: Records | None = None) -> Path:
+                  records: Records | None = None, notes: list[str] | None = None) -> Path:
     records = records or Records()
     table = []  # the held-out numbers have their own table; this one is what each round did
     for r in range(rounds):
@@ -426,6 +426,7 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         "prompts (as recorded by the last round's artifacts). Round r samples from the policy round r-1 trained "
         "(round 0: the initial policy); the `round r` row evaluates the policy round r trained, on held-out prompts.",
         "",
+        *[line for note in (notes or []) for line in (note, "")],
         "## Held-out evaluation",
         "",
         "Means over held-out prompts with 95% bootstrap intervals over prompts; `vs previous` is the paired "

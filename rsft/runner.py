@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import distributed, stages
+from rsft import auto_k, distributed, stages
 from rsft.errors import RsftError
 from rsft.fingerprints import check_reuse, fingerprint
 from rsft.machine import warn_if_other_machine
@@ -131,14 +131,18 @@ def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
     stage = stages.get(name)
     if not stage.artifact:
         return module(stage).run(cfg, tracker)
+    chosen = None
+    if stages.reads_num_samples(stage, cfg):  # sample.num_samples=auto: the round's K, before anything reads it
+        cfg, chosen = auto_k.resolved(cfg)
     paths = RunPaths.from_config(cfg)
     plan = module(stage).plan(cfg, paths)
+    recorded = {"auto_k": chosen} if chosen else {}
     if plan.first:  # the stages run first share this stage's tracker (one wandb run for the command)
         with stage_tracker(cfg, name, tracker) as shared:
             for first in plan.first:
                 run(first.stage, first, shared)
-            return _build(stage, cfg, paths, plan, shared)
-    return _build(stage, cfg, paths, plan, tracker)
+            return _build(stage, cfg, paths, plan, shared, recorded)
+    return _build(stage, cfg, paths, plan, tracker, recorded)
 
 
 def _warn_other_machines(plan: Plan) -> None:
@@ -148,8 +152,9 @@ def _warn_other_machines(plan: Plan) -> None:
             warn_if_other_machine("the artifact", path, read_meta(path).get("machine"))
 
 
-def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tracker: Tracker | None) -> Artifact:
-    """The protocol from the fingerprint on (run's second half)."""
+def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tracker: Tracker | None,
+           recorded: dict | None = None) -> Artifact:
+    """The protocol from the fingerprint on (run's second half); `recorded`: entries for every output's meta.json."""
     name = stage.name
     wanted = fingerprint_of(stage, cfg, plan)
     names = plan.names or [name] * len(plan.outputs)
@@ -171,7 +176,7 @@ def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tr
             if len(built.outputs) != len(plan.outputs):
                 raise RuntimeError(f"stage={name} built {len(built.outputs)} outputs for {len(plan.outputs)} planned")
             for out, (meta, write) in zip(plan.outputs, built.outputs):
-                with atomic_artifact(out, {**meta, "config": config}, wanted) as tmp:
+                with atomic_artifact(out, {**meta, **(recorded or {}), "config": config}, wanted) as tmp:
                     write(tmp)
         for progress in job._progress:
             progress.remove()  # a barrier first: every process is done with its own

@@ -67,6 +67,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "reward_source.timeout": lambda cfg: True,
     "reward_source.retries": lambda cfg: True,
     "reward_source.batch_size": lambda cfg: True,
+    # counted through the K it chose for the round (sample.num_samples, resolved by rsft.auto_k)
+    "sample.auto_k.": lambda cfg: True,
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)
@@ -199,6 +201,11 @@ def counted_keys(stage: Stage, cfg: Any) -> list[str]:
 def declared_keys(stage: Stage, cfg: Any | None = None) -> list[str]:
     """Every key a stage may read: its reads and uses, and what every stage reads."""
     return _keys((*stage.reads, *stage.uses, *EVERY_STAGE), cfg)
+
+
+def reads_num_samples(stage: Stage, cfg: Any) -> bool:
+    """Whether the stage reads sample.num_samples (rsft.auto_k chooses it for the round first)."""
+    return any(key == "sample.num_samples" or key == "sample" for key in declared_keys(stage, cfg))
 
 
 def commands_stages(name: str) -> tuple[Stage, ...]:

@@ -135,7 +135,7 @@ def test_cuda_index_beyond_the_devices(make_cfg, monkeypatch):
 
 @pytest.mark.parametrize("override,key", [
     ("sample.temperature=hot", "sample.temperature"), ("threads=two", "threads"), ("seed=abc", "seed"),
-    ("sample.num_samples=2.5", "sample.num_samples"), ("select.k=two", "select.k"),
+    ("sample.max_new_tokens=2.5", "sample.max_new_tokens"), ("select.k=two", "select.k"),
 ])
 def test_a_value_of_the_wrong_type_is_refused_while_composing(make_cfg, override, key):
     """The typed config (rsft.config) refuses it before a command starts; the message names the key."""

@@ -59,3 +59,104 @@ def test_the_rule_on_a_hand_made_curve():
     # with the proxy alone the rule still answers, and says which curve it read
     assert enough_samples({"proxy": proxy})["truth"] == "proxy"
     assert expected_best_of_n([3.0, 1.0, 2.0], [30.0, 10.0, 20.0], 3) == 30.0
+
+
+# ---- sample.num_samples=auto (rsft.auto_k) and loop.stop (rsft.loop.stop_decision) on tiny loops ----
+
+LOOP = ["stage=loop", "reward=tiny", "prefs.num_prompts=4", "prefs.num_samples=3", "prefs.max_new_tokens=8",
+        "data.eval_limit=4", "eval.num_samples=2", "sft.learning_rate=1e-3", "select.drop_truncated=false",
+        "device=cpu"]
+
+
+def _eval_with_curve(paths, round_idx: int, n: int, k: int) -> None:
+    from rsft.store import atomic_artifact
+
+    enough = {"truth": "gold", "n": n, "k": k, "value": 0.5, "best_n": n, "best": 0.5, "overoptimised": n < k}
+    with atomic_artifact(paths.eval(round_idx), {"stage": "eval", "round": round_idx,
+                                                 "metrics": {"best_of_n": {"round": round_idx, "enough": enough}}}):
+        pass
+
+
+def test_auto_k_takes_the_previous_curves_point_within_floor_and_cap_and_doubles_a_curve_still_rising(make_cfg):
+    from rsft.auto_k import choose
+    from rsft.errors import MissingInput
+    from rsft.paths import RunPaths
+
+    cfg = make_cfg("stage=sample", "sample.num_samples=auto", "sample.auto_k.cap=8", "sample.auto_k.floor=3")
+    paths = RunPaths.from_config(cfg)
+    assert choose(cfg, paths, 0)["k"] == 8  # round 0: no curve, start = cap
+    with pytest.raises(MissingInput, match=r"round 0's best-of-N curve.*stage=eval round=0"):
+        choose(cfg, paths, 1)
+    _eval_with_curve(paths, 0, n=2, k=8)
+    assert choose(cfg, paths, 1)["k"] == 3  # N=2 is enough, the floor is 3
+    _eval_with_curve(paths, 1, n=5, k=8)
+    assert choose(cfg, paths, 2)["k"] == 5
+    _eval_with_curve(paths, 2, n=3, k=3)  # still rising at its last N: twice K
+    assert choose(cfg, paths, 3)["k"] == 6
+    _eval_with_curve(paths, 3, n=6, k=6)
+    assert choose(cfg, paths, 4)["k"] == 8  # within the cap
+
+
+def test_a_loop_with_auto_k_samples_each_round_the_k_its_last_curve_chose(make_cfg):
+    from datasets import load_from_disk
+
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=2", "sample.num_samples=auto", "sample.auto_k.cap=4", "sample.auto_k.floor=2")
+    run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    for r, expected in ((0, 4), (1, None)):
+        meta = read_meta(paths.samples(r))
+        chosen = meta["auto_k"]
+        k = meta["config"]["sample"]["num_samples"]
+        assert chosen["k"] == k
+        if expected is not None:
+            assert k == expected
+        else:
+            enough = read_meta(paths.eval(0))["metrics"]["best_of_n"]["enough"]
+            assert k == (min(4, 2 * enough["k"]) if enough["n"] >= enough["k"] else max(2, enough["n"]))
+        counts = {}
+        for prompt_id in load_from_disk(str(paths.samples(r)))["prompt_id"]:
+            counts[prompt_id] = counts.get(prompt_id, 0) + 1
+        assert set(counts.values()) == {k}
+        assert read_meta(paths.samples(r))["fingerprint"]["config"]["sample.num_samples"] == k
+
+
+def test_the_stop_rule_stops_after_patience_rounds_without_a_decided_gain_and_says_why(make_cfg):
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import is_complete
+
+    # a tiny random policy gains nothing decided: with patience 2 the loop stops after round 1 of at most 4
+    cfg = make_cfg(*LOOP, "loop.rounds=4", "loop.stop.enabled=true", "loop.stop.patience=2", "run_name=stop")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    assert loop.meta["rounds"] == 2 and not is_complete(paths.samples(2))
+    assert [g["round"] for g in loop.meta["gains"]] == [0, 1] and not any(g["gained"] for g in loop.meta["gains"])
+    assert loop.meta["gains"][0]["column"] == "gold"
+    summary = paths.summary.read_text()
+    assert "**loop.stop**: stopped after round 1 of at most 4: 2 round(s) in a row without a gold gain" in summary
+    assert "## Best-of-N: when more samples stop paying" in summary
+    # the same command again: every artifact reused, the same decision
+    again = run_stage(make_cfg(*LOOP, "loop.rounds=4", "loop.stop.enabled=true", "loop.stop.patience=2",
+                               "run_name=stop"))
+    assert again.meta["rounds"] == 2 and again.meta["stopped"] == loop.meta["stopped"]
+
+
+def test_auto_k_and_the_stop_rule_need_the_evaluations_and_a_fixed_k_for_pruning(make_cfg):
+    from rsft.checks import check_config
+    from rsft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sample.num_samples=auto chooses each round's K.*loop.eval=true"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "loop.eval=false"))
+    with pytest.raises(ConfigError, match="loop.stop.enabled=true stops on the rounds' gains"):
+        check_config(make_cfg(*LOOP, "loop.stop.enabled=true", "loop.eval=false"))
+    with pytest.raises(ValueError, match="num_samples='auto': expected an integer with adaptive_k or prune"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]"))
+    for value in ("2.5", "many", "0"):  # an integer or auto (num_samples is typed Any, so checked here)
+        with pytest.raises(ValueError, match=rf"num_samples={value!s}|num_samples='{value}'"):
+            check_config(make_cfg(*LOOP, f"sample.num_samples={value}"))
+    with pytest.raises(ValueError, match="auto_k.floor=9: expected at most auto_k.cap=8"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.auto_k.floor=9"))
