@@ -141,7 +141,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
         metrics["judge_warnings"] = warnings
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
-        metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored))}
+        # the judge scores the round's K samples too: its curve is the truth the over-optimisation point reads
+        judged = None if judge_scorer is None else scoring.score_rows(
+            judge_scorer, scored["prompt"], scored["completion"],
+            scored.remove_columns([c for c in ("prompt", "completion") if c in scored.column_names]).to_list(),
+            progress=False)
+        metrics["best_of_n"] = {"round": curve_round, **best_of_n_curve(scored, gold_scores(scored), judged)}
     metrics["sampling"] = {k: sampling[k] for k in ("tokens_per_second", "seconds", "num_completions",
                                                      "shards_resumed")}
 

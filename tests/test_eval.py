@@ -117,6 +117,12 @@ def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, m
         assert ["not checked" in w for w in metrics["judge_warnings"]] == [True]  # the fake proxy records no pairs
     metrics = read_metrics(out)
     assert 0 <= metrics["judge_win_rate_vs_initial"] <= 1 and "judge" in metrics["vs_initial"]
+    # the round's own K samples are judged too: the best-of-N curve under the judge, which `enough` reads
+    curve = metrics["best_of_n"]
+    assert len(curve["expected_judge"]) == len(curve["n"]) and curve["enough"]["truth"] == "judge"
+    scored = load_from_disk(str(paths.scored(0)))
+    assert curve["expected_judge"][0] == pytest.approx(
+        sum(len(c.split()) for c in scored["completion"]) / len(scored), rel=1e-6)  # N=1: the mean judge score
     # a different judge makes the evaluations stale, never silently reused
     from rsft.errors import StaleArtifact
 
