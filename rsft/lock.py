@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rsft.errors import (
+    ArtifactError,
     RunDirectoryBusy,
 )
 
@@ -34,6 +35,9 @@ def run_lock(run_dir: str | os.PathLike, command: str = "") -> Iterator[None]:
     """
     path = Path(run_dir) / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_file():  # rsft's own name; a folder or anything else there is not its lock
+        raise ArtifactError(f"{path} is not a file (rsft keeps the run directory's lock there); remove it and rerun "
+                            f"the same command")
     with open(path, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

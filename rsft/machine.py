@@ -73,17 +73,19 @@ def machine() -> dict[str, Any]:
 
 
 def identity(record: dict | None) -> tuple | None:
-    """What two machines are compared by; None for a record without one (an artifact older than this)."""
-    if not record:
+    """What two machines are compared by; None for a record without one (an artifact older than this) or one
+    that is not a machine record (a damaged meta.json: nothing to compare)."""
+    if not record or not isinstance(record, dict):
         return None
     return tuple(tuple(value) if isinstance(value, list) else value for value in (record.get(k) for k in IDENTITY))
 
 
 def describe(record: dict | None) -> str:
     """One line: 'AMD EPYC (AuthenticAMD family 25 model 1; avx2 fma avx512f ...; 2 cores; GPU none)'."""
-    if not record:
+    if not record or not isinstance(record, dict):
         return "an unrecorded machine"
-    flags = " ".join(record.get("vector_flags") or []) or "no vector flags recorded"
+    flags = record.get("vector_flags")
+    flags = " ".join(map(str, flags)) if isinstance(flags, list) else str(flags or "") or "no vector flags recorded"
     return (f"{record.get('cpu', '?')} ({record.get('cpu_id', '?')}; {flags}; {record.get('cores', '?')} cores; "
             f"GPU {record.get('gpu') or 'none'})")
 

@@ -67,6 +67,6 @@ class LossHistory(TrainerCallback):
         ran, so after a resume it is the mean of the logged step losses instead (each the mean of
         logging_steps steps)."""
         losses = [h["loss"] for h in self.history if "loss" in h]
-        if self.steps_run >= int(result.global_step) or not losses:
+        if result.metrics.get("train_loss_over_every_step") or self.steps_run >= int(result.global_step) or not losses:
             return float(result.training_loss)
         return float(sum(losses) / len(losses))

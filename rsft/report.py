@@ -388,10 +388,14 @@ def machine_lines(paths: RunPaths, records: Records) -> list[str]:
         if any(part.startswith(".") for part in meta_file.relative_to(paths.root).parts):
             continue  # resume progress and temporary folders
         meta = records.meta(meta_file.parent)
+        name = str(meta_file.parent.relative_to(paths.root))
         key = identity(meta.get("machine"))
         entry = by_machine.setdefault(key, {"machine": meta.get("machine"), "artifacts": [], "versions": {}})
-        entry["artifacts"].append(str(meta_file.parent.relative_to(paths.root)))
+        entry["artifacts"].append(name)
         entry["versions"] = meta.get("versions") or entry["versions"]
+        for other in meta.get("progress_machines") or []:  # part of it was resumed from another machine's progress
+            entry = by_machine.setdefault(identity(other), {"machine": other, "artifacts": [], "versions": {}})
+            entry["artifacts"].append(f"{name} (in part: resumed progress)")
     lines = []
     for entry in by_machine.values():
         versions = ", ".join(f"{k} {v}" for k, v in entry["versions"].items() if k in

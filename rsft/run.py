@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -154,7 +155,7 @@ def main(cfg: DictConfig) -> None:
 
 def _setting(argv: list[str], key: str) -> str | None:
     """The value the command line gives `key` (also as +key= / ++key=), unquoted; None when it gives none."""
-    for arg in argv:
+    for arg in reversed(argv):  # Hydra takes the last of repeated overrides: so does this
         name, sep, value = arg.partition("=")
         if sep and name.lstrip("+") == key:
             return value[1:-1] if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"" else value
@@ -198,6 +199,9 @@ def _unwritable(folder: Path) -> str | None:
         os.unlink(probe)
     except OSError as error:
         return f"not writable ({error.strerror or error})"
+    free = shutil.disk_usage(folder).free
+    if free < 2**20:  # Hydra writes its config and log there before rsft starts; without room: its traceback
+        return f"on a full disk ({free // 1024} KB free; rsft and Hydra need room for logs and artifacts)"
     return None
 
 
@@ -224,8 +228,9 @@ def check_command_line(argv: list[str]) -> None:
         existing = existing.parent
     reason = "not a folder" if not existing.is_dir() else _unwritable(existing)
     if reason:
-        raise SystemExit(f"cannot create the run folder {run_dir}: {existing} is {reason}; choose a writable folder "
-                         f"with paths.runs_root=<folder> (or RSFT_RUNS_ROOT)")
+        verb = "write to" if existing == Path(run_dir).absolute() else "create"
+        raise SystemExit(f"cannot {verb} the run folder {run_dir}: {existing} is {reason}; choose a writable folder "
+                         f"with paths.runs_root=<folder> (or RSFT_RUNS_ROOT), or free space")
 
 
 if __name__ == "__main__":

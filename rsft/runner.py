@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -165,6 +166,7 @@ def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tr
     with stage_tracker(cfg, name, tracker) as tracker:
         job = Job(paths, plan, wanted, tracker, one_process=stage.one_process)
         built = None
+        started = time.time()
         if distributed.is_main() or not stage.one_process:
             try:
                 built = module(stage).build(cfg, job)
@@ -176,7 +178,10 @@ def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tr
             if len(built.outputs) != len(plan.outputs):
                 raise RuntimeError(f"stage={name} built {len(built.outputs)} outputs for {len(plan.outputs)} planned")
             for out, (meta, write) in zip(plan.outputs, built.outputs):
-                with atomic_artifact(out, {**meta, **(recorded or {}), "config": config}, wanted) as tmp:
+                others = [m for progress in job._progress for m in getattr(progress, "other_machines", list)()]
+                extra = {"progress_machines": others} if others else {}  # resumed from another machine's work
+                with atomic_artifact(out, {**meta, **(recorded or {}), **extra, "config": config,
+                                           "build_seconds": round(time.time() - started, 3)}, wanted) as tmp:
                     write(tmp)
         for progress in job._progress:
             progress.remove()  # a barrier first: every process is done with its own

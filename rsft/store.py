@@ -32,7 +32,7 @@ from rsft.errors import (
     MissingInput,
     StaleArtifact,
 )
-from rsft.machine import machine, warn_if_other_machine
+from rsft.machine import machine, same_machine, warn_if_other_machine
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
         full_meta.setdefault("versions", library_versions())
         full_meta.setdefault("machine", machine())
         full_meta["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        full_meta["build_seconds"] = round(time.time() - started, 3)
+        full_meta.setdefault("build_seconds", round(time.time() - started, 3))  # the runner's: the whole build
         full_meta["fingerprint"] = wanted_fingerprint or {}
         full_meta["files"] = {str(f.relative_to(tmp)): file_digest(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         full_meta["digest"] = hashlib.sha256(json.dumps([full_meta["fingerprint"], full_meta["files"]],
@@ -262,6 +262,17 @@ def write_failed(error: BaseException) -> bool:
     return False
 
 
+def _refused_write(error: BaseException) -> OSError | None:
+    """The OSError in `error`'s chain that says the file system refused a write (read-only, no permission)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _free(path: Path) -> str:
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -276,6 +287,11 @@ def raise_if_write_failed(error: BaseException, final: Path, during: str = "arti
     left. during="artifact": nothing (its temporary folder is gone, `final` is as it was); "checkpoint": the
     last complete training checkpoint (rsft.training.TrainingCheckpoints), which the rerun resumes from;
     "build": the stage's resume progress (finished shards, complete checkpoints) is kept."""
+    refused = _refused_write(error)
+    if refused is not None:
+        raise ArtifactError(f"cannot write {refused.filename or final} ({refused.strerror or refused}) while "
+                            f"{'saving a training checkpoint in' if during == 'checkpoint' else 'building'} {final}; "
+                            f"what was complete is kept: make it writable and rerun the same command") from error
     if not write_failed(error):
         return
     cause = f"{type(error).__name__}: {str(error).strip()[:160]}; {_free(final)}"
@@ -323,6 +339,11 @@ class ProgressFolder:
         identity = json.dumps([wanted, distributed.world_size()], sort_keys=True, default=str)
         self.key = hashlib.sha256(identity.encode()).hexdigest()[:16]
         self.folder = self.root / self.key  # for progress that is a folder of its own (a trainer's checkpoints)
+        if distributed.is_main():  # rsft's own hidden names: anything else found there is debris
+            for junk in (self.root, self.folder):
+                if junk.exists() and not junk.is_dir():
+                    log.warning("%s is not a folder (debris where rsft keeps resume progress); deleting it", junk)
+                    junk.unlink()
         if distributed.is_main() and self.root.is_dir():
             for other in self.root.iterdir():
                 if other.name.startswith(self.key):
@@ -339,20 +360,29 @@ class ProgressFolder:
             distributed.barrier()
 
     def _record_machine(self) -> None:
-        """The machine that makes this progress, in `machine-<rank>.json` beside it: resuming progress made on
-        another machine is allowed (the fingerprint is the same) but warned about, naming both."""
+        """The machines that made this progress, in `<key>-machine-rank<r>.json` beside it: resuming progress
+        made on another machine is allowed (the fingerprint is the same) but warned about, naming both, and the
+        artifact records the other machines (`progress_machines`, rsft.runner), so the mix stays on record."""
         record = self.root / f"{self.key}-machine-rank{distributed.rank()}.json"
         try:
-            theirs = json.loads(record.read_text())
+            found = json.loads(record.read_text())
         except (OSError, ValueError):
-            theirs = None
-        if theirs is not None:
+            found = []
+        found = found if isinstance(found, list) else [found]  # one machine per file before this, or debris
+        here = json.loads(json.dumps(machine()))
+        self.machines = [m for m in found if isinstance(m, dict)]
+        for theirs in self.machines:
             warn_if_other_machine("resume progress", self.root, theirs)
-        if theirs != machine():
+        if here not in self.machines:
+            self.machines.append(here)
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = record.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(machine()))
+            tmp.write_text(json.dumps(self.machines))
             os.replace(tmp, record)
+
+    def other_machines(self) -> list[dict]:
+        """The machines other than this one that made part of this progress."""
+        return [m for m in self.machines if not same_machine(m)]
 
     def remove(self) -> None:
         """The artifact is written: its progress goes, once every process is done with its own."""

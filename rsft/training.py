@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def checkpoint_arguments(section: DictConfig) -> dict[str, Any]:
 
 
 MANIFEST = "rsft-checkpoint.json"  # written last into a checkpoint: its files' sizes and CRC-32s
+LOSSES = "rsft-losses.json"  # every training_step's loss up to the checkpoint (TrainingCheckpoints.train)
 
 
 def checkpoint_problem(checkpoint: Path) -> str | None:
@@ -108,15 +110,21 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"it has no readable {MANIFEST} (its save did not finish: a kill or a full disk)"
+    if not isinstance(files, dict) or not files or not all(
+            isinstance(r, dict) and {"size", "crc32"} <= set(r) for r in files.values()):
+        return f"its {MANIFEST} is damaged (expected each file's size and CRC-32)"
     for name, record in files.items():
         file = checkpoint / name
         if not file.is_file():
             return f"{name} is missing"
         digest = file_digest(file)
-        if digest != record:
+        if digest != {"size": record["size"], "crc32": record["crc32"]}:
             return f"{name} has {digest['size']} bytes, CRC-32 {digest['crc32']}; recorded {record['size']} bytes, " \
                    f"CRC-32 {record['crc32']}"
     return None
+
+
+_STEP = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes '²', which int() refuses
 
 
 def _step(checkpoint: Path) -> int:
@@ -129,11 +137,13 @@ class _VerifiedSaves(TrainerCallback):
 
     def __init__(self, folder: Path):
         self.folder = folder
+        self.losses: list[float] = []  # every training_step's loss so far (TrainingCheckpoints.train)
 
     def on_save(self, args, state, control, **kwargs):
         distributed.barrier()
         if distributed.is_main():
             checkpoint = self.folder / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            (checkpoint / LOSSES).write_text(json.dumps(self.losses))
             write_manifest(checkpoint, state.global_step)
             for older in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
                 if older != checkpoint and older.is_dir():
@@ -169,7 +179,7 @@ class TrainingCheckpoints(ProgressFolder):
         if not self.folder.is_dir():
             return []
         return [c for c in self.folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
-                if c.is_dir() and c.name.rsplit("-", 1)[1].isdigit()]
+                if c.is_dir() and _STEP.fullmatch(c.name.rsplit("-", 1)[1])]
 
     def resume_from(self) -> str | None:
         """The newest checkpoint that verifies, or None (train from the first step); the ones that do not
@@ -195,14 +205,42 @@ class TrainingCheckpoints(ProgressFolder):
 
     def train(self, trainer):
         """`trainer.train()`, resumed from the newest verified checkpoint, each new checkpoint verified; a full
-        disk while it saves is one line (the last good checkpoint is kept: rerun with room to resume)."""
+        disk while it saves is one line (the last good checkpoint is kept: rerun with room to resume).
+
+        The result's training loss is the mean over every step, the ones before a resume included: the
+        Trainer's own averages only the steps this process ran, so a resumed reward model would record
+        another train_loss than an uninterrupted one. Each training_step's loss is kept and saved with
+        every checkpoint (rsft-losses.json), and the mean is taken over all of them."""
         trainer.add_callback(self.callback)
         resume = self.resume_from()
+        losses = self.callback.losses
+        losses.clear()
+        exact = True
+        if resume is not None:
+            try:
+                losses.extend(float(v) for v in json.loads((Path(resume) / LOSSES).read_text()))
+            except (OSError, ValueError, TypeError):
+                exact = False  # a checkpoint from before rsft kept its losses: the Trainer's partial mean stays
+        real_step = trainer.training_step
+
+        def kept_step(*args, **kwargs):
+            loss = real_step(*args, **kwargs)
+            losses.append(float(loss))
+            return loss
+
+        trainer.training_step = kept_step
         try:
-            return trainer.train(resume_from_checkpoint=resume)
+            result = trainer.train(resume_from_checkpoint=resume)
         except Exception as error:
             raise_if_write_failed(error, self.folder, during="checkpoint")
             raise
+        finally:
+            trainer.training_step = real_step
+        if resume is not None and exact and result.global_step:
+            mean = sum(losses) / result.global_step  # as the Trainer divides: micro-batch losses over steps
+            result = result._replace(training_loss=mean, metrics={**result.metrics, "train_loss": mean,
+                                                                   "train_loss_over_every_step": True})
+        return result
 
 
 def write_manifest(checkpoint: Path, step: int) -> None:

@@ -22,11 +22,11 @@ from rsft.errors import (
     RunDirectoryBusy,
     StaleArtifact,
 )
-from rsft.models import load_causal_lm, load_saved_causal_lm
 from rsft.lock import run_lock
+from rsft.models import load_causal_lm, load_saved_causal_lm
 from rsft.paths import RunPaths
-from rsft.store import atomic_artifact
 from rsft.run import run_stage
+from rsft.store import atomic_artifact
 from tests.conftest import REPO
 
 
@@ -233,10 +233,11 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
 def test_kill_minus_nine_while_writing_samples_then_resume_gives_the_same_rows(make_cfg, tmp_path):
     common = ["policy=tiny", "logger=none", "data.limit=3", "sample.num_samples=3", "sample.max_new_tokens=8",
               f"paths.runs_root={tmp_path}/runs"]
-    setup = ("import time\nfrom datasets import Dataset\nreal = Dataset.save_to_disk\n"
-             "def slow_save(self, path, **kw):\n    real(self, path, **kw)\n    print('writing', flush=True)\n"
+    # stage=sample writes its dataset with rsft.rows.save_dataset (a copy of the folder it assembled)
+    setup = ("import time\nimport rsft.sample\nreal = rsft.sample.save_dataset\n"
+             "def slow_save(ds, path):\n    real(ds, path)\n    print('writing', flush=True)\n"
              "    time.sleep(60)\n"
-             "Dataset.save_to_disk = slow_save")
+             "rsft.sample.save_dataset = slow_save")
     script = run_module_script(setup, "stage=sample", "run_name=killed", *common)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
     for line in proc.stdout:  # Hydra's log lines come first
@@ -292,7 +293,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(make_cfg, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("datasets.Dataset.save_to_disk", full)
+    monkeypatch.setattr("rsft.sample.save_dataset", full)  # what writes stage=sample's dataset
     cfg = make_cfg("stage=sample")
     with pytest.raises(ArtifactError, match=r"^no space left on device while writing .*round_00/samples; nothing"):
         run_stage(cfg)
@@ -328,3 +329,16 @@ def test_a_unicode_run_name_is_accepted(tmp_path):
                            f"paths.runs_root={tmp_path}"], capture_output=True, text=True, cwd=REPO)
     assert "stage='nope' is not a stage" in done.stderr  # parsed: Hydra's lexer did not stop it
     assert (tmp_path / "résumé-été").is_dir()  # Hydra's log folder, under the name as typed
+
+
+def test_a_lock_that_is_a_folder_and_the_last_of_repeated_settings_are_one_line(tmp_path):
+    run = tmp_path / "runs" / "demo"
+    (run / ".lock").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", "policy=tiny", "logger=none",
+                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"{run / '.lock'} is not a file" in done.stderr
+    # Hydra takes the last of repeated overrides; so do the checks made before it starts
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", "run_name=ok", "run_name=../../x",
+                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode != 0 and "run_name='../../x'" in done.stderr and not (tmp_path / "x").exists()

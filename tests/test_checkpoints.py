@@ -59,6 +59,13 @@ def _assert_same_weights(stage: str, a, b) -> None:
     assert worst == 0.0, f"resumed weights differ from an uninterrupted run's by up to {worst}: not identical"
 
 
+def _train_loss(path) -> float:
+    from rsft.store import read_meta
+
+    meta = read_meta(path)
+    return (meta.get("metrics") or meta.get("stats"))["train_loss"]
+
+
 @pytest.fixture
 def counted_steps(monkeypatch):
     """The optimizer steps trainers take (1-based), and a switch that kills training at the n-th one."""
@@ -106,6 +113,8 @@ def test_a_full_disk_while_a_checkpoint_saves_then_a_rerun_with_room_ends_as_an_
         in caplog.text
     assert not progress.exists()  # the progress goes once the artifact is written
     _assert_same_weights(stage, straight, resumed)
+    # the recorded training loss is over every step, the ones before the resume too
+    assert _train_loss(resumed) == pytest.approx(_train_loss(straight), rel=1e-6)
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
@@ -222,3 +231,38 @@ def test_a_draft_whose_checkpoint_save_fills_the_disk_resumes_identical_and_pass
         assert ("passing over the training checkpoint" in caplog.text) == damage
         got = _draft_weights(resumed)
         assert got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got), kind
+
+
+def test_damaged_manifests_and_junk_names_are_passed_over_not_crashed_on(tmp_path, caplog):
+    import json
+
+    from rsft.training import TrainingCheckpoints
+
+    checkpoints = TrainingCheckpoints(tmp_path / "policy", {"a": 1})
+    for name, manifest in (("checkpoint-3", {"files": []}), ("checkpoint-4", {"files": {"x": {}}}),
+                           ("checkpoint-5", {"files": {}})):
+        (checkpoints.folder / name).mkdir(parents=True)
+        (checkpoints.folder / name / MANIFEST).write_text(json.dumps(manifest))
+    (checkpoints.folder / "checkpoint-²").mkdir()  # str.isdigit() says yes, int() says no
+    with caplog.at_level(logging.WARNING, logger="rsft.training"):
+        assert checkpoints.resume_from() is None
+    assert caplog.text.count("is damaged (expected each file's size and CRC-32)") == 3
+    assert [p.name for p in checkpoints.folder.iterdir()] == ["checkpoint-²"]  # not rsft's: left alone
+
+
+def test_debris_where_progress_is_kept_is_removed_and_a_refused_write_is_one_line(tmp_path, make_cfg, monkeypatch):
+    import errno
+
+    from rsft.training import TrainingCheckpoints
+
+    (tmp_path / ".policy.checkpoints").write_text("debris")
+    assert TrainingCheckpoints(tmp_path / "policy", {"a": 1}).resume_from() is None
+    cfg = make_cfg("stage=sample")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", "/runs/demo/round_00/.samples.shards/x.json")
+
+    monkeypatch.setattr("rsft.store.ShardStore.save", read_only)
+    with pytest.raises(ArtifactError, match=r"^cannot write /runs/demo/round_00/.samples.shards/x.json "
+                                            r"\(Read-only file system\) while building .*make it writable"):
+        run_stage(cfg)

@@ -62,7 +62,7 @@ def test_resuming_progress_made_on_another_machine_warns(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="rsft.machine"):
         ShardStore(tmp_path / "samples", {"a": 1})
     assert f"resume progress at {tmp_path / '.samples.shards'} was made on another machine" in caplog.text
-    assert json.loads(record.read_text()) == json.loads(json.dumps(machine()))  # now this machine's
+    assert json.loads(record.read_text()) == [OTHER, json.loads(json.dumps(machine()))]  # both, on record
 
 
 def test_the_summary_lists_each_machine_and_says_when_a_run_mixes_them(tmp_path):
@@ -77,3 +77,39 @@ def test_the_summary_lists_each_machine_and_says_when_a_run_mixes_them(tmp_path)
     lines = machine_lines(paths, Records())
     assert any("Xeon" in line and "round_01/samples" in line for line in lines)
     assert lines[-1].startswith("- **More than one machine made this run**")
+
+
+def test_an_artifact_resumed_from_another_machines_progress_records_that_machine(make_cfg, caplog):
+    """Sampling killed after its first shard on one machine and finished on another: the samples' meta.json
+    names the other machine (progress_machines) and summary.md's Machine section lists it."""
+    cfg = make_cfg("stage=sample", "sample.shard_prompts=1")
+    final = RunPaths.from_config(cfg).samples(0)
+    store = ShardStore(final, {"other": "fingerprint"})  # progress of another key is swept; this tests the file
+    record = next(final.parent.glob(".samples.shards/*-machine-rank0.json"))
+    record.write_text(json.dumps([OTHER]))
+    assert store.machines and ShardStore(final, {"other": "fingerprint"}).other_machines() == [OTHER]
+    machine_module._WARNED.clear()
+    real = ShardStore.__init__
+
+    def with_other_machine(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.machines.insert(0, OTHER)
+
+    ShardStore.__init__ = with_other_machine
+    try:
+        samples = run_stage(cfg).path
+    finally:
+        ShardStore.__init__ = real
+    assert read_meta(samples)["progress_machines"] == [OTHER]
+    lines = machine_lines(RunPaths.from_config(cfg), Records())
+    assert any("Xeon" in line and "round_00/samples (in part: resumed progress)" in line for line in lines)
+
+
+def test_a_machine_record_that_is_not_an_object_is_passed_over(tmp_path, make_cfg):
+    samples = run_stage(make_cfg("stage=sample")).path
+    meta = json.loads((samples / "meta.json").read_text())
+    for garbage in ("garbage", 5, {"cpu": None, "vector_flags": "avx"}):
+        meta["machine"] = garbage
+        (samples / "meta.json").write_text(json.dumps(meta))
+        run_stage(make_cfg("stage=sample"))  # reused: no crash
+        assert describe(garbage)
