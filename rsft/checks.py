@@ -163,16 +163,24 @@ def _check_required(cfg: DictConfig, groups: tuple[str, ...]) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
+    check_device(str(cfg.device))
+
+
+def check_device(name: str, key: str = "device") -> torch.device:
+    """The device `name` (auto, cpu, cuda, cuda:N) resolved, or ConfigError naming `key` (`device`, or a
+    script's `--device`) where it is misspelt or this machine has no such device; scripts call it too."""
+    sep = "=" if not key.startswith("-") else " "
     try:
-        device = resolve_device(str(cfg.device))
+        device = resolve_device(name)
     except (ValueError, RuntimeError):  # torch.device("cuda:x") raises RuntimeError
-        raise ConfigError(f"device={cfg.device!r}: expected auto, cpu, cuda or cuda:N") from None
+        raise ConfigError(f"{key}{sep}{name!r}: expected auto, cpu, cuda or cuda:N") from None
     if device.type != "cuda":
-        return
+        return device
     if not torch.cuda.is_available():
-        raise ConfigError(f"device={cfg.device} but this torch build/machine has no CUDA device; "
-                          f"use device=cpu or auto")
+        raise ConfigError(f"{key}{sep}{name} but this torch build/machine has no CUDA device; "
+                          f"use {key}{sep}cpu or auto")
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
-        raise ConfigError(f"device={cfg.device} but this machine has {count} CUDA device(s): "
+        raise ConfigError(f"{key}{sep}{name} but this machine has {count} CUDA device(s): "
                           f"cuda:0 to cuda:{count - 1}")
+    return device

@@ -33,6 +33,7 @@ A ground-floor module: it imports nothing of rsft but rsft.errors and rsft.sampl
 """
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass
@@ -85,10 +86,15 @@ def _fail(key: str, value, expected: str):
 
 
 def _typed(key: str, value, kind: type, expected: str) -> None:
-    """An int (kind=int) or a number (kind=float; an int is a number too), never a bool or a string."""
+    """An int (kind=int) or a number (kind=float; an int is a number too), never a bool or a string. A
+    number is finite: NaN and +-inf pass YAML's float type, yet no setting means anything by them (NaN
+    fails every comparison, inf overflows a learning rate or a temperature into NaN losses and logits)."""
     allowed = (int,) if kind is int else (int, float)
     if not _unresolved(value) and (isinstance(value, bool) or not isinstance(value, allowed)):
         _fail(key, value, expected)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        _fail(key, value, expected.replace("a number", "a finite number", 1) if "a number" in expected
+              else f"{expected} (a finite number)")
 
 
 def _integer(key: str, value, minimum: Optional[int] = None, note: str = "") -> None:
@@ -171,8 +177,23 @@ class Check:
 
 
 def integer(note: str = "") -> Check:
-    """Any integer (a seed)."""
+    """Any integer."""
     return Check(lambda key, value: _integer(key, value, None, note))
+
+
+SEED_MAX = 2 ** 32 - 1  # numpy's and torch's seeds are unsigned 32-bit: they refuse anything outside [0, 2**32 - 1]
+
+
+def _seed(key: str, value) -> None:
+    expected = f"an integer in [0, {SEED_MAX}] (a seed: numpy takes no other)"
+    _typed(key, value, int, expected)
+    if not _unresolved(value) and not 0 <= value <= SEED_MAX:
+        _fail(key, value, expected)
+
+
+def a_seed() -> Check:
+    """A seed: an integer in [0, 2**32 - 1], what numpy's and torch's generators accept."""
+    return Check(_seed, "in [0, 2**32 - 1]")
 
 
 def at_least(minimum: int, note: str = "") -> Check:
@@ -312,13 +333,28 @@ class RunConfig(Checked):
     run_name: str = setting("demo", "runs/<run_name>/ holds every artifact of this run.")
     round: int = setting(0, "Which round's artifacts a single stage reads and writes (stage=draft: -1 = before any "
                             "SFT).")
-    seed: int = setting(0, "The root seed: every completion's seed derives from it.", check=integer())
+    seed: int = setting(0, "The root seed: every completion's seed derives from it.", check=a_seed())
     overwrite: bool = setting(False, "Rebuild an artifact even when a complete one exists.", check=boolean())
     device: str = setting("auto", "auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
-    threads: int = setting(0, "Torch CPU threads; 0 = torch's default.", check=at_least(0, "(0 = torch's default)"))
+    threads: int = setting(0, "Torch CPU threads; 0 = torch's default; at most 4 x the machine's CPU cores (more only "
+                              "oversubscribes them, and an OpenMP pool of thousands of threads fails to start).",
+                           check=Check(lambda key, value: _threads(key, value), "0 to 4 x the CPU cores"))
 
     def __post_init__(self):
         check_top_level(self)
+
+
+def max_threads() -> int:
+    """The most torch CPU threads a run may ask for: 4 per core (beyond that threads only wait on each other)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def _threads(key: str, value) -> None:
+    most = max_threads()
+    expected = f"an integer in [0, {most}] (0 = torch's default; at most 4 x this machine's {most // 4} CPU cores)"
+    _typed(key, value, int, expected)
+    if not _unresolved(value) and not 0 <= value <= most:
+        _fail(key, value, expected)
 
 
 def check_top_level(run) -> None:
@@ -365,7 +401,7 @@ class TinyModelSource(Checked):
     kind: str = setting("tiny", "tiny: a random model with a byte-level tokenizer, for tests and dry runs.",
                         check=kind_is("tiny"))
     name_or_path: str = setting("tiny-llama", "The name logs and artifacts record for it.")
-    seed: int = setting(0, "The seed of its random weights: same seed, same model.", check=integer())
+    seed: int = setting(0, "The seed of its random weights: same seed, same model.", check=a_seed())
     hidden_size: int = setting(32, "Hidden size.", check=at_least(1))
     num_hidden_layers: int = setting(2, "Layers.", check=at_least(1))
     num_attention_heads: int = setting(4, "Attention heads.", check=at_least(1))
@@ -516,7 +552,7 @@ class FeatureTrainConfig(Checked):
     eval_gamma: int = setting(II("distill.eval_gamma"), "The fixed gamma the acceptance is measured with.",
                               check=at_least(1))
     eval_seed: int = setting(II("distill.eval_seed"), "The measurement's sampling seed (the same for trained and "
-                                                           "untrained).", check=integer())
+                                                           "untrained).", check=a_seed())
 
 
 @dataclass
@@ -553,7 +589,7 @@ class DistillConfig(Checked):
     weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
     max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
     eval_seed: int = setting(12345, "The measurement's sampling seed (the same for trained and untrained).",
-                             check=integer())
+                             check=a_seed())
     checkpoint_steps: int = setting(200, "Save a resumable checkpoint every N training steps (the last complete one "
                                          "kept, deleted once the draft is saved); a rerun after a kill resumes from "
                                          "it. 0 = none.", check=at_least(0, "(0 = none)"))
@@ -599,7 +635,7 @@ class DataCheckableConfig(DataDemoConfig):
                                      "each with its `reference` answer.", check=kind_is("checkable"))
     limit: Optional[int] = setting(64, "Train prompts per round (null = all 192).")
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all 64).")
-    seed: int = setting(0, "Which questions: the operand pairs and their order.", check=integer())
+    seed: int = setting(0, "Which questions: the operand pairs and their order.", check=a_seed())
 
 
 @dataclass
@@ -615,7 +651,7 @@ class DataHhRlhfConfig(PromptSetConfig):
     split: str = setting("train", "For hub datasets and DatasetDict folders (a local file is one split).")
     eval_fraction: float = setting(0.2, "Share of the distinct prompts held out for evaluation (never sampled for "
                                         "training).", check=open_fraction())
-    split_seed: int = setting(0, "Seed of the hash that splits train from held-out prompts.", check=integer())
+    split_seed: int = setting(0, "Seed of the hash that splits train from held-out prompts.", check=a_seed())
 
 
 @dataclass
@@ -644,7 +680,20 @@ class DataLocalConfig(PromptSetConfig):
 # The sampling settings' own checks, sample's and prefs' (which interpolates sample's): the YAML's types
 # here, the ranges rsft.sampling's rules (messages naming the key inside the group).
 MAX_NEW_TOKENS = at_least(1)
-TEMPERATURE = typed(float, "a number > 0")  # > 0 unless strategy=greedy: a rule across settings (_check_sampling)
+# Above MAX_TEMPERATURE every next-token distribution is flat to within a few percent (logits a few tens apart
+# become < 1 apart): the samples are noise, so a larger value is a typo (1e300, 700 for 0.7), not a setting.
+MAX_TEMPERATURE = 100.0
+
+
+def _temperature(key: str, value) -> None:
+    expected = f"a number > 0 and <= {MAX_TEMPERATURE:g} (above it sampling is near-uniform noise)"
+    _typed(key, value, float, expected)
+    if not _unresolved(value) and value > MAX_TEMPERATURE:
+        _fail(key, value, expected)
+
+
+# > 0 unless strategy=greedy: a rule across settings (_check_sampling); the upper bound is the setting's own
+TEMPERATURE = Check(_temperature, f"<= {MAX_TEMPERATURE:g}")
 TOP_K = sampling_rule(check_top_k, ">= 0", int, "an integer >= 0 (0 = off)")
 TOP_P = sampling_rule(check_top_p, "in (0, 1]", float, "a number in (0, 1]")
 STRATEGY = sampling_rule(check_strategy_name, "one of " + ", ".join(STRATEGIES))
@@ -769,7 +818,8 @@ class SampleConfig(Checked):
                                   check=MAX_NEW_TOKENS)
     # below plain sampling's temperature, at which the default policy rambles
     # (docs/results.md#why-each-default-setting)
-    temperature: float = setting(0.7, "Sampling temperature, > 0 (strategy=greedy ignores it).", check=TEMPERATURE)
+    temperature: float = setting(0.7, "Sampling temperature, in (0, 100] (strategy=greedy ignores it).",
+                                  check=TEMPERATURE)
     top_k: int = setting(0, "Keep the k most probable tokens; 0 = off.", check=TOP_K)
     top_p: float = setting(1.0, "Nucleus sampling mass, in (0, 1]; 1.0 = off.", check=TOP_P)
     strategy: str = setting("exact", "exact | greedy | lenient (lossy) | skip_adjustment (lossy): how drafts are "
@@ -887,6 +937,13 @@ UNTRAINED_DPO = "(0 trains nothing, yet stage=dpo would save the SFT policy as t
 UNTRAINED_REWARD = "(0 trains nothing, yet the untrained head would be saved as the reward model; reward_source=" \
                    "pretrained, function or http scores without training one)"
 
+# The fewest tokens a training row may be cut to: the prompt's chat-template markers (sft, dpo) or the special
+# tokens around prompt and completion (reward) take several, and the loss needs completion tokens after them;
+# below this a round's whole kept set is cut to nothing and the trainer fails after sampling and selection.
+MIN_MAX_LENGTH = 16
+MAX_LENGTH = at_least(MIN_MAX_LENGTH, f"(the prompt's template tokens and at least some completion tokens must fit; "
+                                      f"below {MIN_MAX_LENGTH} every row loses its completion)")
+
 WARMUP_TYPE = "int or float"
 WARMUP_HELP = "Warmup: an int counts steps, a float < 1 is a fraction of the training steps."
 
@@ -922,7 +979,7 @@ class TrainingConfig(Checked):
                               check=at_least(1))
     grad_accum: int = setting(1, "Gradient accumulation steps.", check=at_least(1))
     max_length: int = setting(512, "Prompt + completion tokens; longer rows are truncated from the end.",
-                              check=at_least(1))
+                              check=MAX_LENGTH)
     lr_scheduler: str = setting("constant", "transformers' learning-rate schedule (linear, cosine, constant, ...).")
     warmup_steps: Any = setting(0, WARMUP_HELP, shown_type=WARMUP_TYPE, check=warmup())
     weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
@@ -999,7 +1056,7 @@ class EvalConfig(Checked):
     num_samples: int = setting(4, "Completions per held-out prompt (distinct-n and win rate use them).",
                                check=at_least(1))
     seed: int = setting(7919, "The same for every policy evaluated: common random numbers, less noisy comparisons.",
-                        check=integer())
+                        check=a_seed())
     judge: Optional[str] = setting(None, "A held-out reward model (a folder stage=reward wrote, or a run name) that "
                                          "stands in for gold where there is no oracle.")
 
@@ -1061,7 +1118,7 @@ class PrefsConfig(Checked):
     strategy: str = setting(II("sample.strategy"), "Verification strategy (sample's; no draft here).", check=STRATEGY)
     leniency: float = setting(II("sample.leniency"), "Leniency for strategy=lenient (sample's).", check=LENIENCY)
     batch_rows: int = setting(II("sample.batch_rows"), "Rows decoded together (sample's).", check=BATCH_ROWS)
-    seed: int = setting(1, "Its own seed, so its samples differ from round 0's.", check=integer())
+    seed: int = setting(1, "Its own seed, so its samples differ from round 0's.", check=a_seed())
     soft: bool = setting(True, "true: the label is the probability itself (less noise); false: one annotator's 0/1 "
                                "draw.", check=boolean())
     tau: float = setting(0.05, "Annotator temperature on gold-score gaps (gold scores lie in [0, 1]).",
@@ -1102,7 +1159,7 @@ class RewardDataConfig(Checked):
                            "(eval.judge).", check=at_least(0))
     part_by: str = setting("prompt", "prompt (every pair of a prompt in one part) | row.",
                            check=one_of(("prompt", "row")))
-    part_seed: int = setting(0, "Seed of the split into parts.", check=integer())
+    part_seed: int = setting(0, "Seed of the split into parts.", check=a_seed())
 
     def __post_init__(self):
         super().__post_init__()
@@ -1159,8 +1216,8 @@ class RewardSourceConfig(Checked):
                     or set(component) - {"source", "weight"}:
                 _fail(f"components.{name}", component, "{source: <trained or a spec>, weight: <number>}")
             weight = component.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight != weight:
-                _fail(f"components.{name}.weight", weight, "a number")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                _fail(f"components.{name}.weight", weight, "a finite number")
             # sum and mean weigh the components (min ignores the weights): a 0 weight still scores every row
             # with the component, and adds nothing
             if weight == 0 and self.combine in ("sum", "mean"):
@@ -1188,7 +1245,7 @@ class RewardConfig(TrainingConfig):
     label_smoothing: float = setting(0.0, "Train on labels pulled toward a tie: P(chosen wins) becomes (1 - e) hp + e/2, "
                                           "in [0, 0.5); 0 = off. Held-out accuracy reads the raw labels.",
                                      check=number("a number in [0, 0.5)", lambda v: 0 <= v < 0.5, "in [0, 0.5)"))
-    seed: int = setting(0, "Seed of the pairs' shuffle and of training.", check=integer())
+    seed: int = setting(0, "Seed of the pairs' shuffle and of training.", check=a_seed())
     score_batch_size: int = setting(32, "Completions per forward when scoring.", check=at_least(1))
     score_shard_rows: int = setting(4096, "Scoring (stage=score) saves each finished shard of this many completions; "
                                           "a rerun after a kill scores only the rest (0 = one shard).",
@@ -1307,6 +1364,18 @@ def check_across_groups(cfg, groups) -> None:
         # checked against this run's sampling settings; pairs pooled across rounds are not counted
         raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): a pair "
                           f"is the best and the worst completion of a prompt; or set select.pairs=false")
+    # strategy=greedy takes the argmax at every step: K completions of one prompt are K copies of one, so
+    # selection, pairs and labels have nothing to choose between (the run would end far later, elsewhere)
+    if cfg.stage in ("sample", "loop") and "sample" in groups and cfg.sample.strategy == "greedy" \
+            and most_samples(cfg.sample) > 1:
+        raise ConfigError(f"sample.strategy=greedy with sample.num_samples={cfg.sample.num_samples}: greedy decoding "
+                          f"gives every completion of a prompt the same text; set sample.strategy=exact (sampling at "
+                          f"sample.temperature), or sample.num_samples=1")
+    if cfg.stage in ("prefs", "loop") and "prefs" in groups and cfg.prefs.strategy == "greedy" \
+            and int(cfg.prefs.num_samples) > 1:
+        raise ConfigError(f"prefs.strategy=greedy with prefs.num_samples={cfg.prefs.num_samples}: greedy decoding "
+                          f"gives every completion of a prompt the same text, and the pairs labelled among them tie; "
+                          f"set sample.strategy=exact (prefs.strategy follows it) or prefs.strategy=exact")
     if "draft" in groups and cfg.sample.get("backend", "rsft") == "vllm" and cfg.draft.kind != "none":
         raise ConfigError(f"sample.backend=vllm samples without rsft's drafts: set draft=none (got draft="
                           f"{cfg.draft.kind}); vLLM's own speculative decoding is sample.vllm.engine_args."

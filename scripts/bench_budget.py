@@ -21,10 +21,11 @@ from pathlib import Path
 from replay_budget import round_config
 
 import rsft.scoring
+from rsft.checks import check_device
 from rsft.data import load_prompts
 from rsft.errors import ConfigError, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
-from rsft.models import load_policy, resolve_device
+from rsft.models import load_policy
 from rsft.paths import RunPaths
 from rsft.sampling.budget import PruneSchedule
 
@@ -65,7 +66,7 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats}: expected at least 1")
     logging.basicConfig(level=logging.WARNING)
-    device = resolve_device(args.device)
+    device = check_device(args.device, "--device")  # one line where the device is misspelt or absent
     cfg = round_config(args.run, args.round)  # MissingInput for a missing run or round
     k_ref = int(cfg.sample.num_samples)
     schedules = [(s, parse_schedule(s, k_ref, int(cfg.sample.max_new_tokens))) for s in args.schedule]  # before any loading

@@ -22,6 +22,7 @@ three (docs/results.md).
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rsft import stats
@@ -56,6 +57,25 @@ def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int]
             for prompt_id, values in stats.by_prompt([p for p, _ in scored], [r for _, r in scored]).items()}
 
 
+def check_reward_folder(model: str) -> None:
+    """A local folder given to --kept is a reward model: its config.json's architectures name a
+    sequence-classification head. A causal LM (a policy folder, architectures ...ForCausalLM) would load
+    with a fresh, random classification head whose num_labels outputs mean nothing."""
+    folder = Path(model.removeprefix("pretrained:"))
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return  # a hub id, a function or a URL: open_source judges it
+    try:
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return  # open_source names what is wrong with it
+    heads = ("ForSequenceClassification", "RewardModel")
+    if architectures and not any(a.endswith(heads) or "Reward" in a for a in architectures):
+        raise InputError(f"--kept {model}: not a reward model: its config.json names architectures "
+                         f"{', '.join(architectures)} (a language model, no sequence-classification head); give a "
+                         f"reward model's folder (e.g. runs/<run>/reward, which stage=reward writes)")
+
+
 def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     """Judge both runs' kept sets, round by round, with the reward model at `model`."""
     from rsft.reward_specs import open_source
@@ -63,6 +83,7 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     if not model.startswith(("pretrained:", "function:", "http://", "https://")) and not Path(model).is_dir():
         raise MissingInput(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "
                          f"or a reward source (pretrained:<folder or hub id>, function:<module:function>, a URL)")
+    check_reward_folder(model)
     scorer = open_source(model, "cpu")
     a_paths, b_paths = RunPaths(run_a), RunPaths(run_b)
     print(f"A = {run_a}, B = {run_b}; kept completions scored by {model}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -99,6 +100,25 @@ def plot(points: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def check_writable(out: Path, option: str = "--out") -> None:
+    """The folder `out` goes in can be made and written, probed before any evaluation is read (a plot that
+    fails at the end has read every run for nothing)."""
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{out.name}.probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise InputError(f"{option} {out}: cannot write in {folder} ({error.strerror or error}); choose a writable "
+                         f"folder") from None
+
+
+def run_rounds(found: list) -> list[int]:
+    """The rounds a run has a complete evaluation of (its evaluations' policies `round r`)."""
+    return sorted(int(policy.split()[1]) for policy, _ in found if policy != "initial")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", help="run directories, each optionally RUN:LABEL")
@@ -107,15 +127,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--column", help="the score column (default: judge, else gold, else reward)")
     parser.add_argument("--out", type=Path, help="write the plot here (PNG) and the numbers beside it (.json)")
     args = parser.parse_args(argv)
+    if args.rounds is not None and any(r < 0 for r in args.rounds):
+        raise InputError(f"--rounds {' '.join(map(str, args.rounds))}: expected round numbers >= 0 (the initial "
+                         f"policy is always shown)")
+    if args.out is not None:
+        check_writable(args.out)
     points, initial_seen = [], False
-    for spec in args.runs:
-        run, _, label = spec.partition(":")
+    for spec in args.runs:  # every run's evaluations, and the rounds asked for, before any is read
+        run = spec.partition(":")[0]
         if not Path(run).is_dir():
             raise MissingInput(f"{spec}: {run} is not a run directory (no such folder)")
         found = evaluations(RunPaths(run))
         if not found:
             raise MissingInput(f"{spec}: {run} has no complete evaluation (eval_initial/ or round_XX/eval/); run "
                                f"`python -m rsft.run stage=eval` (or stage=loop) first")
+        missing = sorted(set(args.rounds or ()) - set(run_rounds(found)))
+        if missing:
+            has = ", ".join(map(str, run_rounds(found))) or "none"
+            raise MissingInput(f"--rounds {' '.join(map(str, args.rounds))}: {run} has no complete evaluation of "
+                               f"round(s) {', '.join(map(str, missing))} (its evaluated rounds: {has})")
+    for spec in args.runs:
+        run, _, label = spec.partition(":")
+        found = evaluations(RunPaths(run))
         for policy, folder in found:
             if policy == "initial":
                 if initial_seen:

@@ -37,7 +37,7 @@ from rsft.config import refresh_reward_on
 from rsft.errors import ConfigError, MissingInput, main_guard
 from rsft.paths import RunPaths
 from rsft.report import evaluation_table, markdown_table, reward_table
-from rsft.store import is_complete, load_dataset_artifact, read_meta
+from rsft.store import check_intact, is_complete, load_dataset_artifact, read_meta
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CARD_TEMPLATE = "---\n{{ card_data }}\n---\n\n{{ body }}\n"  # huggingface_hub fills card_data with the YAML
@@ -60,7 +60,15 @@ def final_artifacts(run: Path) -> tuple[int, Path, Path]:
         r += 1
     if last is None:
         raise MissingInput(f"{run} has no complete round_XX/policy/; run `python -m rsft.run stage=loop` first")
+    config = read_meta(paths.policy(last)).get("config")
+    dpo_run = isinstance(config, dict) and bool((config.get("loop") or {}).get("dpo"))
+    if dpo_run and not is_complete(paths.dpo_policy(last)):
+        # the card of a loop.dpo=true run describes a DPO policy: the SFT one under it would be mislabelled
+        raise MissingInput(f"{run} ran with loop.dpo=true and the DPO step of round {last} is not built "
+                           f"({paths.dpo_policy(last)} is missing or incomplete); finish it with `python -m rsft.run "
+                           f"stage=loop` and the run's settings before pushing")
     policy = paths.dpo_policy(last) if is_complete(paths.dpo_policy(last)) else paths.policy(last)
+    check_intact(policy)  # DamagedArtifact: never push weights that are not what the run wrote
     if not is_complete(paths.selected(last)):
         raise MissingInput(f"{run} has no complete round_{last:02d}/selected/ beside its policy; rerun "
                            f"`python -m rsft.run stage=loop` with the run's settings to rebuild it")
@@ -207,6 +215,17 @@ def reward_source_line(config: dict) -> str:
     return line + (f" ({settings})" if settings else "")
 
 
+def short_of_rounds(config: dict, last: int) -> str:
+    """'' when the run did every round loop.rounds asked for; else a sentence saying how many it did."""
+    loop = config.get("loop") or {}
+    wanted = loop.get("rounds")
+    if not isinstance(wanted, int) or last + 1 >= wanted:
+        return ""
+    stop = " (or loop.stop ended it early)" if (loop.get("stop") or {}).get("enabled") else ""
+    return (f"only {last + 1} of loop.rounds={wanted} rounds are done{stop}; this is round {last}'s policy, not "
+            f"the last round's")
+
+
 def method_lines(config: dict, last: int, pushed: Path) -> list[str]:
     loop, sample, select, sft = (config.get(k) or {} for k in ("loop", "sample", "select", "sft"))
     dpo = config.get("dpo") or {}
@@ -226,6 +245,8 @@ def method_lines(config: dict, last: int, pushed: Path) -> list[str]:
         (f"- **SFT**: {sft.get('mode')}{lora}, from the {sft.get('init')} policy, lr {sft.get('learning_rate')}, "
          f"{sft.get('epochs')} epoch(s)"),
     ]
+    if short_of_rounds(config, last):
+        lines.append(f"- **Unfinished**: {short_of_rounds(config, last)}")
     if loop.get("dpo"):
         lines.append(f"- **DPO** after SFT on best-vs-worst pairs: beta {dpo.get('beta')}, mode {dpo.get('mode')}, "
                      f"lr {dpo.get('learning_rate')}")
@@ -279,10 +300,13 @@ def provenance_section(run: Path, artifacts: list[Path], pushed_meta: dict, comm
     return text
 
 
-def evaluation_section(paths: RunPaths, rounds: int) -> list[str]:
+def evaluation_section(paths: RunPaths, rounds: int, config: dict | None = None) -> list[str]:
     table = markdown_table(evaluation_table(paths, rounds))
     if not table:
-        return ["## Held-out evaluation", "", "No complete evaluation in the run (loop.eval=false).", ""]
+        # the reason only where the recorded config gives it: else the evaluation was simply not built
+        why = (" (loop.eval=false)" if ((config or {}).get("loop") or {}).get("eval") is False
+               else ": no evaluation was built")
+        return ["## Held-out evaluation", "", f"No complete evaluation in the run{why}.", ""]
     return ["## Held-out evaluation", "",
             ("Means over held-out prompts with 95% bootstrap intervals over prompts; `vs previous` is the paired "
              "difference to the row above (same prompts and sample seeds), `win rate vs initial` the paired "
@@ -320,7 +344,7 @@ def cards(run: Path, repo: str, with_dataset: bool):
                   (f"{named} fine-tuned with rsft's best-of-K rejection sampling, {last + 1} round(s), "
                    f"from the run `{run.name}`."), "",
                   "## Method", "", *method_lines(config, last, policy), "",
-                  *evaluation_section(paths, last + 1)]
+                  *evaluation_section(paths, last + 1, config)]
     if reward_rows:
         model_body += ["## Reward models", "", markdown_table(reward_rows), ""]
     if with_dataset:
@@ -371,6 +395,9 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--repo {args.repo}: {error}") from None
     last, policy, selected = final_artifacts(args.run)
     model_card, dataset_card = cards(args.run, args.repo, not args.no_dataset)
+    short = short_of_rounds(read_meta(policy).get("config") or {}, last)
+    if short:
+        print(f"warning: {short}")
     print(f"round {last}: policy {policy} -> {args.repo}")
     if dataset_card is not None:
         print(f"round {last}: kept completions {selected} -> {args.repo}-data (dataset)")

@@ -40,10 +40,11 @@ from omegaconf import OmegaConf
 
 import rsft.scoring
 from rsft import stats
+from rsft.checks import check_device
 from rsft.data import load_prompts
 from rsft.errors import ConfigError, MissingInput, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
-from rsft.models import load_policy, resolve_device
+from rsft.models import load_policy
 from rsft.paths import RunPaths
 from rsft.reward_specs import open_source
 from rsft.sampling.budget import (
@@ -289,7 +290,7 @@ def main(argv=None) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{option} {value}: expected at least 1")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
-    device = resolve_device(args.device)
+    device = check_device(args.device, "--device")  # one line where the device is misspelt or absent
     for r in args.rounds:  # every round's samples, before any sampling
         round_config(args.run, r)
     report, lines = {}, []

@@ -68,6 +68,7 @@ from reward.scoring import (
     prompt_template,
     score_pairs,
 )
+from rsft.checks import check_device
 from rsft.config import check_run_name, register_configs
 from rsft.errors import ConfigError, InputError, main_guard
 from rsft.reward_training import PAIR_HASHES_FILE
@@ -324,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     options = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(options.threads)
+    check_device(options.device, "--device")  # one line where the device is misspelt or absent
     try:
         models = parse_models(options.model)
         baseline = options.baseline if options.baseline is not None else next(iter(models))

@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from transformers import LlamaConfig
 
 from rsft.checks import check_config
-from rsft.data import prompt_room, duplicate_prompts, load_prompts, prompt_token_ids
+from rsft.data import duplicate_prompts, load_prompts, prompt_room, prompt_token_ids
 from rsft.errors import ConfigError
 from rsft.models import build_byte_tokenizer
 from rsft.stages import BY_NAME as STAGES
@@ -176,7 +176,19 @@ def test_lenient_takes_a_leniency_in_range(make_cfg):
 
 
 def test_greedy_needs_no_temperature(make_cfg):
-    check_config(make_cfg("stage=sample", "sample.strategy=greedy", "sample.temperature=0"))
+    check_config(make_cfg("stage=sample", "sample.strategy=greedy", "sample.temperature=0", "sample.num_samples=1"))
+
+
+@pytest.mark.parametrize("overrides,starts", [
+    ("stage=sample sample.strategy=greedy", "sample.strategy=greedy with sample.num_samples=3"),
+    ("stage=loop sample.strategy=greedy", "sample.strategy=greedy with sample.num_samples=3"),
+    ("stage=prefs sample.strategy=greedy", "prefs.strategy=greedy with prefs.num_samples=4"),
+    ("stage=loop sample.strategy=greedy sample.num_samples=1 select.pairs=false", "prefs.strategy=greedy"),
+])
+def test_greedy_with_several_completions_per_prompt_is_refused(make_cfg, overrides, starts):
+    """Greedy decoding gives K identical completions of a prompt: nothing to select, pair or label."""
+    message = config_error(make_cfg(*overrides.split()))
+    assert message.startswith(starts) and "strategy=exact" in message, message
 
 
 def test_draft_gamma_only_with_a_draft(make_cfg):

@@ -84,6 +84,58 @@ REFUSED = [
                                                   "num_attention_heads=4"), None),
 ]
 
+# values outside what the code can take: seeds numpy refuses, numbers that are not finite, a thread pool
+# that cannot start, rows cut to nothing (each failed only after work had been done)
+OUT_OF_RANGE = [
+    ("stage=sample seed=-1", "seed=-1: expected an integer in [0, 4294967295]"),
+    ("stage=sample seed=4294967296", "seed=4294967296: expected an integer in [0, 4294967295]"),
+    ("stage=reward reward.seed=-1", "reward.seed=-1: expected an integer in [0, 4294967295]"),
+    ("stage=prefs prefs.seed=-5", "prefs.seed=-5: expected an integer in [0"),
+    ("stage=eval eval.seed=-1", "eval.seed=-1: expected an integer in [0"),
+    ("stage=sample data.split_seed=-1 data=hh_rlhf", "data.split_seed=-1: expected an integer in [0"),
+    ("stage=reward reward.data.part_seed=-1", "reward.data.part_seed=-1: expected an integer in [0"),
+    ("stage=draft draft=distilled distill.eval_seed=-1", "distill.eval_seed=-1: expected an integer in [0"),
+    ("stage=sample policy.seed=-1", "policy.seed=-1: expected an integer in [0"),
+    ("stage=sample threads=100000", "threads=100000: expected an integer in [0, "),
+    ("stage=sample threads=-1", "threads=-1: expected an integer in [0, "),
+    ("stage=reward reward.learning_rate=inf", "reward.learning_rate=inf: expected a finite number > 0"),
+    ("stage=sft sft.learning_rate=inf", "sft.learning_rate=inf: expected a finite number > 0"),
+    ("stage=sft sft.learning_rate=nan", "sft.learning_rate=nan: expected a finite number > 0"),
+    ("stage=loop loop.dpo=true dpo.learning_rate=inf", "dpo.learning_rate=inf: expected a finite number > 0"),
+    ("stage=draft draft=distilled distill.learning_rate=inf", "distill.learning_rate=inf: expected a finite"),
+    ("stage=prefs prefs.tau=inf", "prefs.tau=inf: expected a finite number > 0"),
+    ("stage=sample sample.temperature=inf", "sample.temperature=inf: expected a finite number > 0 and <= 100"),
+    ("stage=sample sample.temperature=1e300", "sample.temperature=1e+300: expected a number > 0 and <= 100"),
+    ("stage=sample sample.temperature=-inf", "sample.temperature=-inf: expected a finite number"),
+    ("stage=prefs prefs.temperature=500", "prefs.temperature=500.0: expected a number > 0 and <= 100"),
+    ("stage=select select.threshold=nan select.strategy=threshold", "select.threshold=nan: expected a finite number"),
+    ("stage=select select.min_reward=nan", "select.min_reward=nan: expected a finite number"),
+    ("stage=select select.min_reward=-inf", "select.min_reward=-inf: expected a finite number"),
+    ("stage=loop loop.dpo=true dpo.min_margin=nan", "dpo.min_margin=nan: expected a finite number"),
+    ("stage=sft sft.max_grad_norm=inf", "sft.max_grad_norm=inf: expected a finite number > 0"),
+    (("stage=score reward_source=combination +reward_source.components.a.source=trained "
+      "+reward_source.components.a.weight=inf"), "reward_source.components.a.weight=inf: expected a finite number"),
+    ("stage=sft sft.max_length=1", "sft.max_length=1: expected an integer >= 16"),
+    ("stage=reward reward.max_length=1", "reward.max_length=1: expected an integer >= 16"),
+    ("stage=loop loop.dpo=true dpo.max_length=8", "dpo.max_length=8: expected an integer >= 16"),
+]
+
+
+@pytest.mark.parametrize("overrides,starts", OUT_OF_RANGE, ids=[case[0] for case in OUT_OF_RANGE])
+def test_a_value_the_code_cannot_take_is_refused_up_front(make_cfg, overrides, starts):
+    with pytest.raises(ConfigError) as caught:
+        check_config(make_cfg(*overrides.split()))
+    message = str(caught.value)
+    assert "\n" not in message, "a config error is one line"
+    assert message.startswith(starts), message
+
+
+@pytest.mark.parametrize("overrides", ["stage=sample seed=4294967295 threads=1", "stage=sample sample.temperature=100",
+                                       "stage=sft sft.max_length=16", "stage=select select.min_reward=-3.5"])
+def test_the_edges_of_those_ranges_are_kept(make_cfg, overrides):
+    check_config(make_cfg(*overrides.split()))
+
+
 # a 0 (or other edge) that documents "off", "none" or "all": allowed
 KEPT = [
     "stage=sample sample.prune.at=[4] sample.prune.share=0.34",  # stops 1 of 3

@@ -179,3 +179,48 @@ def test_the_push_uploads_the_weights_then_the_model_card_and_the_dataset_card_b
                                       ("DatasetCard", "you/tiny-rsft-data"), ("rows", "you/tiny-rsft-data")]
     assert calls[0][2] is True and calls[3][2] == {"repo_type": "dataset", "private": True, "exist_ok": True}
     assert "## Held-out evaluation" in calls[2][2] and "# you/tiny-rsft-data" in calls[4][2]
+
+
+def built(path, config=None, files=None):
+    with atomic_artifact(path, {"stage": "test", **({"config": config} if config is not None else {})}) as tmp:
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
+
+
+def test_a_dpo_run_whose_last_dpo_step_is_missing_is_refused(tmp_path):
+    """The card of a loop.dpo=true run describes a DPO policy: the round's SFT policy is not pushed under it."""
+    script, paths = load_script(), RunPaths(tmp_path / "run")
+    built(paths.policy(0), {"loop": {"dpo": True, "rounds": 1}})
+    built(paths.selected(0))
+    with pytest.raises(MissingInput, match=r"loop.dpo=true and the DPO step of round 0 is not built"):
+        script.final_artifacts(paths.root)
+    built(paths.dpo_policy(0))
+    assert script.final_artifacts(paths.root)[1] == paths.dpo_policy(0)
+
+
+def test_a_damaged_policy_is_refused_before_anything_is_listed(tmp_path):
+    from rsft.errors import DamagedArtifact
+
+    script, paths = load_script(), RunPaths(tmp_path / "run")
+    built(paths.policy(0), {"loop": {"rounds": 1}}, {"model.safetensors": b"weights!"})
+    built(paths.selected(0))
+    assert script.final_artifacts(paths.root)[1] == paths.policy(0)
+    (paths.policy(0) / "model.safetensors").write_bytes(b"WEIGHTS!")  # the same size, other content
+    with pytest.raises(DamagedArtifact, match="is damaged: model.safetensors has other content"):
+        script.final_artifacts(paths.root)
+
+
+@pytest.mark.parametrize("loop,says", [({"eval": False}, "No complete evaluation in the run (loop.eval=false)."),
+                                       ({"eval": True}, "No complete evaluation in the run: no evaluation was built."),
+                                       ({}, "No complete evaluation in the run: no evaluation was built.")])
+def test_a_missing_evaluation_is_explained_only_by_what_the_config_recorded(tmp_path, loop, says):
+    lines = load_script().evaluation_section(RunPaths(tmp_path / "run"), 1, {"loop": loop})
+    assert says in lines
+
+
+def test_fewer_rounds_than_asked_are_said_in_the_card(tmp_path):
+    script, paths = load_script(), RunPaths(tmp_path / "run")
+    assert script.short_of_rounds({"loop": {"rounds": 1}}, 0) == ""
+    assert script.short_of_rounds({"loop": {"rounds": 3}}, 0).startswith("only 1 of loop.rounds=3 rounds are done")
+    lines = script.method_lines({"loop": {"rounds": 3}}, 0, paths.policy(0))
+    assert any(line.startswith("- **Unfinished**: only 1 of loop.rounds=3") for line in lines)

@@ -80,6 +80,50 @@ def test_bad_arguments_are_one_line_naming_the_argument(script, argv, expected, 
     assert line.startswith(expected.format(tmp=tmp_path)), line
 
 
+@pytest.mark.parametrize("script", ["replay_budget", "bench_budget"])
+@pytest.mark.parametrize("device", ["gpu", "cuda:99", "cuda"])
+def test_a_device_this_machine_lacks_is_one_line_naming_device(script, device, tmp_path, monkeypatch, caplog):
+    """--device is checked as rsft.run checks device= (rsft.checks.check_device), before the run is read."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    line = one_line(load(script, monkeypatch).main, [str(tmp_path), "--device", device], caplog)
+    assert line.startswith(f"--device {device!r}: expected" if device == "gpu" else f"--device {device} but"), line
+
+
+def test_diversity_curve_probes_its_out_folder_before_any_work(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = one_line(load("diversity_curve", monkeypatch).main,
+                    [str(tmp_path / "missing-run"), "--out", str(blocker / "x.png")], caplog)
+    assert line.startswith(f"--out {blocker / 'x.png'}: cannot write in {blocker}"), line
+
+
+@pytest.mark.parametrize("rounds,expected", [(["5"], "--rounds 5: {run} has no complete evaluation of round(s) 5 "
+                                                     "(its evaluated rounds: 0, 1)"),
+                                             (["-1"], "--rounds -1: expected round numbers >= 0")])
+def test_diversity_curve_names_rounds_the_run_lacks(rounds, expected, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    module = load("diversity_curve", monkeypatch)
+    monkeypatch.setattr(module, "evaluations", lambda paths: [("initial", tmp_path), ("round 0", tmp_path),
+                                                              ("round 1", tmp_path)])
+    line = one_line(module.main, [str(tmp_path), "--rounds", *rounds], caplog)
+    assert line.startswith(expected.format(run=tmp_path)), line
+
+
+def test_compare_runs_kept_refuses_a_language_model_folder(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "num_labels": 2}')
+    line = one_line(load("compare_runs", monkeypatch).main, [str(tmp_path), str(tmp_path), "--kept", str(policy)],
+                    caplog)
+    assert line.startswith(f"--kept {policy}: not a reward model") and "LlamaForCausalLM" in line, line
+
+
 def test_a_schedule_that_does_not_parse_names_it(monkeypatch):
     parse = load("bench_budget", monkeypatch).parse_schedule
     assert parse("prune=8,16 share=0.5 apart", 8, 48)[1].checkpoints == (8, 16)
