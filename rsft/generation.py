@@ -5,8 +5,10 @@ sample_dataset, so a change here changes every one of them alike; a stage module
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from dataclasses import dataclass
 
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +30,7 @@ from rsft.models import (
     policy_folder,
 )
 from rsft.paths import RunPaths
+from rsft.rows import RowWriter, load_saved
 from rsft.sampling.budget import PRUNED, PruneSchedule, adaptive_counts, keepable
 from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
@@ -133,11 +136,30 @@ def round_seed(seed: int, round_idx: int) -> int:
     return int(seed) * 1_000_003 + int(round_idx)
 
 
+class MemoryShards:
+    """ShardStore's load and save, in memory: the shards of a caller that passes no store (a script that
+    samples a few prompts and resumes nothing); it has no folder, so the samples stay in memory too."""
+
+    def __init__(self):
+        self.saved: dict[int, dict] = {}
+        self.root = None
+
+    def load(self, index: int) -> dict | None:
+        return self.saved.get(index)
+
+    def save(self, index: int, payload: dict) -> None:
+        self.saved[index] = payload
+
+    def rows_folder(self, name: str) -> None:
+        return None
+
+
 def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: list[int], num_samples: int,
-                     seed: int, shard_prompts: int, store: ShardStore | None, progress: bool,
-                     ranges: dict[int, range] | None = None, first_shard: int = 0):
-    """The completions of these prompts, `shard_prompts` prompts at a time (0: all at once), each
-    finished shard saved to `store` and each shard found there reused; (completions, shards, reused).
+                     seed: int, shard_prompts: int, store: ShardStore | MemoryShards, progress: bool,
+                     ranges: dict[int, range] | None = None, first_shard: int = 0) -> tuple[int, int]:
+    """Sample these prompts `shard_prompts` at a time (0: all at once), each finished shard saved to
+    `store` and each shard found there reused; (shards, reused). The completions stay in the store, not
+    here: the caller reads them back a shard at a time (own_completions, sampled_blocks).
 
     Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
     sampled in an earlier, killed run is the shard an uninterrupted run samples: the artifact is the
@@ -146,11 +168,10 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
     each; its shards are numbered from first_shard on, after the first pass's."""
     size = shard_prompts if shard_prompts > 0 else max(len(indices), 1)
     shards = [indices[i:i + size] for i in range(0, len(indices), size)]
-    completions, reused, total = [], 0, AcceptanceStats()
+    reused, total = 0, AcceptanceStats()
     for index, shard in enumerate(shards, start=first_shard):
-        found = store.load(index) if store is not None else None
+        found = store.load(index)
         if found is not None:
-            completions += [Completion(**c) for c in found["completions"]]
             total.merge(AcceptanceStats.from_dict(found["stats"]))
             reused += 1
             continue
@@ -158,15 +179,47 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
         part = sampler.generate([prompt_ids[i] for i in shard], num_samples, seed, progress=progress,
                                 prompt_indices=shard,
                                 sample_ranges=None if ranges is None else [ranges[i] for i in shard])
-        if store is not None:
-            store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
+        store.save(index, {"completions": [vars(c) for c in part], "stats": vars(sampler.stats)})
         total.merge(sampler.stats)
-        completions += part
+        del part
+        # each generate call leaves its KV batch in a reference cycle (the TorchScript oneDNN copy of the output
+        # head, rsft.sampling.kv_batch) that only a full collection frees, and the interpreter runs one rarely:
+        # without one per shard they piled up and the peak grew with the prompt count (docs/benchmarks.md)
+        gc.collect()
     sampler.stats = total
     if reused:
         log.info("resumed: %d of %d shard(s) of %d prompts were sampled before and reused (%s)", reused, len(shards),
                  size, store.root)
-    return completions, len(shards), reused
+    return len(shards), reused
+
+
+def _saved_completions(store: ShardStore | MemoryShards, index: int) -> list[Completion]:
+    found = store.load(index)
+    if found is None:  # sample_in_shards saved it moments ago: a folder changed under a running stage
+        raise RuntimeError(f"shard {index} of this process's samples is missing from {store.root}")
+    return [Completion(**c) for c in found["completions"]]
+
+
+def own_completions(store: ShardStore | MemoryShards, shards: int) -> list[Completion]:
+    """This process's completions of its first `shards` shards, in prompt and sample order."""
+    return [c for index in range(shards) for c in _saved_completions(store, index)]
+
+
+def sampled_blocks(store: ShardStore | MemoryShards, shards: int, second_pass_shards: int = 0):
+    """Shard j of every process, merged, for j = 0, 1, ...: (all of them, this process's own), each in prompt and
+    sample order. Process r's shard j holds the prompts r + W t for t in [j s, (j + 1) s) (s = shard_prompts), so
+    shard j of all W processes is the prompts [j s W, (j + 1) s W): the blocks, in order, are the whole set in
+    prompt order, and only one block is in memory at a time. With adaptive K each block has its second pass's
+    shard j too (numbered after the `shards` of the first pass). Every process takes part in each gather."""
+    blocks = max(distributed.gather_each(shards), default=0)
+    for j in range(blocks):
+        own = []
+        if j < shards:
+            own = _saved_completions(store, j) + (
+                _saved_completions(store, shards + j) if j < second_pass_shards else [])
+        parts = distributed.gather_each([vars(c) for c in own]) if distributed.world_size() > 1 else [own]
+        merged = [c if isinstance(c, Completion) else Completion(**c) for part in parts for c in part]
+        yield sorted(merged, key=lambda c: (c.prompt_index, c.sample_idx)), own
 
 
 def token_scorer(scorer, tokenizer, prompt_texts: list[str], prompt_rows: list[dict] | None = None):
@@ -228,9 +281,12 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
     completion seeds the whole set would give them, and every process gets all rows, in prompt and
     sample order: the dataset is the same whatever the number of processes. The summary's
-    acceptance counts are over all processes; `per_rank` has each process's throughput. With a
-    ShardStore, each process samples its prompts `shard_prompts` at a time and a rerun resumes at the
-    first shard that was not finished (ShardStore).
+    acceptance counts are over all processes; `per_rank` has each process's throughput. Each process
+    samples its prompts `shard_prompts` at a time and keeps each finished shard in `store`, not in
+    memory: with a ShardStore, on disk, where a rerun resumes at the first shard that was not finished,
+    and the dataset is assembled from the shards a block at a time into a folder of the store and
+    opened memory-mapped (assemble_samples), so that memory does not grow with the prompt count;
+    without one, in memory (MemoryShards).
 
     With a reward-model `scorer`, `prune` stops low-ranked rows (they stay in the dataset with
     finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, mean) draws
@@ -254,74 +310,136 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     sampler = engine or Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune,
                                 score=score)
     mine = distributed.shard(len(prompt_ids))
+    store = store if store is not None else MemoryShards()
     started = time.perf_counter()
-    adaptive_meta = None
+    adaptive_meta, second_shards = None, 0
     if adaptive is None:
-        completions, _, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts,
-                                                  store, progress)
+        shards, reused = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store, progress)
     else:
         k0, mean_budget = adaptive
-        first, shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
+        shards, reused = sample_in_shards(sampler, prompt_ids, mine, k0, seed, shard_prompts, store, progress)
         first_stats = sampler.stats
         scoring_started = time.perf_counter()
-        ranges, adaptive_meta = second_pass(first, score, tokenizer, k0, mean_budget, num_samples)
+        # the first pass is scored in one call, as it always was: a reward model's batches depend on all of it
+        ranges, adaptive_meta = second_pass(own_completions(store, shards), score, tokenizer, k0, mean_budget,
+                                            num_samples)
         sampler.timings["budget_reward_seconds"] += time.perf_counter() - scoring_started
-        more, _, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts, store,
-                                                progress, ranges=ranges, first_shard=shards)
+        second_shards, reused_more = sample_in_shards(sampler, prompt_ids, mine, num_samples, seed, shard_prompts,
+                                                      store, progress, ranges=ranges, first_shard=shards)
         sampler.stats.merge(first_stats)
-        completions, reused = sorted(first + more, key=lambda c: (c.prompt_index, c.sample_idx)), reused + reused_more
+        reused += reused_more
     seconds = time.perf_counter() - started
-    own_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
     # every process's pruning counts, summed (prune is the same on every process: all reach the collective)
     budget_counts = {} if prune is None else {
         k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts)) for k in sampler.prune_counts}
-    per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": len(completions),
-                                        "tokens": own_tokens, "seconds": round(seconds, 2),
-                                        "tokens_per_second": round(own_tokens / max(seconds, 1e-9), 2)})
+    columns = SampleColumns(prompts, tokenizer, provenance, prune is not None)
+    ds, counts, own = assemble_samples(store, shards, second_shards, columns)
+    per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": own.completions,
+                                        "tokens": own.tokens, "seconds": round(seconds, 2),
+                                        "tokens_per_second": round(own.tokens / max(seconds, 1e-9), 2)})
     if distributed.world_size() > 1:
-        completions = sorted(distributed.gather(completions), key=lambda c: (c.prompt_index, c.sample_idx))
         sampler.stats = sum_stats(distributed.gather_each(sampler.stats))
         seconds = max(r["seconds"] for r in per_rank)
-    extra_columns = [c for c in prompts.column_names if c not in ("prompt_id", "prompt")]
-    rows = []
-    for c in completions:
-        source = prompts[c.prompt_index]
-        rows.append({
-            "prompt_id": source["prompt_id"],
-            "prompt": source["prompt"],
-            "sample_idx": c.sample_idx,
-            "completion": tokenizer.decode(c.token_ids, skip_special_tokens=True),
-            "completion_ids": c.token_ids,
-            "num_tokens": len(c.token_ids),
-            "finish_reason": c.finish_reason,
-            "seed": c.seed,
-            **provenance,
-            "num_drafted": c.num_drafted,
-            "num_accepted": c.num_accepted,
-            "num_target_forwards": c.num_target_forwards,
-            **({"pruned_at": c.pruned_at} if prune is not None else {}),
-            **{k: source[k] for k in extra_columns},
-        })
     summary = sampler.summary()
-    total_tokens = sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions)
     summary.update({
-        "num_completions": len(completions),
+        "num_completions": counts.completions,
         "num_prompts": len(prompts),
-        "tokens": total_tokens,
+        "tokens": counts.tokens,
         "seconds": round(seconds, 2),
-        "tokens_per_second": round(total_tokens / max(seconds, 1e-9), 2),
-        "eos_fraction": sum(c.finish_reason == "eos" for c in completions) / max(len(completions), 1),
+        "tokens_per_second": round(counts.tokens / max(seconds, 1e-9), 2),
+        "eos_fraction": counts.eos / max(counts.completions, 1),
         **{f"prune_{k}": v for k, v in budget_counts.items()},
-        **({"pruned": sum(c.finish_reason == PRUNED for c in completions)} if prune is not None else {}),
+        **({"pruned": counts.pruned} if prune is not None else {}),
         **({"adaptive": adaptive_meta} if adaptive_meta is not None else {}),
-        "mean_tokens": sum(len(c.token_ids) for c in completions) / max(len(completions), 1),
+        "mean_tokens": counts.token_ids / max(counts.completions, 1),
         "shards_resumed": sum(distributed.gather_each(reused)),
         "prompts_cut": sum(n > 0 for n in cut),
         "prompt_tokens_cut": sum(cut),
         "world_size": distributed.world_size(),
         "per_rank": per_rank,
     })
-    return Dataset.from_list(rows), summary
+    return ds, summary
+
+
+@dataclass
+class Tally:
+    """What the summary counts over completions, added up a block at a time (the sums are integers: the
+    same whatever the order)."""
+
+    completions: int = 0
+    tokens: int = 0      # up to and including EOS
+    token_ids: int = 0   # the completions' own tokens
+    eos: int = 0
+    pruned: int = 0
+
+    def add(self, completions: list[Completion]) -> None:
+        self.completions += len(completions)
+        self.token_ids += sum(len(c.token_ids) for c in completions)
+        self.eos += sum(c.finish_reason == "eos" for c in completions)
+        self.tokens = self.token_ids + self.eos
+        self.pruned += sum(c.finish_reason == PRUNED for c in completions)
+
+
+@dataclass
+class SampleColumns:
+    """How a completion becomes a samples row: its prompt's columns, the decoded text, the provenance."""
+
+    prompts: Dataset
+    tokenizer: object
+    provenance: dict
+    pruning: bool
+
+    def rows(self, completions: list[Completion]) -> list[dict]:
+        """The rows of a block of completions (prompt order); its prompts are read as one slice."""
+        first, last = completions[0].prompt_index, completions[-1].prompt_index
+        block = self.prompts[first:last + 1]
+        sources = [dict(zip(block, values)) for values in zip(*block.values())]
+        extra_columns = [c for c in self.prompts.column_names if c not in ("prompt_id", "prompt")]
+        rows = []
+        for c in completions:
+            source = sources[c.prompt_index - first]
+            rows.append({
+                "prompt_id": source["prompt_id"],
+                "prompt": source["prompt"],
+                "sample_idx": c.sample_idx,
+                "completion": self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                "completion_ids": c.token_ids,
+                "num_tokens": len(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "seed": c.seed,
+                **self.provenance,
+                "num_drafted": c.num_drafted,
+                "num_accepted": c.num_accepted,
+                "num_target_forwards": c.num_target_forwards,
+                **({"pruned_at": c.pruned_at} if self.pruning else {}),
+                **{k: source[k] for k in extra_columns},
+            })
+        return rows
+
+
+def assemble_samples(store: ShardStore | MemoryShards, shards: int, second_shards: int,
+                     columns: SampleColumns) -> tuple[Dataset, Tally, Tally]:
+    """The samples dataset from the saved shards of every process, a block at a time (sampled_blocks), and
+    the tallies over all completions and over this process's own.
+
+    With a ShardStore the main process writes the rows into the store's folder (rsft.rows.RowWriter, the
+    dataset Dataset.from_list over all rows would be) and every process then opens it memory-mapped:
+    no process holds more than a block of rows. Without one (MemoryShards) every process builds it in memory."""
+    folder = store.rows_folder("samples")
+    writer = RowWriter(folder) if folder is None or distributed.is_main() else None
+    counts, own_counts = Tally(), Tally()
+    for completions, own in sampled_blocks(store, shards, second_shards):
+        counts.add(completions)
+        own_counts.add(own)
+        if writer is not None and completions:
+            writer.add_rows(columns.rows(completions))
+    if not counts.completions:  # no prompts: what from_list makes of no rows
+        return Dataset.from_list([]), counts, own_counts
+    ds = writer.close() if writer is not None else None
+    if folder is not None:
+        distributed.barrier()  # the main process has written it
+        ds = load_saved(folder)
+    return ds, counts, own_counts
 
 
 def prune_schedule(sample: DictConfig) -> PruneSchedule | None:

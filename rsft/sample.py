@@ -32,6 +32,7 @@ from rsft.generation import (
 )
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
+from rsft.rows import save_dataset
 from rsft.runner import Built, Job, Plan
 
 log = logging.getLogger(__name__)
@@ -91,4 +92,5 @@ def build(cfg: DictConfig, job: Job) -> Built:
     log.info("sampled %d completions into %s (%.1f tokens/s, acceptance %s)", len(ds), job.out,
              summary["tokens_per_second"], summary.get("acceptance_rate"))
     metrics = {f"sample/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
-    return Built([(meta, lambda tmp: ds.save_to_disk(str(tmp)))], metrics, step=round_idx)
+    # ds is the folder the shards were assembled into (rsft.generation.assemble_samples): copied, not read row by row
+    return Built([(meta, lambda tmp: save_dataset(ds, tmp))], metrics, step=round_idx)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections import defaultdict
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from datasets import Features
 from omegaconf import DictConfig
 
 from rsft import scoring
@@ -32,6 +34,7 @@ from rsft.config import uses_trained_reward
 from rsft.errors import InputError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
+from rsft.rows import ArtifactRows, RowWriter, in_tables
 from rsft.runner import Built, Job, Plan
 from rsft.sampling.budget import PRUNED
 from rsft.store import is_complete, load_dataset_artifact
@@ -50,24 +53,29 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
                 sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
 
 
+def completed(rows: ArtifactRows):
+    """The samples' record batches less the rows stage=sample pruned (finish_reason "pruned")."""
+    for batch in rows.batches():
+        pruned = pc.fill_null(pc.equal(batch.column("finish_reason"), PRUNED), False)
+        yield batch.filter(pc.invert(pruned)) if pc.any(pruned).as_py() else batch
+
+
 def build(cfg: DictConfig, job: Job) -> Built:
+    """The samples are read a record batch at a time and scored a shard at a time (reward.score_shard_rows): what
+    is held for every row is its rewards, never its other columns."""
     source, *trained = job.plan.inputs
-    samples = load_dataset_artifact(source)
-    pruned = sum(f == PRUNED for f in samples["finish_reason"])
-    if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
-        samples = samples.filter(lambda f: f != PRUNED, input_columns="finish_reason")
-        log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
+    samples = load_dataset_artifact(source)  # checked; memory-mapped, its rows read below through `rows`
+    rows = ArtifactRows([source])
     scorer = scoring.open_reward(cfg, resolve_device(cfg.device), trained[0] if trained else None)
     scored_by = str(trained[0].relative_to(job.paths.root)) if cfg.reward_source.kind == "trained" else (
         scoring.source_spec(cfg) if cfg.reward_source.kind != "combination" else "combination")
     log.info("score: round %s's samples scored by %s", cfg.round, trained[0] if trained and
              cfg.reward_source.kind == "trained" else scored_by)
-    rows = samples.remove_columns(["prompt", "completion"]).to_list()  # each row's other columns (a reference)
     # a killed scoring run resumes at its first unfinished shard of rows
-    raw = scoring.score_in_shards(scorer, samples["prompt"], samples["completion"], int(cfg.reward.score_shard_rows),
-                                  job.shards(), rows)
-    if len(raw) != len(samples):
-        raise RuntimeError(f"the scorer returned {len(raw)} rewards for {len(samples)} completions")
+    raw = scoring.score_in_shards(scorer, in_tables(completed(rows), int(cfg.reward.score_shard_rows)), job.shards())
+    pruned = len(samples) - len(raw)
+    if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
+        log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
     scored_values = [r for r in raw if r is not None]
     if not scored_values:
         raise InputError(f"score: {scored_by} found none of round {cfg.round}'s {len(raw)} completions scorable "
@@ -78,32 +86,57 @@ def build(cfg: DictConfig, job: Job) -> Built:
         mean, std = statistics.fmean(scored_values), statistics.pstdev(scored_values) or 1.0
         normalised = [None if r is None else (r - mean) / std for r in raw]
         calibration = {"rows": len(scored_values), "mean": mean, "std": std, "source": f"round {cfg.round}"}
-    scored = samples.add_column("reward", [None if r is None else float(r) for r in raw])
-    scored = scored.add_column("reward_normalised", normalised)
-    scored = scored.add_column("reward_model", [scored_by] * len(scored))
-    for name, part in scoring.combination_parts(scorer).items():  # each component's raw score beside the total
-        scored = scored.add_column(f"reward_{name}", scoring.score_rows(part, samples["prompt"],
-                                                                        samples["completion"], rows, progress=False))
+    # the new columns, typed as Dataset.add_column types them (one inference over the whole column)
+    added = {"reward": pa.array([None if r is None else float(r) for r in raw]),
+             "reward_normalised": pa.array(normalised), "reward_model": pa.repeat(scored_by, len(raw))}
+    parts = scoring.combination_parts(scorer)
+    if parts:  # each component's raw score beside the total, over all rows in one call as it always was
+        whole = next(in_tables(completed(rows), 0))
+        prompts, completions = whole.column("prompt").to_pylist(), whole.column("completion").to_pylist()
+        others = whole.drop_columns(["prompt", "completion"]).to_pylist()
+        for name, part in parts.items():
+            added[f"reward_{name}"] = pa.array(scoring.score_rows(part, prompts, completions, others, progress=False))
+        del whole, prompts, completions, others
 
-    by_prompt = defaultdict(list)
-    for prompt_id, reward in zip(scored["prompt_id"], scored["reward"]):
-        if reward is not None:
-            by_prompt[prompt_id].append(reward)
+    prompts_seen: dict = {}  # prompt id -> (lowest, highest) scored reward
+    start = 0
+    for batch in completed(rows):  # per prompt the best and the spread of its scored rewards
+        for prompt_id, reward in zip(batch.column("prompt_id").to_pylist(), raw[start:start + batch.num_rows]):
+            if reward is not None:
+                low, high = prompts_seen.get(prompt_id, (reward, reward))
+                prompts_seen[prompt_id] = (min(low, reward), max(high, reward))
+        start += batch.num_rows
+    best = [high for _, high in prompts_seen.values()]
+    spread = [high - low for low, high in prompts_seen.values()]
     stats = {
         "reward_mean": statistics.fmean(scored_values),
         "reward_std": statistics.pstdev(scored_values),
-        "best_of_k_reward_mean": statistics.fmean(max(v) for v in by_prompt.values()),
-        "within_prompt_spread_mean": statistics.fmean(max(v) - min(v) for v in by_prompt.values()),
+        "best_of_k_reward_mean": statistics.fmean(best),
+        "within_prompt_spread_mean": statistics.fmean(spread),
     }
     unscorable = len(raw) - len(scored_values)
     meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(trained[0]) if trained else scored_by,
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
-            "counts": {"rows": len(scored), "prompts": len(by_prompt), **({"pruned_left_out": pruned} if pruned else {}),
+            "counts": {"rows": len(raw), "prompts": len(prompts_seen),
+                       **({"pruned_left_out": pruned} if pruned else {}),
                        **({"unscorable": unscorable} if unscorable else {})},
             "stats": stats, **({"calibration": calibration} if calibration else {})}
     if unscorable:
         log.warning("score: %d of %d completions were not scorable by %s (reward None; select never keeps them)",
                     unscorable, len(raw), scored_by)
-    log.info("scored %d completions of %d prompts into %s", len(scored), len(by_prompt), job.out)
-    return Built([(meta, lambda tmp: scored.save_to_disk(str(tmp)))], {f"score/{k}": v for k, v in stats.items()},
-                 step=int(cfg.round))
+    log.info("scored %d completions of %d prompts into %s", len(raw), len(prompts_seen), job.out)
+    features = samples.features.copy()
+    features.update(Features.from_arrow_schema(pa.schema([(name, column.type) for name, column in added.items()])))
+
+    def write(tmp):
+        """The samples' batches with the new columns beside them, written as they are read."""
+        writer, start = RowWriter(tmp, features=features, info=samples.info), 0
+        for batch in completed(rows):
+            table = pa.Table.from_batches([batch])
+            for name, column in added.items():
+                table = table.append_column(name, column.slice(start, batch.num_rows))
+            writer.add_table(table)
+            start += batch.num_rows
+        writer.close()
+
+    return Built([(meta, write)], {f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))

@@ -223,18 +223,21 @@ def score_rows(scorer: RewardSource, prompts, completions, rows: list[dict] | No
     return [next((part[i] for part in shards if part[i] is not None), None) for i in range(len(shards[0]))]
 
 
-def score_in_shards(scorer, prompts, completions, shard_rows: int, store: ShardStore,
-                    rows: list[dict] | None = None) -> list[float | None]:
-    """score_rows, `shard_rows` completions at a time (0: all at once): each finished shard's rewards are
-    saved to `store` by every process (each its own file, ShardStore) and a rerun reuses the ones found
-    there, so that all processes skip the same shards and meet at the same collectives."""
-    size = shard_rows if shard_rows > 0 else max(len(completions), 1)
-    raw: list[float] = []
-    for index, start in enumerate(range(0, len(completions), size)):
+def score_in_shards(scorer, shards, store: ShardStore) -> list[float | None]:
+    """score_rows over each shard of rows in turn (`shards`: Arrow tables with the prompt and completion columns,
+    the others each row's columns, as function sources read them), so that only a shard's rows are Python
+    objects at a time: each finished shard's rewards are saved to `store` by every process (each its own file,
+    ShardStore) and a rerun reuses the ones found there, so that all processes skip the same shards and meet
+    at the same collectives."""
+    raw: list[float | None] = []
+    for index, shard in enumerate(shards):
         found = store.load(index)
         if found is None:
-            found = score_rows(scorer, prompts[start:start + size], completions[start:start + size],
-                               None if rows is None else rows[start:start + size])
+            found = score_rows(scorer, shard.column("prompt").to_pylist(), shard.column("completion").to_pylist(),
+                               shard.drop_columns(["prompt", "completion"]).to_pylist())
             store.save(index, found)  # each process its own file (the same rows): every one resumes alike
+        if len(found) != shard.num_rows:
+            raise RuntimeError(f"the scorer returned {len(found)} rewards for the {shard.num_rows} completions of "
+                               f"shard {index}")
         raw += found
     return raw

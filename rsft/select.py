@@ -45,15 +45,20 @@ import hashlib
 import logging
 import math
 import random
-from collections import Counter, defaultdict
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 
 from rsft.data import chat_messages
 from rsft.errors import ArtifactError, InputError, MissingInput
 from rsft.paths import RunPaths
+from rsft.rows import ArtifactRows, write_rows
 from rsft.runner import Built, Job, Plan
 from rsft.stats import ngrams, opening, top_opening
 from rsft.store import is_complete, load_dataset_artifact
@@ -67,17 +72,59 @@ def candidate_rounds(round_idx: int, pool_rounds: int) -> list[int]:
     return list(range(round_idx, first - 1, -1))
 
 
-def load_scored(paths: RunPaths, rounds: list[int]) -> list[dict]:
-    rows = []
+def load_scored(paths: RunPaths, rounds: list[int]) -> ArtifactRows:
+    """The scored sets of the pooled rounds (newest first), checked, as rows read from their files."""
     for r in rounds:
         path = paths.scored(r)
-        ds = load_dataset_artifact(path)
+        columns = load_dataset_artifact(path).column_names
         for column in ("reward", "reward_normalised"):
-            if column not in ds.column_names:
-                raise ArtifactError(f"{path} has no {column!r} column (columns: {ds.column_names}); it was not written "
-                               f"by stage=score: rerun `python -m rsft.run stage=score round={r} overwrite=true`")
-        rows.extend(ds.to_list())
-    return rows
+            if column not in columns:
+                raise ArtifactError(f"{path} has no {column!r} column (columns: {columns}); it was not written "
+                                    f"by stage=score: rerun `python -m rsft.run stage=score round={r} overwrite=true`")
+    return ArtifactRows([paths.scored(r) for r in rounds])
+
+
+@dataclass
+class PromptGroups:
+    """The candidates of each prompt, prompts in the order they first appear (the newest round's first), each
+    prompt's rows in the order they were read; fetched from the files a few thousand rows at a time, so that
+    only those rows are Python objects at a time. Built by one pass over the rows (index): the rows' positions
+    grouped by prompt (a stable sort of each row's prompt number), and the candidates' rewards in row order."""
+
+    rows: ArtifactRows
+    order: np.ndarray      # [rows] row positions, grouped by prompt
+    bounds: np.ndarray     # [prompts + 1] prompt g's rows are order[bounds[g]:bounds[g + 1]]
+    ids: list              # [prompts] the prompt ids
+    rewards: array         # the rows' rewards that are not None, in row order (their mean sums them in this order)
+    chunk_rows: int = 4096
+
+    @classmethod
+    def index(cls, rows: ArtifactRows) -> PromptGroups:
+        number: dict = {}
+        prompt_of, rewards = array("q"), array("d")
+        for batch in rows.batches():
+            for prompt_id in batch.column("prompt_id").to_pylist():
+                prompt_of.append(number.setdefault(prompt_id, len(number)))
+            rewards.extend(r for r in batch.column("reward").to_pylist() if r is not None)
+        codes = np.frombuffer(prompt_of, dtype=np.int64) if prompt_of else np.zeros(0, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(number)))])
+        return cls(rows, np.argsort(codes, kind="stable"), bounds, list(number), rewards)
+
+    def most_per_prompt(self) -> int:
+        return int(np.diff(self.bounds).max(initial=0))
+
+    def __call__(self) -> Iterator[tuple[Any, list[dict]]]:
+        """(prompt id, its candidates) for every prompt, in order."""
+        first, count = 0, len(self.ids)
+        while first < count:
+            last = first + 1  # a chunk of whole prompts, at most chunk_rows rows unless one prompt has more
+            while last < count and self.bounds[last + 1] - self.bounds[first] <= self.chunk_rows:
+                last += 1
+            start = int(self.bounds[first])
+            fetched = self.rows.take(self.order[start:int(self.bounds[last])].tolist())
+            for g in range(first, last):
+                yield self.ids[g], fetched[int(self.bounds[g]) - start:int(self.bounds[g + 1]) - start]
+            first = last
 
 
 def scored_by(row: dict) -> str:
@@ -220,44 +267,137 @@ def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | Non
 
 @dataclass
 class Selection:
-    """What the selection rule keeps of a round's candidates, and its counts for meta.json."""
+    """What the selection rule keeps of a round's candidates (which of each prompt's ranked survivors), and its
+    counts for meta.json; the rows themselves are read again when they are written (selected_rows, pair_rows)."""
 
-    selected: list[dict]
-    pairs: list[dict]
+    kept: dict[Any, list[int]]  # prompt id -> the indices of its kept survivors in its ranked survivors, in order
     counts: dict
     stats: dict
     starved: list[str]     # prompts with no survivor
+    top_opening: tuple[str, float]
+    largest_pair_gap: float | None  # the largest reward_normalised gap of a pair (dpo.min_margin's check)
 
 
-def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: int, want_pairs: bool,
-                system_prompt: str | None) -> Selection:
-    """The selection rule over the scored rows of the pooled rounds (steps 1-4 of the module docstring): a pure
-    function of the rows and the select settings, tested without a run directory. Raises InputError when
-    nothing is kept (SFT would have nothing to train on)."""
-    by_prompt: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        by_prompt[row["prompt_id"]].append(row)
-    selected, pairs, starved = [], [], []
+SLIM = ("prompt_id", "reward", "reward_normalised", "finish_reason", "completion")  # what the levers decide by
+
+
+def _with_levers(select_cfg: DictConfig) -> tuple[bool, bool]:
+    """(an opening cap, diversity): the levers that make one prompt's choice depend on the other prompts'."""
+    cap = select_cfg.get("max_opening_share") is not None
+    return cap, select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
+
+
+def pair_gap(ranked: list[dict]) -> float | None:
+    """The reward_normalised gap of the prompt's preference pair (best and worst survivor), None when it has
+    none (preference_pair's rule)."""
+    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
+        return None
+    return ranked[0]["reward_normalised"] - ranked[-1]["reward_normalised"]
+
+
+class _Tally:
+    """The counts and statistics of what is kept, added a prompt at a time in the order of the output."""
+
+    def __init__(self):
+        self.rewards, self.texts = array("d"), []
+        self.truncated = self.prompts = 0
+        self.pairs, self.largest_gap = 0, None
+
+    def keep(self, rows: list[dict]) -> None:
+        self.rewards.extend(c["reward"] for c in rows)
+        self.texts += [c["completion"] for c in rows]
+        self.truncated += sum(c["finish_reason"] == "length" for c in rows)
+        self.prompts += bool(rows)
+
+    def pair(self, ranked: list[dict]) -> None:
+        gap = pair_gap(ranked)
+        if gap is not None:
+            self.pairs += 1
+            self.largest_gap = gap if self.largest_gap is None else max(self.largest_gap, gap)
+
+
+def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candidate_rewards: Sequence[float],
+                  select_cfg: DictConfig, seed: int, round_idx: int, want_pairs: bool) -> Selection:
+    """The selection rule over each prompt's candidates (steps 1-4 of the module docstring): a pure function of
+    the groups (`groups()`: (prompt id, candidates) of every prompt, in order) and the select settings, tested
+    without a run directory. candidate_rewards: every candidate's reward that is not None, in row order.
+    Without the levers each prompt is decided as it is read and only its choice is kept; with them every
+    prompt's ranked survivors (the fields that decide, SLIM) are kept until all are read. Raises InputError
+    when nothing is kept (SFT would have nothing to train on)."""
+    cap_on, diverse = _with_levers(select_cfg)
+    starved, kept, ranked_by_prompt, tally = [], {}, {}, _Tally()
     dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": 0, "opening_cap": 0}
-    ranked_by_prompt = {}
-    for prompt_id, candidates in by_prompt.items():
-        ranked, dropped = survivors(candidates, select_cfg)
+    candidates = prompts = survivors_left = would_keep = 0
+    best_left = float("-inf")
+    for prompt_id, group in groups():
+        candidates, prompts = candidates + len(group), prompts + 1
+        ranked, dropped = survivors(group, select_cfg)
         for key, n in dropped.items():
             dropped_total[key] = dropped_total.get(key, 0) + n
         if not ranked:
             starved.append(prompt_id)
             log.warning("select: every completion of prompt %s (%r) was filtered out (%s); no example for it",
-                        prompt_id, candidates[0]["prompt"][:80], dropped)
+                        prompt_id, group[0]["prompt"][:80], dropped)
             continue
-        ranked_by_prompt[prompt_id] = ranked
-    cap = opening_cap(select_cfg, sum(len(choose(ranked, select_cfg, seed, round_idx, prompt_id))
-                                      for prompt_id, ranked in ranked_by_prompt.items()))
+        survivors_left += len(ranked)
+        best_left = max(best_left, *(c["reward_normalised"] for c in ranked))
+        picked = choose(ranked, select_cfg, seed, round_idx, prompt_id)
+        if cap_on or diverse:
+            ranked_by_prompt[prompt_id] = [{**{k: c[k] for k in SLIM}, "index": i} for i, c in enumerate(ranked)]
+            would_keep += len(picked)
+            continue
+        where = {id(c): i for i, c in enumerate(ranked)}
+        kept[prompt_id] = [where[id(c)] for c in picked]
+        tally.keep(picked)
+        if want_pairs:
+            tally.pair(ranked)
+    capped = []
+    if cap_on or diverse:
+        kept, capped = _choose_with_levers(ranked_by_prompt, select_cfg, seed, round_idx, would_keep, dropped_total)
+        for prompt_id, ranked in ranked_by_prompt.items():  # the output's order: the prompts' own
+            if prompt_id in kept:
+                tally.keep([ranked[i] for i in kept[prompt_id]])
+                if want_pairs:
+                    tally.pair(ranked)
+    if not tally.rewards and select_cfg.strategy == "threshold" and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
+                         f"above every surviving completion's reward_normalised (the highest of {survivors_left} "
+                         f"is {best_left:.3f}); SFT would have nothing to train on. Lower select.threshold")
+    if not tally.rewards and select_cfg.get("min_reward") is not None and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: none of the {survivors_left} surviving "
+                         f"completions reaches select.min_reward={select_cfg.min_reward} (the highest "
+                         f"reward_normalised is {best_left:.3f}); SFT would have nothing to train on. Lower "
+                         f"select.min_reward or sample more (sample.num_samples)")
+    if not tally.rewards:
+        raise InputError(f"select kept no completion in round {round_idx}: all {candidates} candidates of "
+                         f"{prompts} prompts were filtered out ({dropped_total}); SFT would have nothing "
+                         f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
+    selected = len(tally.rewards)
+    counts = {
+        "candidates": candidates, "prompts": prompts, "selected": selected, "pairs": tally.pairs,
+        "prompts_without_survivors": len(starved), "prompts_capped": len(capped),
+        "prompts_kept": tally.prompts,
+        "survivors_per_prompt_mean": survivors_left / max(prompts, 1),
+        "selected_truncated": tally.truncated,
+        **{f"dropped_{k}": v for k, v in dropped_total.items()},
+    }
+    stats = {
+        "selected_reward_mean": sum(tally.rewards) / selected,
+        "candidate_reward_mean": sum(candidate_rewards) / max(len(candidate_rewards), 1),
+        "acceptance_fraction": selected / candidates,
+    }
+    return Selection(kept, counts, stats, starved, top_opening(tally.texts), tally.largest_gap)
+
+
+def _choose_with_levers(ranked_by_prompt: dict[Any, list[dict]], select_cfg: DictConfig, seed: int, round_idx: int,
+                        would_keep: int, dropped_total: dict) -> tuple[dict[Any, list[int]], list]:
+    """Step 4 (the opening cap, diversity) over every prompt's ranked survivors: prompts whose best survivor the
+    reward model likes most choose first. Returns (prompt id -> its kept survivors' indices, the prompts capped)."""
+    cap = opening_cap(select_cfg, would_keep)
     openings: Counter = Counter()
-    capped, kept_grams = [], set()
-    diverse = select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
-    # with a cap or diversity, the prompts whose best survivor the reward model likes most choose first
-    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid)) if (
-        cap or diverse) else list(ranked_by_prompt)
+    capped, kept_grams, kept = [], set(), {}
+    _, diverse = _with_levers(select_cfg)
+    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid))
     for prompt_id in order:
         ranked = ranked_by_prompt[prompt_id]
         allowed = ranked if cap is None else [c for c in ranked if not opening(c["completion"])
@@ -268,54 +408,48 @@ def select_rows(rows: list[dict], select_cfg: DictConfig, seed: int, round_idx: 
             continue
         picked = (diverse_choice(allowed, select_cfg, kept_grams) if diverse
                   else choose(allowed, select_cfg, seed, round_idx, prompt_id))
-        kept = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
-        for c in kept:
+        chosen = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
+        for c in chosen:
             kept_grams.update(ngrams(c["completion"], 2))
-        dropped_total["opening_cap"] += len(picked) - len(kept)  # a prompt's own k picks count too
-        for rank, c in enumerate(kept):
-            selected.append({**c, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx})
-        pair = preference_pair(ranked, system_prompt) if want_pairs else None
-        if pair is not None:
-            pairs.append(pair)
+        dropped_total["opening_cap"] += len(picked) - len(chosen)  # a prompt's own k picks count too
+        kept[prompt_id] = [c["index"] for c in chosen]
     if capped:
         log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
                  "(select.max_opening_share=%s)", len(capped), cap, select_cfg.max_opening_share)
+    return kept, capped
 
-    if cap is not None or diverse:  # the visiting order decides who keeps what, not the order of the output
-        position = {prompt_id: i for i, prompt_id in enumerate(by_prompt)}
-        selected.sort(key=lambda c: position[c["prompt_id"]])  # stable: ranks stay in order within a prompt
-        pairs.sort(key=lambda p: position[p["prompt_id"]])
 
-    survivors_left = [c["reward_normalised"] for ranked in ranked_by_prompt.values() for c in ranked]
-    if not selected and select_cfg.strategy == "threshold" and survivors_left:
-        raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
-                         f"above every surviving completion's reward_normalised (the highest of {len(survivors_left)} "
-                         f"is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower select.threshold")
-    if not selected and select_cfg.get("min_reward") is not None and survivors_left:
-        raise InputError(f"select kept no completion in round {round_idx}: none of the {len(survivors_left)} surviving "
-                         f"completions reaches select.min_reward={select_cfg.min_reward} (the highest "
-                         f"reward_normalised is {max(survivors_left):.3f}); SFT would have nothing to train on. Lower "
-                         f"select.min_reward or sample more (sample.num_samples)")
-    if not selected:
-        raise InputError(f"select kept no completion in round {round_idx}: all {len(rows)} candidates of "
-                         f"{len(by_prompt)} prompts were filtered out ({dropped_total}); SFT would have nothing "
-                         f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
-    survivor_counts = [len(v) for v in ranked_by_prompt.values()] + [0] * len(starved)
-    counts = {
-        "candidates": len(rows), "prompts": len(by_prompt), "selected": len(selected), "pairs": len(pairs),
-        "prompts_without_survivors": len(starved), "prompts_capped": len(capped),
-        "prompts_kept": len({c["prompt_id"] for c in selected}),
-        "survivors_per_prompt_mean": sum(survivor_counts) / max(len(survivor_counts), 1),
-        "selected_truncated": sum(c["finish_reason"] == "length" for c in selected),
-        **{f"dropped_{k}": v for k, v in dropped_total.items()},
-    }
-    scored = [c["reward"] for c in rows if c["reward"] is not None]
-    stats = {
-        "selected_reward_mean": sum(c["reward"] for c in selected) / len(selected),
-        "candidate_reward_mean": sum(scored) / max(len(scored), 1),
-        "acceptance_fraction": len(selected) / len(rows),
-    }
-    return Selection(selected, pairs, counts, stats, starved)
+def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection: Selection,
+                  select_cfg: DictConfig, round_idx: int) -> Iterator[dict]:
+    """The kept rows, every column of the scored set and the selection's own (rank among what the prompt kept,
+    its number of survivors, the round), prompt by prompt in the prompts' order: the survivors are ranked again
+    from the candidates (the same rule, the same order) and the kept ones taken by their index."""
+    for prompt_id, group in groups():
+        if prompt_id in selection.kept:
+            ranked, _ = survivors(group, select_cfg)
+            for rank, i in enumerate(selection.kept[prompt_id]):
+                yield {**ranked[i], "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx}
+
+
+def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection: Selection, select_cfg: DictConfig,
+              system_prompt: str | None) -> Iterator[dict]:
+    """The preference pairs of the prompts that kept a choice (a starved or capped prompt gives none), in order."""
+    for prompt_id, group in groups():
+        if prompt_id in selection.kept:
+            pair = preference_pair(survivors(group, select_cfg)[0], system_prompt)
+            if pair is not None:
+                yield pair
+
+
+def in_parts(rows: Iterable[dict], size: int = 1000) -> Iterator[list[dict]]:
+    part = []
+    for row in rows:
+        part.append(row)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
 
 
 EMPTY_PAIRS = ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward",
@@ -336,32 +470,44 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
+    """Three passes over the scored rows, none of which holds them all: one indexes them by prompt, one decides
+    (select_groups), and each output's write reads them again to write what was decided (selected_rows,
+    pair_rows)."""
     select_cfg, round_idx, want_pairs = cfg.select, int(cfg.round), bool(cfg.select.pairs)
     rounds = candidate_rounds(round_idx, int(select_cfg.pool_rounds))
-    rows = load_scored(job.paths, rounds)
-    samples_per_prompt = max(Counter(row["prompt_id"] for row in rows).values(), default=0)
+    groups = PromptGroups.index(load_scored(job.paths, rounds))
+    samples_per_prompt = groups.most_per_prompt()
     if want_pairs and samples_per_prompt < 2:
         raise InputError(f"select.pairs=true needs at least 2 completions per prompt, but the scored samples of "
                          f"rounds {rounds} have {samples_per_prompt} (sample.num_samples=1?); "
                          f"set select.pairs=false or sample.num_samples >= 2")
-    chosen = select_rows(rows, select_cfg, int(cfg.seed), round_idx, want_pairs, cfg.data.get("system_prompt"))
-    top, share = top_opening([c["completion"] for c in chosen.selected])
+    chosen = select_groups(groups, groups.rewards, select_cfg, int(cfg.seed), round_idx, want_pairs)
+    top, share = chosen.top_opening
     stats = {**chosen.stats, "top_opening_share": share}
     if want_pairs and job.paths.dpo:  # only the data can tell; say so before SFT runs, naming the setting
         margin = float(cfg.dpo.min_margin)
-        if not any(p["chosen_reward_normalised"] - p["rejected_reward_normalised"] >= margin for p in chosen.pairs):
-            raise InputError(f"select: none of round {round_idx}'s {len(chosen.pairs)} best-vs-worst pairs has a "
+        if chosen.largest_pair_gap is None or not chosen.largest_pair_gap >= margin:
+            raise InputError(f"select: none of round {round_idx}'s {chosen.counts['pairs']} best-vs-worst pairs has a "
                              f"normalised reward gap >= dpo.min_margin={cfg.dpo.min_margin}, so loop.dpo would have "
                              f"nothing to train on; lower dpo.min_margin or set loop.dpo=false")
     meta = {"stage": "select", "round": round_idx, "rounds_pooled": rounds, "counts": chosen.counts, "stats": stats,
             "top_opening": top, "prompts_without_survivors": chosen.starved,
             "settings": OmegaConf.to_container(select_cfg, resolve=True)}
     log.info("select (%s): kept %d of %d completions over %d prompts, %d pairs", select_cfg.strategy,
-             len(chosen.selected), len(rows), chosen.counts["prompts"], len(chosen.pairs))
-    outputs = [(meta, lambda tmp: Dataset.from_list(chosen.selected).save_to_disk(str(tmp)))]
+             chosen.counts["selected"], chosen.counts["candidates"], chosen.counts["prompts"], chosen.counts["pairs"])
+    system_prompt = cfg.data.get("system_prompt")
+
+    def write_selected(tmp):
+        write_rows(tmp, in_parts(selected_rows(groups, chosen, select_cfg, round_idx)))
+
+    def write_pairs(tmp):
+        if not chosen.counts["pairs"]:  # an empty set saved with 0 shards cannot be loaded
+            Dataset.from_dict({k: [] for k in EMPTY_PAIRS}).save_to_disk(str(tmp), num_shards=1)
+            return
+        write_rows(tmp, in_parts(pair_rows(groups, chosen, select_cfg, system_prompt)), num_shards=1)
+
+    outputs = [(meta, write_selected)]
     if want_pairs:
-        pairs = Dataset.from_list(chosen.pairs) if chosen.pairs else Dataset.from_dict({k: [] for k in EMPTY_PAIRS})
-        # an empty set saved with 0 shards cannot be loaded
-        outputs.append(({**meta, "stage": "select (pairs)"}, lambda tmp: pairs.save_to_disk(str(tmp), num_shards=1)))
+        outputs.append(({**meta, "stage": "select (pairs)"}, write_pairs))
     metrics = {**{f"select/{k}": v for k, v in chosen.counts.items()}, **{f"select/{k}": v for k, v in stats.items()}}
     return Built(outputs, metrics, step=round_idx)
