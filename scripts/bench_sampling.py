@@ -60,7 +60,7 @@ from hydra import compose, initialize_config_dir
 
 from rsft.config import register_configs
 from rsft.data import load_prompts, prompt_token_ids
-from rsft.errors import ConfigError, main_guard
+from rsft.errors import ConfigError, MissingPackage, main_guard
 from rsft.models import (
     eos_token_ids,
     load_causal_lm,
@@ -335,8 +335,12 @@ def main(argv: list[str] | None = None) -> None:
             settings = SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                         batch_rows=rows)
             before = tree_rss()
-            engine = VllmSampler(folder, settings, eos_token_ids(model, tokenizer), seed=args.seed, dtype="float32",
-                                 gpu_memory_utilization=args.vllm_memory, engine_args={"max_num_seqs": rows})
+            try:
+                engine = VllmSampler(folder, settings, eos_token_ids(model, tokenizer), seed=args.seed,
+                                     dtype="float32", gpu_memory_utilization=args.vllm_memory,
+                                     engine_args={"max_num_seqs": rows})
+            except ImportError as error:  # vLLM absent or unusable: one line
+                raise MissingPackage(f"--methods vllm: {error}") from None
             engines[rows] = (engine, round(engine.timings["engine_start_seconds"], 1),
                              round((tree_rss() - before) / 2**20, 1))
             print(json.dumps({"method": "vllm", "batch_rows": rows, "engine_start_seconds": engines[rows][1],

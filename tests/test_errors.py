@@ -224,9 +224,9 @@ def test_the_vllm_engine_says_vllm_is_missing_as_a_user_error(monkeypatch):
     from rsft.sampling.vllm_engine import VllmSampler
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(errors.MissingPackage, match=r"needs vLLM: .*\((ModuleNotFound|Import)Error: ") as raised:
+    with pytest.raises(ImportError, match=r"needs vLLM: .*\((ModuleNotFound|Import)Error: ") as raised:
         VllmSampler("runs/demo/round_00/policy", SamplingSettings(8, 0.7, 4), [0], seed=0)
-    assert isinstance(raised.value, ImportError) and "\n" not in str(raised.value)
+    assert "\n" not in str(raised.value)  # one line; rsft.generation and bench_sampling make it a user error
 
 
 def test_sample_backend_vllm_without_vllm_ends_in_one_line(tmp_path):

@@ -29,7 +29,6 @@ import gc
 import importlib
 import time
 
-from rsft.errors import MissingPackage
 from rsft.sampling.sampler import Completion, SamplingSettings, completion_seed
 from rsft.sampling.verifier import AcceptanceStats
 
@@ -60,7 +59,9 @@ class VllmSampler:
             from vllm.platforms import current_platform
         except Exception as error:  # absent, or an unusable install: one line (rsft.generation names the setting)
             reason = str(error).splitlines()[0] if str(error) else ""
-            raise MissingPackage(f"{INSTALL_HINT} ({type(error).__name__}: {reason})") from None
+            # a plain ImportError: the sampler is a leaf (nothing from rsft outside rsft.sampling); its callers
+            # (rsft.generation, scripts/bench_sampling.py) turn it into a one-line user error
+            raise ImportError(f"{INSTALL_HINT} ({type(error).__name__}: {reason})") from None
         self.settings, self.eos = settings, sorted(int(t) for t in eos_token_ids)
         # a per-request seed fails on vLLM's CPU backend; there the engine's own seed is all there is
         self.seeded_requests = not current_platform.is_cpu()
