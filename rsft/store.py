@@ -250,27 +250,28 @@ def write_failed(error: BaseException) -> bool:
     """Whether `error` (or what it was raised from) is a write that failed for want of room: OSError ENOSPC,
     a library that only quotes the OS message (safetensors' SafetensorError), or torch.save's stream writer,
     which on a full disk says only `[enforce fail at inline_container.cc] unexpected pos ...`."""
+    for link in _chain(error):
+        text = str(link)
+        torch_writer = "inline_container.cc" in text and ("unexpected pos" in text or "write" in text)
+        if (isinstance(link, OSError) and link.errno == errno.ENOSPC) or "No space left on device" in text \
+                or torch_writer or "PytorchStreamWriter failed" in text:
+            return True
+    return False
+
+
+def _chain(error: BaseException | None):
+    """`error` and what it was raised from or during, each once."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        text = str(error)
-        torch_writer = "inline_container.cc" in text and ("unexpected pos" in text or "write" in text)
-        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in text \
-                or torch_writer or "PytorchStreamWriter failed" in text:
-            return True
+        yield error
         error = error.__cause__ or error.__context__
-    return False
 
 
 def _refused_write(error: BaseException) -> OSError | None:
     """The OSError in `error`'s chain that says the file system refused a write (read-only, no permission)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
+    return next((link for link in _chain(error)
+                 if isinstance(link, OSError) and link.errno in (errno.EROFS, errno.EACCES, errno.EPERM)), None)
 
 
 def _free(path: Path) -> str:
