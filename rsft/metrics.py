@@ -86,29 +86,28 @@ TRUTHS = ("judge", "gold", "proxy")
 
 def enough_samples(per_prompt: dict[str, list[list[float]]]) -> dict:
     """The over-optimisation point of a best-of-N curve: the smallest N whose truth value (judge, else gold,
-    else the proxy) is not decidedly below the curve's best, and whether the proxy still rises past it.
+    else the proxy) lies within the 95% interval of the curve's best, and whether the proxy still rises past it.
 
-    The rule, on the prompts of one round (paired: the same prompts at every N): with N* the N of the
-    highest mean truth, N is enough when the 95% bootstrap interval of truth(N*) - truth(N), paired over
-    prompts, reaches 0 or below. More samples than that buy no truth the prompts can show, while the
-    proxy, which best-of-N maximises, keeps rising (`proxy_gain_after`: proxy(K) - proxy(N), paired):
-    when that interval is above 0 the proxy is being over-optimised past N (`overoptimised`)."""
+    The rule, on the prompts of one round: with N* the N of the highest mean truth and [low, high] its 95%
+    bootstrap interval over prompts, N is enough when mean truth(N) >= low. More samples than that buy
+    no truth the prompts can show, while the proxy, which best-of-N maximises, keeps rising
+    (`proxy_gain_after`: proxy(K) - proxy(N), paired over prompts): when that interval is above 0 the
+    proxy is being over-optimised past N (`overoptimised`). `gap_to_best` is truth(N*) - truth(N), paired:
+    a paired interval is far narrower, so it can call a gain of 0.005 "decided" that no evaluation of the
+    trained policies could see; the marginal interval asks what the issue's reader asks, whether N's value
+    is one the best could have had."""
     truth = next(name for name in TRUTHS if name in per_prompt)
     matrix, proxy = per_prompt[truth], per_prompt["proxy"]
     k = len(matrix[0])
     means = [sum(p[j] for p in matrix) / len(matrix) for j in range(k)]
     best = max(range(k), key=lambda j: (means[j], -j))  # the smallest N of the highest mean
-    enough = best
-    for j in range(best):
-        gap = stats.bootstrap([[p[best] - p[j]] for p in matrix])
-        if gap["low"] <= 0.0:
-            enough = j
-            break
+    best_interval = stats.bootstrap([[p[best]] for p in matrix])
+    enough = next(j for j in range(best + 1) if means[j] >= best_interval["low"])
     gap = stats.bootstrap([[p[best] - p[enough]] for p in matrix])
     proxy_gain = stats.bootstrap([[p[k - 1] - p[enough]] for p in proxy])
     return {"truth": truth, "n": enough + 1, "value": means[enough], "best_n": best + 1, "best": means[best],
-            "gap_to_best": gap, "k": k, "proxy_gain_after": proxy_gain,
-            "overoptimised": enough + 1 < k and proxy_gain["low"] > 0.0}
+            "best_interval": [best_interval["low"], best_interval["high"]], "gap_to_best": gap, "k": k,
+            "proxy_gain_after": proxy_gain, "overoptimised": enough + 1 < k and proxy_gain["low"] > 0.0}
 
 
 def gold_scores(ds: Dataset) -> list[float] | None:

@@ -37,7 +37,8 @@ def test_a_truth_that_ignores_the_proxy_is_enough_at_one_sample_and_the_proxy_is
 def test_a_truth_that_is_the_proxy_keeps_paying_to_the_last_sample():
     scored, truth = _scored(64, 8, lambda reward, rng: reward)
     enough = best_of_n_curve(scored, gold=truth)["enough"]
-    assert enough["n"] >= 6 and enough["best_n"] == 8 and not enough["overoptimised"]
+    # N=7 lies within N=8's interval; the paired gap still shows the truth rising with the proxy
+    assert enough["n"] >= 6 and enough["best_n"] == 8 and enough["gap_to_best"]["low"] > 0.0
 
 
 def test_a_judge_stands_for_the_truth_before_gold_and_unscored_rows_rank_lowest():
@@ -50,7 +51,7 @@ def test_a_judge_stands_for_the_truth_before_gold_and_unscored_rows_rank_lowest(
 
 
 def test_the_rule_on_a_hand_made_curve():
-    # 3 prompts x N=1..4, truth rises to N=2 then stays: N=2 is enough once N=1 is decidedly below the best
+    # 3 prompts x N=1..4, truth rises to N=2 then barely: N=2 lies within the best (N=4) interval, N=1 below it
     truth = [[0.0, 1.0, 1.0, 1.0], [0.1, 1.1, 1.1, 1.2], [0.0, 0.9, 1.0, 1.0]]
     proxy = [[0.0, 1.0, 2.0, 3.0]] * 3
     enough = enough_samples({"proxy": proxy, "gold": truth})
