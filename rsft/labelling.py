@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from collections import defaultdict
@@ -33,25 +34,33 @@ def label_pairs(samples: Dataset, golds: list[float], tau: float, soft: bool, rn
             if a["completion"] == b["completion"]:
                 identical += 1
                 continue
-            p_i = label_pair(golds[i], golds[j], tau, rng, soft)  # P(i beats j), or its 0/1 draw
-            (win, lose, g_win, g_lose, p) = (a, b, golds[i], golds[j], p_i) if p_i >= 0.5 else \
-                (b, a, golds[j], golds[i], 1.0 - p_i)
-            rows.append({"prompt_id": prompt_id, "prompt": a["prompt"], "chosen": win["completion"],
-                         "rejected": lose["completion"], "label_prob": float(p), "gold_chosen": g_win,
-                         "gold_rejected": g_lose, "chosen_sample_idx": win["sample_idx"],
-                         "rejected_sample_idx": lose["sample_idx"], "chosen_finish_reason": win["finish_reason"],
-                         "rejected_finish_reason": lose["finish_reason"]})
+            rows.append(labelled_pair(a, b, golds[i], golds[j], label_pair(golds[i], golds[j], tau, rng, soft)))
     return rows, identical
 
 
-def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) -> DatasetDict:
-    prompt_ids = sorted({r["prompt_id"] for r in rows})
+def labelled_pair(a: dict, b: dict, gold_a: float, gold_b: float, p_a: float) -> dict:
+    """The pair row of completions a and b given P(a beats b) (or its 0/1 draw): the winner as `chosen`."""
+    (win, lose, g_win, g_lose, p) = (a, b, gold_a, gold_b, p_a) if p_a >= 0.5 else (b, a, gold_b, gold_a, 1.0 - p_a)
+    return {"prompt_id": a["prompt_id"], "prompt": a["prompt"], "chosen": win["completion"],
+            "rejected": lose["completion"], "label_prob": float(p), "gold_chosen": g_win,
+            "gold_rejected": g_lose, "chosen_sample_idx": win["sample_idx"],
+            "rejected_sample_idx": lose["sample_idx"], "chosen_finish_reason": win["finish_reason"],
+            "rejected_finish_reason": lose["finish_reason"]}
+
+
+def test_prompt_ids(prompt_ids: list[str], test_fraction: float, rng: random.Random) -> set[str]:
+    """The prompts held out (a share `test_fraction`, at least one, never all), drawn with `rng`."""
+    prompt_ids = sorted(prompt_ids)
     if len(prompt_ids) < 2:
         raise InputError(f"prefs: pairs from {len(prompt_ids)} prompt(s); a train/test split by prompt needs >= 2 "
                          f"(raise prefs.num_prompts, or prefs.num_samples so prompts yield distinct completions)")
     rng.shuffle(prompt_ids)
     n_test = min(max(1, round(test_fraction * len(prompt_ids))), len(prompt_ids) - 1)
-    test_ids = set(prompt_ids[:n_test])
+    return set(prompt_ids[:n_test])
+
+
+def split_by_prompt(rows: list[dict], test_fraction: float, rng: random.Random) -> DatasetDict:
+    test_ids = test_prompt_ids(list({r["prompt_id"] for r in rows}), test_fraction, rng)
     return DatasetDict({"train": Dataset.from_list([r for r in rows if r["prompt_id"] not in test_ids]),
                         "test": Dataset.from_list([r for r in rows if r["prompt_id"] in test_ids])})
 
@@ -92,6 +101,131 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
     counts = {"completions": len(subset), "pairs": len(rows), "identical_pairs_skipped": identical,
               "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
     return splits, counts
+
+
+# how stage=labels picks the pairs of a round to label (refresh.choose)
+CHOICES = ("first", "random", "uncertain")
+
+
+def candidate_pairs(samples: Dataset, prompt_ids: set[str]) -> list[tuple[int, int]]:
+    """Every within-prompt pair (row i, row j) of distinct completions of these prompts, rows stopped by
+    pruning passed over, in prompt and sample order."""
+    by_prompt = defaultdict(list)
+    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
+        if prompt_id in prompt_ids and finish_reason != PRUNED:
+            by_prompt[prompt_id].append(i)
+    completions = samples["completion"]
+    return [(i, j) for members in by_prompt.values() for i, j in combinations(members, 2)
+            if completions[i] != completions[j]]
+
+
+def pair_uncertainty(scorer, samples: Dataset, pairs: list[tuple[int, int]], passes: int, seed: int) -> list[float]:
+    """How unsure the reward model is of each pair: the variance, over `passes` dropout masks, of its
+    Bradley-Terry probability P(i beats j) = sigmoid(r_i - r_j); for a model without dropout (every
+    variance 0), p(1 - p) of its probability, said in the log.
+
+    The variance is the disagreement of an implicit ensemble (Monte Carlo dropout, Gal and Ghahramani
+    2016): high where the model's weights do not pin the pair down, which a label there would. p(1 - p)
+    alone would ask for pairs the model calls a coin flip, most of them pairs of near-equal answers whose
+    labels are coin flips too. `scorer` is reward.scoring's RewardScorer; dropout is switched on for the
+    passes and off again, and each pass draws its masks from its own seed."""
+    import torch
+
+    rows = sorted({i for pair in pairs for i in pair})
+    prompts = scorer.as_trained([samples[i]["prompt"] for i in rows])
+    completions = [samples[i]["completion"] for i in rows]
+    position = {row: k for k, row in enumerate(rows)}
+    draws = []
+    scorer.model.train()
+    try:
+        for t in range(passes):
+            torch.manual_seed(seed + t)
+            draws.append(torch.tensor(scorer.score(prompts, completions, progress=False), dtype=torch.float64))
+    finally:
+        scorer.model.eval()
+    rewards = torch.stack(draws)  # [passes, rows]
+    i = torch.tensor([position[a] for a, _ in pairs])
+    j = torch.tensor([position[b] for _, b in pairs])
+    probs = torch.sigmoid(rewards[:, i] - rewards[:, j])  # [passes, pairs]
+    mean = probs.mean(dim=0)
+    variance = probs.var(dim=0, unbiased=False)
+    if float(variance.max()) > 0.0:
+        return variance.tolist()
+    log.warning("refresh.choose=uncertain: the reward model has no dropout (its %d passes agree): pairs are chosen "
+                "by p(1 - p) of its probability instead, the pairs it calls a coin flip", passes)
+    return (mean * (1 - mean)).tolist()
+
+
+def choose_pairs(pairs: list[tuple[int, int]], how: str, budget: int, rng: random.Random,
+                 uncertainty: list[float] | None = None) -> list[tuple[int, int]]:
+    """`budget` of the candidate pairs, in their order: at random, or the most uncertain (ties: the earlier)."""
+    if budget >= len(pairs):
+        return list(pairs)
+    if how == "random":
+        picked = set(rng.sample(range(len(pairs)), budget))
+    elif how == "uncertain":
+        picked = set(sorted(range(len(pairs)), key=lambda k: (-uncertainty[k], k))[:budget])
+    else:
+        raise ValueError(f"choose_pairs: {how!r} is not one of random, uncertain")
+    return [pair for k, pair in enumerate(pairs) if k in picked]
+
+
+def pair_seed(seed: int, prompt_id: str, a: int, b: int) -> int:
+    """A pair's own label draw: the same pair gets the same label whichever pairs are chosen beside it."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{prompt_id}/{a}/{b}".encode()).digest()[:8], "big")
+
+
+def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None) -> tuple[DatasetDict, dict]:
+    """refresh.choose=random | uncertain: the held-out pairs as `first` makes them (every pair among the first
+    refresh.samples_per_prompt completions of the held-out prompts, which no choice changes, so that two
+    choices are measured on the same pairs), and refresh.label_budget pairs of the other prompts chosen among
+    all their pairs of distinct completions, at random or where the reward model that scored round r - 1
+    (`scorer`) is least sure (pair_uncertainty). Each pair is labelled from its own seed (pair_seed)."""
+    refresh = cfg.refresh
+    seed = round_seed(int(cfg.prefs.seed), round_idx)
+    scorable = [p for p, f in zip(samples["prompt_id"], samples["finish_reason"]) if f != PRUNED]
+    test_ids = test_prompt_ids(list(set(scorable)), float(cfg.prefs.test_fraction), random.Random(seed))
+    train_ids = set(scorable) - test_ids
+    per_prompt = int(refresh.samples_per_prompt)
+    firsts, taken = set(), defaultdict(int)
+    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
+        if finish_reason != PRUNED and taken[prompt_id] < per_prompt:
+            taken[prompt_id] += 1
+            firsts.add(i)
+    held_out = [pair for pair in candidate_pairs(samples, test_ids) if set(pair) <= firsts]
+    candidates = candidate_pairs(samples, train_ids)
+    # null: as many as refresh.choose=first labels on these prompts, so that choices compare at equal labels
+    budget = int(refresh.label_budget) if refresh.label_budget is not None else sum(
+        set(pair) <= firsts for pair in candidates)
+    uncertainty = None
+    if refresh.choose == "uncertain":
+        uncertainty = pair_uncertainty(scorer, samples, candidates, int(refresh.dropout_passes), seed)
+    chosen = choose_pairs(candidates, str(refresh.choose), budget, random.Random(seed + 1), uncertainty)
+    golds = {i: gold_score(samples[i]["task"], samples[i]["completion"], samples[i]["finish_reason"])
+             for pair in chosen + held_out for i in pair}
+    tau, soft = float(cfg.prefs.tau), bool(cfg.prefs.soft)
+
+    def labelled(pairs):
+        rows = []
+        for a, b in pairs:
+            row_a, row_b = samples[a], samples[b]
+            draw = random.Random(pair_seed(seed, row_a["prompt_id"], row_a["sample_idx"], row_b["sample_idx"]))
+            rows.append(labelled_pair(row_a, row_b, golds[a], golds[b], label_pair(golds[a], golds[b], tau, draw, soft)))
+        return rows
+
+    train, test = labelled(chosen), labelled(held_out)
+    if not train or not test:
+        raise InputError(f"labels of round {round_idx}: {len(train)} pairs to train on and {len(test)} held out "
+                         f"({len(candidates)} candidate pairs of {len(train_ids)} prompts); the round's completions "
+                         f"are too few or too alike to label (raise sample.num_samples or refresh.samples_per_prompt)")
+    counts = {"completions": len(scorable), "pairs": len(train) + len(test), "candidate_pairs": len(candidates),
+              "choose": str(refresh.choose), "label_budget": budget,
+              "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in train + test)}
+    if uncertainty is not None:
+        picked = set(chosen)
+        counts["uncertainty_chosen_mean"] = sum(u for u, p in zip(uncertainty, candidates) if p in picked) / len(chosen)
+        counts["uncertainty_all_mean"] = sum(uncertainty) / len(uncertainty)
+    return DatasetDict({"train": Dataset.from_list(train), "test": Dataset.from_list(test)}), counts
 
 
 def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:

@@ -6,7 +6,9 @@
 Writes round_XX/prefs/, a DatasetDict train / test like prefs/ (rsft.labelling):
 - demo task: every pair among the first refresh.samples_per_prompt completions of each prompt of
   round_XX/samples/, labelled by stage=prefs's simulated annotators (prefs.tau, prefs.soft) and split
-  by prompt (prefs.test_fraction);
+  by prompt (prefs.test_fraction); with refresh.choose=random or uncertain, refresh.label_budget pairs of
+  the train prompts chosen among all their pairs, at random or where the reward model that scored round
+  r - 1 is least sure (rsft.labelling.chosen_labels), the held-out pairs as before;
 - your data: refresh.pairs, a folder holding your labelled pairs of each round's samples, one entry per
   round named round_XX (round_01.jsonl, .json, .parquet, or a datasets folder round_01/), read like
   reward.data.path (reward.data.format and label_column) and held out by row (reward.data.eval_fraction).
@@ -21,8 +23,15 @@ import logging
 
 from omegaconf import DictConfig
 
+from reward.scoring import load_scorer
 from rsft.errors import ConfigError, MissingInput
-from rsft.labelling import round_pairs_path, simulated_labels, user_labels
+from rsft.labelling import (
+    chosen_labels,
+    round_pairs_path,
+    simulated_labels,
+    user_labels,
+)
+from rsft.models import resolve_device
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
@@ -42,13 +51,33 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     if not is_complete(paths.samples(round_idx)):
         raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
                            f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
-    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)])
+    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)] + (
+        [judged_by(cfg, paths, round_idx)] if cfg.refresh.choose == "uncertain" else []))
+
+
+def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
+    """refresh.choose=uncertain: the reward model whose uncertainty picks the pairs, the newest before round r's
+    refresh (the one that scored round r - 1; reward/ for round 0)."""
+    model = paths.budget_reward(round_idx)
+    if not is_complete(model):
+        raise MissingInput(f"refresh.choose=uncertain picks round {round_idx}'s pairs where the reward model at {model} "
+                           f"is least sure, and it is missing; build it first (stage=loop builds every round's in "
+                           f"order), or use refresh.choose=random")
+    return model
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     round_idx = int(cfg.round)
     user_file = round_pairs_path(cfg, round_idx)
-    if user_file is None:
+    if user_file is None and cfg.refresh.choose != "first":
+        scorer = None
+        if cfg.refresh.choose == "uncertain":
+            model = judged_by(cfg, job.paths, round_idx)
+            scorer = load_scorer(model, resolve_device(cfg.device))
+            log.info("labels: round %d's pairs chosen where %s is least sure (%d dropout passes)", round_idx, model,
+                     int(cfg.refresh.dropout_passes))
+        splits, counts = chosen_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, scorer)
+    elif user_file is None:
         splits, counts = simulated_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx)
     else:
         splits, counts = user_labels(cfg, user_file)

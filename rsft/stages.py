@@ -69,6 +69,10 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "reward_source.batch_size": lambda cfg: True,
     # counted through the K it chose for the round (sample.num_samples, resolved by rsft.auto_k)
     "sample.auto_k.": lambda cfg: True,
+    # the labels' choice of pairs: refresh.choose=first is how every round was labelled before it existed
+    "refresh.choose": lambda cfg: cfg.refresh.get("choose", "first") == "first",
+    "refresh.label_budget": lambda cfg: cfg.refresh.get("choose", "first") == "first",
+    "refresh.dropout_passes": lambda cfg: cfg.refresh.get("choose", "first") != "uncertain",
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)
@@ -122,7 +126,8 @@ STAGES = (
           round_step=True),
     Stage("labels", "rsft.labels",
           reads=("round", When(("refresh.samples_per_prompt", "prefs.tau", "prefs.soft", "prefs.test_fraction",
-                                "prefs.seed"), lambda cfg: not _OWN_LABELS(cfg), "simulated labels"),
+                                "prefs.seed", "refresh.choose", "refresh.label_budget", "refresh.dropout_passes"),
+                      lambda cfg: not _OWN_LABELS(cfg), "simulated labels"),
                  When(("refresh.pairs", "reward.data.format", "reward.data.label_column", "reward.data.eval_fraction",
                        "reward.seed"), _OWN_LABELS, "refresh.pairs set")),
           reads_doc="samples, or your `refresh.pairs`", writes="`round_XX/prefs/`",

@@ -1,0 +1,117 @@
+"""Labels where the reward model is unsure against labels at random: held-out accuracy at a label budget.
+
+    python scripts/bench_labels.py runs/demo runs/demo-s1 --out runs/labels   # one source run per seed
+
+For each source run (a demo run with prefs/, reward/ and round_00/samples/; its seed is read from its
+recorded config) it refreshes the reward model on round 0's labels, as stage=loop does with
+loop.refresh_reward, three ways, each in its own run directory under --out holding copies of those three
+artifacts:
+
+- `random`: refresh.choose=random at the budget B that refresh.choose=first would label (every pair
+  among the first 4 completions of the train prompts);
+- `uncertain`: refresh.choose=uncertain at B (the pairs where the run's reward/ disagrees most with
+  itself across dropout masks, rsft.labelling.pair_uncertainty);
+- `uncertain-60`: refresh.choose=uncertain at 60% of B.
+
+Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
+their held-out accuracies are paired: the script scores those pairs with each refreshed model and
+prints each accuracy with its 95% bootstrap interval over prompts, and the paired difference of each
+uncertainty-chosen variant against random at B, on the round's held-out pairs and on the initial
+labels' held-out pairs (prefs/), with the CPU it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rsft import stats
+from rsft.errors import MissingInput, main_guard
+from rsft.machine import describe, machine
+from rsft.paths import RunPaths
+from rsft.store import is_complete, load_dataset_artifact, read_meta
+
+COPIED = ("prefs", "reward", "round_00/samples")
+VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncertain-60", "uncertain", 0.6))
+
+
+def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None) -> Path:
+    """Refresh round 0's reward model in a copy of `source`'s prefs, reward and round-0 samples."""
+    run_dir = out / name
+    for rel in COPIED:
+        if not (run_dir / rel).exists():
+            (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(source / rel, run_dir / rel)
+    command = [sys.executable, "-m", "rsft.run", "stage=refresh", "round=0", "loop.refresh_reward=true",
+               f"refresh.choose={choose}", f"seed={seed}", "logger=none", f"paths.runs_root={out}",
+               f"run_name={name}"] + ([f"refresh.label_budget={budget}"] if budget is not None else [])
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True)
+    return run_dir
+
+
+def accuracy_keys(scorer, pairs) -> dict[tuple[str, int], float]:
+    """{(prompt_id, pair index): 1.0 when the model ranks the labelled winner higher, else 0.0}, pairs labelled
+    exactly 0.5 left out: reward.scoring.pairwise_accuracy's rule (the refresh's own heldout_accuracy), per pair."""
+    from reward.scoring import score_pairs
+
+    chosen, rejected = score_pairs(scorer, pairs)
+    return {(prompt_id, k): float((c > r) == (p > 0.5))
+            for k, (prompt_id, c, r, p) in enumerate(zip(pairs["prompt_id"], chosen, rejected, pairs["label_prob"]))
+            if p != 0.5}
+
+
+def fmt(d: dict, signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(d['mean'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="source demo runs, one per seed")
+    parser.add_argument("--out", type=Path, required=True, help="where the variants' run directories go")
+    args = parser.parse_args(argv)
+    from reward.scoring import load_scorer
+
+    print(describe(machine()))
+    for source in args.runs:
+        for rel in COPIED:
+            if not is_complete(source / rel):
+                raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(COPIED)} (stage=loop makes them)")
+        seed = int(read_meta(source / "prefs")["config"]["seed"])
+        results = {}
+        for name, choose, share in VARIANTS:
+            budget = None
+            if share != 1.0:
+                full = read_meta(args.out / f"{source.name}-random" / "round_00" / "prefs")["counts"]["label_budget"]
+                budget = max(1, round(share * full))
+            run_dir = run_variant(source, args.out, f"{source.name}-{name}", seed, choose, budget)
+            paths = RunPaths(run_dir)
+            labels = load_dataset_artifact(paths.round_prefs(0))
+            scorer = load_scorer(paths.round_reward(0))
+            results[name] = {"budget": read_meta(paths.round_prefs(0))["counts"]["label_budget"],
+                             "train_pairs": len(labels["train"]), "round": accuracy_keys(scorer, labels["test"]),
+                             "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"])}
+        print(f"\n{source} (seed {seed}): held-out accuracy of round 0's refreshed reward model")
+        print("| labels | pairs | round 0 held-out | vs random (paired) | initial held-out | vs random (paired) |")
+        print("|---|---|---|---|---|---|")
+        for name, result in results.items():
+            cells = [name, str(result["train_pairs"])]
+            for part in ("round", "initial"):
+                keys = result[part]
+                cells.append(fmt(stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values())))))
+                cells.append("" if name == "random" else
+                             fmt(stats.paired_difference(keys, results["random"][part]), signed=True))
+            print("| " + " | ".join(cells) + " |")
+        (args.out / f"{source.name}-results.json").write_text(json.dumps(
+            {name: {"train_pairs": r["train_pairs"], "budget": r["budget"],
+                    **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial")}}
+             for name, r in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main_guard(main)()
