@@ -3,7 +3,7 @@
 Best-of-K optimises a proxy; past some K the truth (an independent judge, or the task's gold oracle) stops
 rising while the proxy goes on (Gao et al. 2022; on the demo, best-of-32 does not beat best-of-8 on gold).
 Each round's evaluation records the best-of-N curve of that round's own K samples per prompt under the
-proxy, gold and the judge, and the smallest N not decidedly below the truth's best
+proxy, gold and the judge, and the smallest N whose truth lies within the 95% interval of the best
 (rsft.metrics.enough_samples). With num_samples=auto, round r samples that N from round r - 1's curve,
 within [sample.auto_k.floor, sample.auto_k.cap]; a curve whose truth still rises at its last N (N = K)
 says only that K was too few, so round r doubles K instead (up to the cap). Round 0 has no curve and
@@ -12,6 +12,11 @@ samples sample.auto_k.start (null: the cap).
 The choice is made before any stage of the round reads the config (rsft.runner.run), so every stage of
 round r sees the same integer K and fingerprints it; the auto_k settings themselves are never
 fingerprinted (rsft.stages.WHILE_OFF): an artifact is what the K it was sampled with made it.
+
+With adaptive K (sample.adaptive_k.k0 > 0, its mean left null) the choice is the round's mean completions
+per prompt instead: adaptive K draws k0 per prompt, then spends the rest where another sample can change
+the pick, no prompt past the cap; a round whose choice is the cap samples every prompt the cap. Pruning
+works as with a fixed K: its share of each prompt's rows must stop one at the floor (rsft.config checks).
 """
 
 from __future__ import annotations
@@ -64,6 +69,14 @@ def resolved(cfg: DictConfig) -> tuple[DictConfig, dict | None]:
     if cfg.sample.num_samples != AUTO:
         return cfg, None
     choice = choose(cfg, RunPaths.from_config(cfg), max(int(cfg.round), 0))
+    k, cap, k0 = choice["k"], int(cfg.sample.auto_k.cap), int(cfg.sample.adaptive_k.k0)
+    if k0 > 0 and k < cap:  # adaptive K spends a mean of k per prompt where another sample can change the pick
+        choice["adaptive_k"] = {"k0": k0, "mean": float(k)}
+        resolved_sample = {"num_samples": cap, "adaptive_k": {"mean": float(k)}}
+        said = f"a mean of {k} per prompt (adaptive K: k0={k0}, at most {cap})"
+    else:  # plain K (with adaptive K on, a round at the cap samples every prompt the cap: adaptive K off)
+        resolved_sample = {"num_samples": k, "adaptive_k": {"k0": 0, "mean": None}}
+        said = f"K={k}"
     if cfg.stage == "sample":
-        log.info("sample.num_samples=auto: round %s samples K=%d: %s", cfg.round, choice["k"], choice["why"])
-    return OmegaConf.merge(cfg, {"sample": {"num_samples": choice["k"]}}), choice
+        log.info("sample.num_samples=auto: round %s samples %s: %s", cfg.round, said, choice["why"])
+    return OmegaConf.merge(cfg, {"sample": resolved_sample}), choice

@@ -853,10 +853,23 @@ class SampleConfig(Checked):
         if any(_unresolved(v) for v in (self.num_samples, self.auto_k.cap, k0, mean, self.prune.share)):
             return
         n = most_samples(self)
-        if self.num_samples == "auto" and (k0 > 0 or self.prune.at):
-            _fail("num_samples", "auto", "an integer with adaptive_k or prune (each is set against a fixed K), or "
-                                         "adaptive_k.k0=0 and prune.at=[] with auto")
         adaptive = k0 > 0
+        if self.num_samples == "auto":
+            # auto chooses each round's mean completions per prompt (rsft.auto_k.resolved): with adaptive K it is
+            # adaptive_k.mean, each prompt still getting at most the cap; pruning must stop a row at the floor
+            if adaptive and mean is not None:
+                _fail("adaptive_k.mean", mean, "null with num_samples=auto, which sets each round's mean completions "
+                                               "per prompt from the previous round's best-of-N curve")
+            if adaptive and k0 >= self.auto_k.floor:
+                _fail("adaptive_k.k0", k0, f"below sample.auto_k.floor={self.auto_k.floor} with num_samples=auto (a "
+                                           f"first pass of k0 must leave a round of the floor something to allocate)")
+            if self.prune.at:
+                floor = int(self.auto_k.floor)
+                rows, rows_from = (floor, f"auto_k.floor={floor}") if not adaptive else (
+                    max(k0, n - k0), f"the larger of adaptive K's passes: k0={k0}, cap - k0={n - k0}")
+                _sampling_rule(check_prune_stops, list(self.prune.at), self.prune.share, self.prune.rank_finished,
+                               rows, rows_from, "")
+            return
         # num_samples is the most completions one prompt gets: a first pass of all of them leaves nothing to give
         if adaptive and k0 >= n:
             _fail("adaptive_k.k0", k0, f"an integer below num_samples={n} (a first pass of every completion "

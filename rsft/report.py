@@ -448,7 +448,7 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
     if curve_rows:
         text += ["## Best-of-N: when more samples stop paying", "",
                  "From each round's own K samples per prompt: `N enough` is the smallest N whose truth (the judge, "
-                 "else gold, else the proxy) is not decidedly below the best N's (paired 95% interval over prompts); "
+                 "else gold, else the proxy) lies within the 95% interval (over prompts) of the best N's; "
                  "`proxy gain N -> K` is what the proxy still rises past it. A proxy that rises while the truth "
                  "does not is over-optimised (rsft.metrics.enough_samples; plots/best_of_n.png marks N).", "",
                  markdown_table(curve_rows), ""]

@@ -98,6 +98,26 @@ def test_auto_k_takes_the_previous_curves_point_within_floor_and_cap_and_doubles
     assert choose(cfg, paths, 4)["k"] == 8  # within the cap
 
 
+def test_auto_k_with_adaptive_k_sets_the_rounds_mean_and_a_round_at_the_cap_samples_it_plainly(make_cfg):
+    from rsft.auto_k import resolved
+    from rsft.paths import RunPaths
+
+    cfg = make_cfg("stage=sample", "round=1", "sample.num_samples=auto", "sample.auto_k.cap=8",
+                   "sample.auto_k.floor=3", "sample.adaptive_k.k0=2")
+    paths = RunPaths.from_config(cfg)
+    _eval_with_curve(paths, 0, n=5, k=8)
+    round_cfg, choice = resolved(cfg)
+    assert round_cfg.sample.num_samples == 8 and round_cfg.sample.adaptive_k.mean == 5.0
+    assert round_cfg.sample.adaptive_k.k0 == 2 and choice["adaptive_k"] == {"k0": 2, "mean": 5.0}
+    _eval_with_curve(paths, 1, n=8, k=8)  # still rising at the cap: the cap, every prompt, adaptive K off
+    round_cfg, choice = resolved(make_cfg("stage=sample", "round=2", "sample.num_samples=auto", "sample.auto_k.cap=8",
+                                          "sample.auto_k.floor=3", "sample.adaptive_k.k0=2"))
+    assert round_cfg.sample.num_samples == 8 and round_cfg.sample.adaptive_k.k0 == 0 and "adaptive_k" not in choice
+    plain, _ = resolved(make_cfg("stage=sample", "round=1", "sample.num_samples=auto", "sample.auto_k.cap=8",
+                                 "sample.auto_k.floor=3"))
+    assert plain.sample.num_samples == 5 and plain.sample.adaptive_k.k0 == 0
+
+
 def test_a_loop_with_auto_k_samples_each_round_the_k_its_last_curve_chose(make_cfg):
     from datasets import load_from_disk
 
@@ -154,10 +174,44 @@ def test_auto_k_and_the_stop_rule_need_the_evaluations_and_a_fixed_k_for_pruning
         check_config(make_cfg(*LOOP, "sample.num_samples=auto", "loop.eval=false"))
     with pytest.raises(ConfigError, match="loop.stop.enabled=true stops on the rounds' gains"):
         check_config(make_cfg(*LOOP, "loop.stop.enabled=true", "loop.eval=false"))
-    with pytest.raises(ValueError, match="num_samples='auto': expected an integer with adaptive_k or prune"):
-        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]"))
+    # pruning: its share must stop a row of the smallest round auto can sample (the floor)
+    check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]", "sample.prune.share=0.5"))
+    with pytest.raises(ValueError, match=r"prune\.share=0\.3: expected at least 1/2 .*auto_k\.floor=2"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]", "sample.prune.share=0.3"))
+    # adaptive K: auto sets its mean; its first pass must leave the floor something to allocate
+    check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=1"))
+    with pytest.raises(ValueError, match=r"adaptive_k\.mean=3\.0: expected null with num_samples=auto"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=1", "sample.adaptive_k.mean=3"))
+    with pytest.raises(ValueError, match=r"adaptive_k\.k0=2: expected below sample\.auto_k\.floor=2"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=2"))
     for value in ("2.5", "many", "0"):  # an integer or auto (num_samples is typed Any, so checked here)
         with pytest.raises(ValueError, match=rf"num_samples={value!s}|num_samples='{value}'"):
             check_config(make_cfg(*LOOP, f"sample.num_samples={value}"))
     with pytest.raises(ValueError, match="auto_k.floor=9: expected at most auto_k.cap=8"):
         check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.auto_k.floor=9"))
+
+
+def test_a_loop_with_auto_k_runs_with_adaptive_k_and_pruning(make_cfg):
+    from datasets import load_from_disk
+
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=2", "sample.num_samples=auto", "sample.auto_k.cap=4", "sample.auto_k.floor=2",
+                   "sample.adaptive_k.k0=1", "sample.prune.at=[4]", "sample.prune.share=0.5", "run_name=levers")
+    run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    for r in (0, 1):
+        meta = read_meta(paths.samples(r))
+        sample = meta["config"]["sample"]
+        assert sample["num_samples"] == 4 and meta["auto_k"]["from_round"] == (r - 1 if r else None)
+        mean = meta["auto_k"].get("adaptive_k", {}).get("mean")
+        assert (sample["adaptive_k"]["k0"], sample["adaptive_k"]["mean"]) == ((1, mean) if mean else (0, None))
+        rows = load_from_disk(str(paths.samples(r)))
+        per_prompt = {}
+        for prompt_id in rows["prompt_id"]:
+            per_prompt[prompt_id] = per_prompt.get(prompt_id, 0) + 1
+        assert max(per_prompt.values()) <= 4 and sample["prune"]["at"] == [4]  # pruning on in every round
+        if mean:  # adaptive K spent its mean over the prompts
+            assert sum(per_prompt.values()) <= round(mean * len(per_prompt))
