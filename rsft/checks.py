@@ -110,7 +110,7 @@ def _needed_packages(cfg: DictConfig, groups: tuple[str, ...]) -> list[tuple[str
     needed = []
     if cfg.get("logger") is not None and cfg.logger.get("kind") == "wandb":
         needed.append(("logger=wandb", "wandb", "logger=none"))
-    for group in ("sft", "dpo"):
+    for group in ("sft", "dpo", "online"):
         if group in groups and cfg[group].get("mode") == "lora":
             needed.append((f"{group}.mode=lora", "peft", f"{group}.mode=full"))
     models = [("policy.kind", cfg.policy, "policy=hf policy.name_or_path=<folder or hub id>")] if "policy" in groups else []

@@ -324,6 +324,7 @@ class RunConfig(Checked):
     refresh: Any = _group("Relabelling and retraining the reward model each round (conf/refresh/).")
     eval: Any = _group("Evaluation on the held-out prompts (conf/eval/).")
     loop: Any = _group("The rounds of stage=loop (conf/loop/).")
+    online: Any = _group("stage=online: the policy learns while it samples, a mini-batch at a time (conf/online/).")
     prefs: Any = _group("Simulated preference labels for the demo task (conf/prefs/).")
     reward: Any = _group("The Bradley-Terry reward model: backbone and training (conf/reward/).")
     reward_source: Any = _group("What scores completions wherever a reward is used: the trained model, a "
@@ -1042,6 +1043,49 @@ class DpoConfig(TrainingConfig):
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
 
 
+@dataclass
+class OnlineConfig(Checked):
+    """stage=online (rsft.online): the policy learns while it samples. Each mini-batch takes the next
+    prompts_per_batch train prompts, samples sample.num_samples completions of each with the current weights,
+    scores them (reward_source), keeps what the select group's rule keeps and takes steps_per_batch optimiser
+    steps on it; the optimiser and schedule carry across mini-batches."""
+
+    minibatches: int = setting(9, "Mini-batches in all; mini-batch b takes train prompts b*M .. b*M + M - 1 of the "
+                                  "whole train split (data.limit is not read), wrapping once it is used up.",
+                               check=at_least(1))
+    prompts_per_batch: int = setting(8, "M: train prompts per mini-batch.", check=at_least(1))
+    # 4 steps of 4: two passes over the 8 completions best-of-K keeps of 8 prompts, as sft's 2 epochs of batch 4
+    steps_per_batch: int = setting(4, "Optimiser steps on each mini-batch's kept completions (and replay).",
+                                   check=at_least(1, "(a mini-batch that takes no step never changes the policy)"))
+    batch_size: int = setting(4, "Examples per optimiser step over all processes; the steps walk the mini-batch's "
+                                 "examples in a seeded order, wrapping.", check=at_least(1))
+    replay: int = setting(0, "Kept completions of earlier mini-batches drawn (seeded) into each mini-batch's examples; "
+                             "0 = off.", check=at_least(0, "(0 = off)"))
+    mode: str = setting("lora", "full | lora (the adapter trains; merged into the saved policy's weights).",
+                        check=one_of(TRAINING_MODES))
+    lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
+    learning_rate: float = setting(2.0e-4, "AdamW's peak learning rate.",
+                                   check=positive("(0 trains nothing, yet the policy would be saved as trained)"))
+    lr_scheduler: str = setting("constant", "transformers' schedule over all minibatches x steps_per_batch steps "
+                                            "(constant, linear, cosine, ...).")
+    warmup_steps: int = setting(0, "Warmup optimiser steps.", check=at_least(0))
+    weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
+    max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
+    max_length: int = setting(512, "Prompt + completion tokens; longer examples are cut from the end.",
+                              check=MAX_LENGTH)
+    dpo_weight: float = setting(0.0, "Weight of a DPO loss on each prompt's best-vs-worst survivors, added to every "
+                                     "step (against the initial policy: LoRA with the adapter off, or a frozen copy); "
+                                     "0 = off.", check=non_negative())
+    dpo_beta: float = setting(0.1, "The DPO loss's KL strength, > 0.", check=positive())
+    eval_every: int = setting(3, "Evaluate on the held-out prompts (eval.num_samples, eval.seed) before the first "
+                                 "mini-batch, every E mini-batches and after the last; 0 = off.",
+                              check=at_least(0, "(0 = off)"))
+    checkpoint_every: int = setting(1, "Save a resumable checkpoint every C mini-batches (the newest kept, deleted "
+                                       "once the artifact is written); a rerun after a kill redoes at most C. 0 = none.",
+                                    check=at_least(0, "(0 = none)"))
+    progress: bool = setting(True, "Show a progress bar over the mini-batches.", check=boolean())
+
+
 # -- refresh / eval / loop / prefs ---------------------------------------------------------------------------
 
 
@@ -1392,6 +1436,19 @@ def simulated_labels_available(cfg) -> bool:
     return cfg.data.kind == "demo"
 
 
+def _check_online(cfg) -> None:
+    """stage=online samples with the weights it is training, in memory, a mini-batch at a time."""
+    if cfg.sample.num_samples == "auto":
+        raise ConfigError("sample.num_samples=auto chooses a round's K from the previous round's evaluation, and "
+                          "stage=online has no rounds: set sample.num_samples=<K> (e.g. 8)")
+    if cfg.sample.get("backend", "rsft") != "rsft":
+        raise ConfigError(f"sample.backend={cfg.sample.backend}: stage=online samples with the weights it is "
+                          f"training, in memory, and a vLLM engine loads them from a folder; set sample.backend=rsft")
+    if cfg.draft.kind not in ("none", "ngram"):
+        raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
+                          f"weights change every mini-batch; set draft=none or draft=ngram")
+
+
 def check_across_groups(cfg, groups) -> None:
     """The rules that span groups, for a command of stage cfg.stage reading `groups` (rsft.stages.groups_read)."""
     if "select" in groups and cfg.select.pairs and most_samples(cfg.sample) < 2:
@@ -1400,7 +1457,7 @@ def check_across_groups(cfg, groups) -> None:
                           f"is the best and the worst completion of a prompt; or set select.pairs=false")
     # strategy=greedy takes the argmax at every step: K completions of one prompt are K copies of one, so
     # selection, pairs and labels have nothing to choose between (the run would end far later, elsewhere)
-    if cfg.stage in ("sample", "loop") and "sample" in groups and cfg.sample.strategy == "greedy" \
+    if cfg.stage in ("sample", "loop", "online") and "sample" in groups and cfg.sample.strategy == "greedy" \
             and most_samples(cfg.sample) > 1:
         raise ConfigError(f"sample.strategy=greedy with sample.num_samples={cfg.sample.num_samples}: greedy decoding "
                           f"gives every completion of a prompt the same text; set sample.strategy=exact (sampling at "
@@ -1450,6 +1507,8 @@ def check_across_groups(cfg, groups) -> None:
         if cfg.loop.stop.enabled and not cfg.loop.eval:
             raise ConfigError("loop.stop.enabled=true stops on the rounds' gains on held-out prompts: set "
                               "loop.eval=true, or loop.stop.enabled=false")
+    if cfg.stage == "online":
+        _check_online(cfg)
     evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval)
     if evaluates and cfg.data.kind == "local" and cfg.data.get("eval_path") is None:
         raise ConfigError("data.eval_path is not set: evaluation (stage=eval, or stage=loop with loop.eval=true) "
@@ -1495,6 +1554,7 @@ SCHEMAS: dict = {
     "refresh": {"default": RefreshConfig},
     "eval": {"default": EvalConfig},
     "loop": {"default": LoopConfig},
+    "online": {"default": OnlineConfig},
     "prefs": {"default": PrefsConfig},
     "reward": {"default": RewardConfig},
     "reward_source": {"default": RewardSourceConfig},

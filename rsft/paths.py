@@ -5,6 +5,7 @@
       eval_initial/                              the initial policy's evaluation (the baseline)
       round_00/samples/ prefs/ reward/ scored/ selected/ pairs/ policy/ dpo/ draft/ eval/
                                                  (prefs/ reward/ with loop.refresh_reward, dpo/ with loop.dpo)
+      online/                                    stage=online: policy/ kept/ evals/ metrics.json
       plots/ summary.md logs/ wandb/ .lock
 
 How an artifact is written, told complete and checked: rsft.store. What made it and when it may be
@@ -185,6 +186,12 @@ class RunPaths:
     @property
     def draft(self) -> Path:
         return self.root / "draft"
+
+    @property
+    def online(self) -> Path:
+        """stage=online's artifact: the policy it ends with (policy/), the kept completions (kept/), the
+        per-mini-batch metrics and the evaluation snapshots (metrics.json, evals/)."""
+        return self.root / "online"
 
     @property
     def plots(self) -> Path:

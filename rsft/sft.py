@@ -41,7 +41,13 @@ from rsft.data import chat_messages
 from rsft.errors import InputError, MissingInput
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
-from rsft.policy_training import LossHistory, lora_config, policy_writer, trained_policy
+from rsft.policy_training import (
+    LossHistory,
+    cut_examples,
+    lora_config,
+    policy_writer,
+    trained_policy,
+)
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
 from rsft.training import check_trained, training_arguments
@@ -55,34 +61,6 @@ def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dat
         "prompt": [chat_messages(p, system_prompt) for p in selected["prompt"]],
         "completion": [[{"role": "assistant", "content": c}] for c in selected["completion"]],
     })
-
-
-def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dataset:
-    """Pre-tokenised examples (input_ids, completion_mask) for a selected set with truncated completions
-    (finish_reason "length", kept by select.drop_truncated=false). A cut answer is rendered with the
-    chat template and the text after its last character (the end-of-turn token and what follows) is
-    left out, so the loss teaches its tokens and never a stop there. TRL's SFTTrainer always renders
-    the whole conversation, end of turn included, so this is done by hand; complete rows are rendered
-    as TRL renders them (prompt + completion through the chat template, the loss where the tokenised
-    prompt ends)."""
-    rows = []
-    for prompt, completion, reason in zip(selected["prompt"], selected["completion"], selected["finish_reason"]):
-        messages = chat_messages(prompt, system_prompt)
-        prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        text = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": completion}],
-                                             tokenize=False)
-        if reason == "length":
-            answer = completion.rstrip()
-            end = text.rfind(answer)
-            if not answer or end < 0:
-                raise InputError(f"sft: the policy's chat template does not show the truncated completion {answer[:60]!r} "
-                                 f"verbatim, so its end of turn cannot be left out; set select.drop_truncated=true")
-            text = text[:end + len(answer)]
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
-        rows.append({"input_ids": ids, "completion_mask": [0] * start + [1] * (len(ids) - start)})
-    return Dataset.from_list(rows)
 
 
 def training_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> tuple[Dataset, int]:

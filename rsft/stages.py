@@ -42,7 +42,7 @@ EVERY_STAGE: Keys = ("stage", "run_name", "round", "overwrite", "device", "threa
 # Config leaves (by name, in any group) that never change what an artifact holds: how often progress is
 # shown, logged or saved to resume from, and how many rows are scored at a time. Never fingerprinted.
 UNCOUNTED = frozenset({"progress", "logging_steps", "score_batch_size", "shard_prompts", "score_shard_rows",
-                       "checkpoint_steps"})
+                       "checkpoint_steps", "checkpoint_every"})
 
 
 # Settings left out of every fingerprint while they are at their "off" value (flattened key or key prefix ->
@@ -105,6 +105,7 @@ class Stage:
     loop_switch: str = ""      # a round step that runs only when this RunPaths switch is on
     one_process: bool = False  # its build runs on the main process only (hand-written training loops)
     artifact: bool = True      # False: a driver that runs other stages (stage=loop)
+    in_loop: bool = True       # False: stage=loop never runs it (its groups are not checked with the loop's)
 
 
 STAGES = (
@@ -168,6 +169,16 @@ STAGES = (
           uses=("sample.shard_prompts", "sample.batch_rows", "reward.score_batch_size"),
           reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
           does="reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),
+    Stage("online", "rsft.online",
+          reads=("seed", "policy", *PROMPT_SET, "data.path", "data.split", "sample", "draft", "select", "online",
+                 "reward_source", When(("eval.num_samples", "eval.seed", "data.eval_path", "data.eval_split",
+                                        "data.eval_limit"),
+                                       lambda cfg: int(cfg.online.eval_every) > 0, "online.eval_every > 0")),
+          uses=("data.limit", "data.rotate"),  # replaced: the prompt stream is the whole train split
+          reads_doc="policy, the train prompt stream, the reward", writes="`online/`",
+          does="the policy learns while it samples: per mini-batch of prompts sample, score, select and take a few "
+               "optimiser steps (LoRA or full), resumable; eval snapshots against tokens sampled",
+          in_loop=False),
     Stage("loop", "rsft.loop", reads=(), uses=("loop", "draft.kind", "draft.fallback", "eval.policy", "reward.data.path"),
           artifact=False,
           reads_doc="everything", writes="everything, `plots/`, `summary.md`",
@@ -214,8 +225,8 @@ def reads_num_samples(stage: Stage, cfg: Any) -> bool:
 
 
 def commands_stages(name: str) -> tuple[Stage, ...]:
-    """The stages a command runs: its own, or for stage=loop every stage."""
-    return STAGES if name == "loop" else (get(name),)
+    """The stages a command runs: its own, or for stage=loop every stage it runs (all but stage=online)."""
+    return tuple(stage for stage in STAGES if stage.in_loop) if name == "loop" else (get(name),)
 
 
 def groups_read(name: str, cfg: Any | None = None) -> tuple[str, ...]:

@@ -16,8 +16,10 @@ artifacts:
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
 their held-out accuracies are paired: the script scores those pairs with each refreshed model and
 prints each accuracy with its 95% bootstrap interval over prompts, and the paired difference of each
-uncertainty-chosen variant against random at B, on the round's held-out pairs and on the initial
-labels' held-out pairs (prefs/), with the CPU it ran on.
+uncertainty-chosen variant against random at B, on the round's held-out pairs, on the initial labels'
+held-out pairs (prefs/), and, since those are few (about 120 on the demo), on every pair of round 1's
+samples whose gold differs (prompts no variant saw: data.rotate), ordered as gold orders them, with the
+CPU it ran on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 COPIED = ("prefs", "reward", "round_00/samples")
+NEEDED = COPIED + ("round_01/samples",)  # round 1's samples: prompts no variant trained on, for the gold order
 VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncertain-60", "uncertain", 0.6))
 
 
@@ -65,6 +68,27 @@ def accuracy_keys(scorer, pairs) -> dict[tuple[str, int], float]:
             if p != 0.5}
 
 
+def gold_keys(scorer, samples) -> dict[tuple[str, int], float]:
+    """{(prompt_id, pair index): 1.0 when the model orders the pair as gold does, else 0.0} over every pair of
+    a prompt's completions whose gold differs: the agreement with the truth on many pairs no model trained on."""
+    from itertools import combinations
+
+    from reward.gold import gold_score
+
+    golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
+    rewards = scorer.score(scorer.as_trained(samples["prompt"]), samples["completion"], progress=False)
+    by_prompt: dict[str, list[int]] = {}
+    for i, prompt_id in enumerate(samples["prompt_id"]):
+        by_prompt.setdefault(prompt_id, []).append(i)
+    keys, k = {}, 0
+    for prompt_id, rows in by_prompt.items():
+        for i, j in combinations(rows, 2):
+            if golds[i] != golds[j]:
+                keys[(prompt_id, k)] = float((rewards[i] - rewards[j]) * (golds[i] - golds[j]) > 0)
+                k += 1
+    return keys
+
+
 def fmt(d: dict, signed: bool = False) -> str:
     f = "{:+.3f}" if signed else "{:.3f}"
     return f"{f.format(d['mean'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
@@ -79,9 +103,9 @@ def main(argv=None) -> None:
 
     print(describe(machine()))
     for source in args.runs:
-        for rel in COPIED:
+        for rel in NEEDED:
             if not is_complete(source / rel):
-                raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(COPIED)} (stage=loop makes them)")
+                raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(NEEDED)} (stage=loop makes them)")
         seed = int(read_meta(source / "prefs")["config"]["seed"])
         results = {}
         for name, choose, share in VARIANTS:
@@ -95,13 +119,15 @@ def main(argv=None) -> None:
             scorer = load_scorer(paths.round_reward(0))
             results[name] = {"budget": read_meta(paths.round_prefs(0))["counts"]["label_budget"],
                              "train_pairs": len(labels["train"]), "round": accuracy_keys(scorer, labels["test"]),
-                             "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"])}
+                             "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"]),
+                             "gold": gold_keys(scorer, load_dataset_artifact(RunPaths(source).samples(1)))}
         print(f"\n{source} (seed {seed}): held-out accuracy of round 0's refreshed reward model")
-        print("| labels | pairs | round 0 held-out | vs random (paired) | initial held-out | vs random (paired) |")
-        print("|---|---|---|---|---|---|")
+        print("| labels | pairs | round 0 held-out | vs random (paired) | initial held-out | vs random (paired) | "
+              "gold order, round 1's samples | vs random (paired) |")
+        print("|---|---|---|---|---|---|---|---|")
         for name, result in results.items():
             cells = [name, str(result["train_pairs"])]
-            for part in ("round", "initial"):
+            for part in ("round", "initial", "gold"):
                 keys = result[part]
                 cells.append(fmt(stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values())))))
                 cells.append("" if name == "random" else
@@ -109,7 +135,7 @@ def main(argv=None) -> None:
             print("| " + " | ".join(cells) + " |")
         (args.out / f"{source.name}-results.json").write_text(json.dumps(
             {name: {"train_pairs": r["train_pairs"], "budget": r["budget"],
-                    **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial")}}
+                    **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial", "gold")}}
              for name, r in results.items()}, indent=2))
 
 

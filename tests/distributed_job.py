@@ -3,7 +3,8 @@
 JOB.json: {"runs_root": ..., "stages": [[override, ...], ...], "kill": {"rank": r, <when>}}.
 With "kill", process r kills itself (SIGKILL), <when> being one of: "sft_round": k, when stage=sft starts
 round k (a rank lost mid-loop); "shards": n, once it has saved its n-th shard of sampling (mid-stage);
-"checkpoint": s, once the training checkpoint of step s is saved and verified (mid-training).
+"checkpoint": s, once the training checkpoint of step s is saved and verified (mid-training); "online_batch": b,
+when stage=online starts mini-batch b.
 The same composition as tests/conftest.py (the tiny models, no wandb).
 """
 
@@ -45,6 +46,17 @@ def _kill_mid_stage(kill: dict) -> None:
             return control
 
         rsft.training._VerifiedSaves.on_save = dying_on_save
+    if "online_batch" in kill:
+        import rsft.online
+
+        real_minibatch = rsft.online.run_minibatch
+
+        def dying_minibatch(ctx, stream, progress, batch):
+            if batch == kill["online_batch"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_minibatch(ctx, stream, progress, batch)
+
+        rsft.online.run_minibatch = dying_minibatch
 
 
 def main() -> None:

@@ -103,11 +103,15 @@ def record_stage_reads(monkeypatch) -> ReadRecorder:
 
 def test_every_stage_reads_only_what_it_declares(make_cfg, monkeypatch):
     """One loop runs every stage (prefs, reward, eval, sample, labels, refresh, score, select, sft, dpo,
-    draft); then stage=draft and stage=eval with a judge alone."""
+    draft); then stage=draft and stage=eval with a judge alone, and stage=online (n-gram draft, pruning, replay,
+    evaluation) on the loop's reward model."""
     recorder = record_stage_reads(monkeypatch)
     run_stage(recorder.wrap(make_cfg(*LOOP, "run_name=reads")))
     run_stage(recorder.wrap(make_cfg(*LOOP, "run_name=reads", "stage=eval", "round=1", "eval.judge=reads",
                                             "overwrite=true")))
+    run_stage(recorder.wrap(make_cfg(*LOOP, "run_name=reads", "stage=online", "draft=ngram", "online.minibatches=2",
+                                            "online.prompts_per_batch=2", "online.eval_every=1", "online.replay=1",
+                                            "sample.prune.at=[4]", "sample.prune.share=0.5")))
     assert set(recorder.read) >= {s.name for s in stages.STAGES}, set(recorder.read)
     undeclared = recorder.undeclared()
     assert not undeclared, "read but not declared in rsft.stages: " + "; ".join(

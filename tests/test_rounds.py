@@ -207,7 +207,7 @@ def test_each_round_is_scored_by_its_own_refreshed_reward_model_and_eval_by_the_
 
 
 def test_select_ranks_a_prompt_only_among_scores_of_one_reward_model():
-    from rsft.select import survivors
+    from rsft.selection import survivors
 
     settings = OmegaConf.create({"drop_empty": True, "drop_truncated": True, "dedupe": True})
 

@@ -48,6 +48,7 @@ ON_A_RUN = {
     "bench_budget": lambda run: [run],
     "diversity_curve": lambda run: [run],
     "compare_runs": lambda run: [run, run],
+    "online_vs_rounds": lambda run: [run, run],
     "push_to_hub": lambda run: [run, "--repo", "you/model", "--dry-run"],
 }
 

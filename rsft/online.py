@@ -1,0 +1,594 @@
+"""stage=online: the policy learns while it samples, a mini-batch of prompts at a time.
+
+    python -m rsft.run stage=online [online.minibatches=9 online.prompts_per_batch=8 sample.num_samples=8]
+
+The rounds (stage=loop) sample a whole round, then fine-tune on a fixed set: an improvement reaches the
+sampler a round later. Here one policy stays in memory and the same weights serve the sampler and the
+trainer. For mini-batch b = 0 .. online.minibatches - 1:
+  1. prompts: the train split's rows b*M .. b*M + M - 1 (M = online.prompts_per_batch), wrapping once the
+     split is used up (the whole split: data.limit and data.rotate are not read);
+  2. sample: sample.num_samples completions of each with the current weights, through rsft's exact sampler
+     (rsft.generation.sample_dataset: pruning, adaptive K and an n-gram draft stay available); the
+     completions' seeds are a function of (seed, b) and the prompt's place in the mini-batch, never of
+     an RNG state that drifts, so a resumed run samples what an uninterrupted one samples;
+  3. score: the configured reward, whatever its kind (rsft.scoring.open_reward; a trained model: the run's
+     reward/), reward_normalised as stage=score makes it (the mini-batch's own z-score with
+     reward_source.calibrate);
+  4. select: the select group's rule (rsft.selection, the pure functions stage=select runs), per prompt;
+     a mini-batch that keeps nothing takes no step (logged);
+  5. train: online.steps_per_batch AdamW steps of online.batch_size examples (the kept completions, with
+     online.replay of the earlier mini-batches' kept ones drawn in), walked in a seeded order. The loss is
+     SFT's: the prompt and completion rendered through the policy's chat template as TRL's SFTTrainer
+     renders them (rsft.policy_training.cut_examples), cross-entropy on the completion tokens only (a cut
+     answer without its end of turn), the mean over the step's completion tokens. LoRA (peft, the sft
+     settings' kind: online.lora) or full; the optimiser and the learning-rate schedule (over every step of
+     the stage) carry across mini-batches. With online.dpo_weight > 0 every step adds that weight x a DPO
+     loss on each prompt's best-vs-worst survivors (stage=select's pairs), against the initial policy
+     (LoRA: the adapter off; full: a frozen copy), to learn from the worst completions too.
+The training step is written by hand: TRL's SFTTrainer trains on one fixed dataset, and here the data is
+new every mini-batch while the optimiser's state must carry over. Under torchrun every process samples its
+share of a mini-batch (sample_dataset shards the prompts and gathers every row to every process), and
+trains data-parallel: each takes every W-th example of a step's batch, its loss summed over its completion
+tokens and divided by the whole batch's, and the gradients are summed over the processes (all_reduce), so
+a step is the one a single process takes.
+
+Every online.eval_every mini-batches (and before the first, and after the last) the policy is evaluated
+as stage=eval evaluates one (rsft.metrics.policy_metrics): eval.num_samples completions of each held-out
+prompt with eval.seed, scored by the reward, with gold where the task has an oracle, against the snapshot
+before the first mini-batch; each snapshot records the completions and tokens sampled so far and the wall
+time, which is the comparison with the rounds (gold against tokens sampled). eval.judge is not read.
+
+Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.training.LoopCheckpoints: verified,
+written last, the older one dropped) holds the trainable weights (the adapter with LoRA), the optimiser
+and schedule, the python, numpy and torch RNG states, the position in the prompt stream, the kept rows
+(also the replay buffer), the per-mini-batch metrics and the eval snapshots. A rerun of the same command
+resumes after the newest one, so a kill redoes at most C mini-batches; on CPU the resumed run ends as an
+uninterrupted one does, completion for completion and weight for weight (tests/test_online.py). Wall
+seconds are the time each mini-batch took in whichever run did it.
+
+Writes online/: policy/ (a save_pretrained folder, LoRA merged, like round_XX/policy), kept/ (every kept
+completion, a dataset with its mini-batch in `round`), evals/batch_XXXX/ (each snapshot's scored
+completions) and metrics.json (per mini-batch: completions and tokens sampled, cumulative too, wall
+seconds, mean and kept reward, loss, gold; the snapshots' metrics).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from datasets import Dataset
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from rsft import distributed, scoring
+from rsft.config import uses_trained_reward
+from rsft.data import load_prompts, prompt_files
+from rsft.errors import ConfigError, InputError
+from rsft.generation import (
+    adaptive_k,
+    build_draft,
+    prune_schedule,
+    sample_dataset,
+    sampling_settings,
+)
+from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
+from rsft.models import load_policy, resolve_device
+from rsft.paths import RunPaths
+from rsft.policy_training import cut_examples, lora_config, policy_writer
+from rsft.runner import Built, Job, Plan
+from rsft.sampling.budget import PRUNED
+from rsft.selection import select_groups, selected_rows, survivors
+from rsft.training import check_trained
+
+log = logging.getLogger(__name__)
+
+
+def minibatch_seed(seed: int, batch: int) -> int:
+    """The sampling seed of mini-batch b: a function of (seed, b) alone, apart from every round's seed."""
+    return int(seed) * 1_000_003 + 500_009 + int(batch)
+
+
+def check_scheduler(name: str) -> None:
+    from transformers import SchedulerType
+
+    try:
+        SchedulerType(name)
+    except ValueError:
+        raise ConfigError(f"online.lr_scheduler={name!r}: expected one of transformers' schedules: "
+                          f"{', '.join(s.value for s in SchedulerType)}") from None
+
+
+def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
+    """The reward (the run's reward/ by digest, any other source by its identity) and the prompt files."""
+    check_scheduler(str(cfg.online.lr_scheduler))
+    sampling_settings(cfg.sample, cfg.draft)
+    trained = [scoring.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
+    files = prompt_files(cfg.data, "train") + (prompt_files(cfg.data, "eval") if int(cfg.online.eval_every) else [])
+    return Plan(outputs=[paths.online], inputs=trained, user_files=files,
+                sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
+
+
+def prompt_stream(cfg: DictConfig) -> Dataset:
+    """The whole train split, in order (data.limit and data.rotate are the rounds' business)."""
+    return load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
+
+
+def minibatch_prompts(stream: Dataset, batch: int, size: int) -> Dataset:
+    rows = [(batch * size + i) % len(stream) for i in range(size)]
+    return stream.select(rows)
+
+
+# ---- the policy that trains ----
+
+
+@dataclass
+class Policy:
+    """The policy in memory: `model` samples and trains (with LoRA, the base model with peft's adapters in its
+    layers); `wrapper` is the peft model (None for full fine-tuning); the optimiser and schedule carry over."""
+
+    model: torch.nn.Module
+    wrapper: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    device: torch.device
+    reference: torch.nn.Module | None = None  # full training with the DPO term: a frozen copy of the initial policy
+
+    @classmethod
+    def build(cls, model, online: DictConfig, device, total_steps: int) -> Policy:
+        from transformers import get_scheduler
+
+        reference = None
+        if float(online.dpo_weight) > 0 and online.mode != "lora":  # LoRA's reference is the adapter turned off
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        wrapper = None
+        if online.mode == "lora":
+            from peft import get_peft_model
+
+            wrapper = get_peft_model(model, lora_config(online))  # its A matrices are drawn from torch's RNG
+            model = wrapper.get_base_model()
+        trainable = [p for p in (wrapper or model).parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=float(online.learning_rate),
+                                      weight_decay=float(online.weight_decay))
+        schedule = get_scheduler(str(online.lr_scheduler), optimizer, num_warmup_steps=int(online.warmup_steps),
+                                 num_training_steps=total_steps)
+        return cls(model, wrapper, optimizer, schedule, device, reference)
+
+    @contextmanager
+    def as_reference(self):
+        """The initial policy, the DPO term's reference: with LoRA the model with its adapter off."""
+        if self.wrapper is None:
+            yield self.reference
+            return
+        with self.wrapper.disable_adapter():
+            yield self.model
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        """The weights that train (the adapter with LoRA, every weight otherwise), by name."""
+        return {n: p.detach().clone() for n, p in (self.wrapper or self.model).named_parameters() if p.requires_grad}
+
+    def load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
+        result = (self.wrapper or self.model).load_state_dict(weights, strict=False)
+        if result.unexpected_keys or set(weights) != set(self.trainable()):  # a checkpoint of another model: a bug
+            raise RuntimeError(f"the checkpoint's weights do not match the policy's: {result.unexpected_keys[:3]}")
+
+    def final(self):
+        """The model to save: LoRA merged into the weights."""
+        model = self.wrapper.merge_and_unload() if self.wrapper is not None else self.model
+        model.eval()
+        return model
+
+
+def padded(examples: list[dict], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, loss mask) of examples, right-padded: [rows, longest]."""
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)  # [rows, longest]
+    attention = torch.zeros((len(examples), longest), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), longest), dtype=torch.bool)
+    for row, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[row, :n] = torch.tensor(e["input_ids"])
+        attention[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(e["completion_mask"], dtype=torch.bool)
+    return ids.to(device), attention.to(device), loss_mask.to(device)
+
+
+def completion_tokens(examples: list[dict]) -> int:
+    """The tokens the loss is taken on: completion tokens after the first token (each is predicted)."""
+    return sum(sum(e["completion_mask"][1:]) for e in examples)
+
+
+def token_nll(model, examples: list[dict], pad_id: int, device) -> torch.Tensor:
+    """Each example's cross-entropy summed over its completion tokens: [rows]."""
+    ids, attention, loss_mask = padded(examples, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [rows, longest - 1, vocab]
+    targets = ids[:, 1:]                                                      # [rows, longest - 1]
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    return (nll * loss_mask[:, 1:]).sum(dim=1)
+
+
+@dataclass
+class Pairs:
+    """A mini-batch's best-vs-worst pairs for the DPO term: the examples and the frozen reference's summed
+    log-probabilities of each completion, [pairs] each."""
+
+    chosen: list[dict]
+    rejected: list[dict]
+    reference_chosen: torch.Tensor
+    reference_rejected: torch.Tensor
+    beta: float
+    weight: float
+
+
+def train_step(policy: Policy, batch: list[dict], pad_id: int, max_grad_norm: float,
+               pairs: Pairs | None = None) -> tuple[float, float | None]:
+    """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
+    cross-entropy over the batch's completion tokens, plus with `pairs` weight x the mean DPO loss
+    -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair. Returns
+    (the SFT loss, the DPO loss or None)."""
+    total = completion_tokens(batch)
+    rank, world = distributed.rank(), distributed.world_size()
+    mine = batch[rank::world]
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    sums = torch.zeros(2, device=policy.device)  # [SFT loss summed over tokens, DPO loss summed over pairs]
+    objective = torch.zeros((), device=policy.device)
+    if mine and total:
+        loss_sum = token_nll(policy.model, mine, pad_id, policy.device).sum()
+        objective = objective + loss_sum / total
+        sums[0] = loss_sum.detach()
+    if pairs is not None and pairs.chosen[rank::world]:
+        chosen = -token_nll(policy.model, pairs.chosen[rank::world], pad_id, policy.device)      # [my pairs]
+        rejected = -token_nll(policy.model, pairs.rejected[rank::world], pad_id, policy.device)  # [my pairs]
+        margin = (chosen - pairs.reference_chosen[rank::world]) - (rejected - pairs.reference_rejected[rank::world])
+        dpo_sum = -torch.nn.functional.logsigmoid(pairs.beta * margin).sum()
+        objective = objective + pairs.weight * dpo_sum / len(pairs.chosen)
+        sums[1] = dpo_sum.detach()
+    if objective.requires_grad:
+        objective.backward()
+    params = [p for p in policy.optimizer.param_groups[0]["params"]]
+    if world > 1:  # data-parallel: the sum of every process's share is the batch's gradient
+        for p in params:
+            if p.grad is None:  # a process without examples in this step still takes part in every sum
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+        torch.distributed.all_reduce(sums)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    policy.optimizer.step()
+    policy.schedule.step()
+    policy.model.eval()
+    sft = float(sums[0]) / max(total, 1)  # no completion tokens (empty answers): no SFT term, loss 0
+    return sft, (float(sums[1]) / len(pairs.chosen) if pairs is not None else None)
+
+
+# ---- one mini-batch ----
+
+
+@dataclass
+class Progress:
+    """What a checkpoint holds besides the model, optimiser, schedule and RNG states."""
+
+    next_batch: int = 0
+    kept: list[dict] = field(default_factory=list)         # every kept row so far (also the replay buffer)
+    minibatches: list[dict] = field(default_factory=list)  # per mini-batch metrics
+    evals: list[dict] = field(default_factory=list)        # the snapshots' metrics
+    eval_rows: dict = field(default_factory=dict)          # batch -> the snapshot's scored rows
+
+    def sampled(self) -> tuple[int, int, float]:
+        """(completions, tokens, wall seconds) so far."""
+        last = self.minibatches[-1] if self.minibatches else {}
+        return (last.get("completions_sampled", 0), last.get("tokens_sampled", 0), last.get("wall_seconds", 0.0))
+
+
+@dataclass
+class Context:
+    cfg: DictConfig
+    policy: Policy
+    tokenizer: object
+    draft: object
+    scorer: object
+    settings: object
+
+    @property
+    def system_prompt(self):
+        return self.cfg.data.get("system_prompt")
+
+
+def scored(ctx: Context, ds: Dataset, calibrate: bool) -> list[dict]:
+    """The completed rows (pruned prefixes left out) with reward and reward_normalised, as stage=score gives them."""
+    rows = [r for r in ds.to_list() if r["finish_reason"] != PRUNED]
+    if not rows:
+        return []
+    others = [{k: v for k, v in r.items() if k not in ("prompt", "completion")} for r in rows]
+    raw = scoring.score_rows(ctx.scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], others,
+                             progress=False)
+    normalised = ctx.scorer.normalise(raw)
+    values = [v for v in raw if v is not None]
+    if calibrate and values:  # the mini-batch's own z-score, as stage=score makes a round's
+        mean, std = statistics.fmean(values), statistics.pstdev(values) or 1.0
+        normalised = [None if v is None else (v - mean) / std for v in raw]
+    return [{**r, "reward": None if v is None else float(v), "reward_normalised": n}
+            for r, v, n in zip(rows, raw, normalised)]
+
+
+def keep(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
+    """The select group's rule over the mini-batch's candidates (rsft.selection); [] when it keeps nothing."""
+    by_prompt: dict = {}
+    for row in candidates:
+        by_prompt.setdefault(row["prompt_id"], []).append(row)
+    groups = lambda: iter(by_prompt.items())  # the rule reads the groups twice: decide, then take
+    try:
+        chosen = select_groups(groups, [r["reward"] for r in candidates if r["reward"] is not None], cfg.select,
+                               int(cfg.seed), batch, want_pairs=False)
+    except InputError as error:  # nothing kept: this mini-batch takes no step
+        log.warning("online: mini-batch %d keeps nothing (%s); no optimiser step", batch, error)
+        return []
+    return list(selected_rows(groups, chosen, cfg.select, batch))
+
+
+def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, dict]]:
+    """Each prompt's best and worst survivor by the select group's ranking (rsft.selection.survivors), where
+    they differ in reward: stage=select's pairs."""
+    by_prompt: dict = {}
+    for row in candidates:
+        by_prompt.setdefault(row["prompt_id"], []).append(row)
+    pairs = []
+    for group in by_prompt.values():
+        ranked, _ = survivors(group, cfg.select)
+        if len(ranked) >= 2 and ranked[0]["reward"] != ranked[-1]["reward"]:
+            pairs.append((ranked[0], ranked[-1]))
+    return pairs
+
+
+def examples_of(ctx: Context, rows: list[dict]) -> list[dict]:
+    """The SFT examples of kept rows (stage=sft's rendering), cut to online.max_length tokens."""
+    if not rows:
+        return []
+    table = Dataset.from_dict({k: [r[k] for r in rows] for k in ("prompt", "completion", "finish_reason")})
+    cut = int(ctx.cfg.online.max_length)
+    return [{"input_ids": e["input_ids"][:cut], "completion_mask": e["completion_mask"][:cut]}
+            for e in cut_examples(table, ctx.tokenizer, ctx.system_prompt).to_list()]
+
+
+def dpo_pairs(ctx: Context, pairs: list[tuple[dict, dict]], pad_id: int) -> Pairs | None:
+    """The DPO term's pairs, with the reference's log-probabilities (computed once: it is frozen)."""
+    online = ctx.cfg.online
+    if not pairs or float(online.dpo_weight) == 0:
+        return None
+    chosen, rejected = examples_of(ctx, [b for b, _ in pairs]), examples_of(ctx, [w for _, w in pairs])
+    with torch.no_grad(), ctx.policy.as_reference() as reference:
+        reference_chosen = -token_nll(reference, chosen, pad_id, ctx.policy.device)      # [pairs]
+        reference_rejected = -token_nll(reference, rejected, pad_id, ctx.policy.device)  # [pairs]
+    return Pairs(chosen, rejected, reference_chosen, reference_rejected, float(online.dpo_beta),
+                 float(online.dpo_weight))
+
+
+def train_on(ctx: Context, kept: list[dict], earlier: list[dict], batch: int,
+             pairs: list[tuple[dict, dict]] = ()) -> dict:
+    """online.steps_per_batch steps on the kept rows and online.replay of the earlier ones (with
+    online.dpo_weight, and the DPO term on the mini-batch's best-vs-worst pairs); the losses."""
+    online = ctx.cfg.online
+    replayed = []
+    if int(online.replay) and earlier:
+        draw = random.Random(f"{int(ctx.cfg.seed)}/replay/{batch}")
+        replayed = [earlier[i] for i in sorted(draw.sample(range(len(earlier)), min(int(online.replay), len(earlier))))]
+    examples = examples_of(ctx, kept + replayed)
+    if not examples:
+        return {"steps": 0, "examples": 0, "replayed": 0, "loss": None}
+    order = list(range(len(examples)))
+    random.Random(f"{int(ctx.cfg.seed)}/order/{batch}").shuffle(order)
+    size, losses, dpo_losses, at = min(int(online.batch_size), len(examples)), [], [], 0
+    pad_id = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else 0
+    dpo = dpo_pairs(ctx, list(pairs), pad_id)
+    for _ in range(int(online.steps_per_batch)):
+        step = [examples[order[(at + j) % len(order)]] for j in range(size)]
+        at += size
+        loss, dpo_loss = train_step(ctx.policy, step, pad_id, float(online.max_grad_norm), dpo)
+        losses.append(loss)
+        dpo_losses += [dpo_loss] if dpo_loss is not None else []
+    return {"steps": len(losses), "examples": len(examples), "replayed": len(replayed),
+            "loss": statistics.fmean(losses), "loss_last": losses[-1],
+            **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
+               if float(online.dpo_weight) > 0 else {}),
+            "learning_rate": float(ctx.policy.schedule.get_last_lr()[0])}
+
+
+def mean_or_none(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int) -> dict:
+    """Sample, score, select and train on mini-batch `batch`; its metrics (the kept rows join `progress`)."""
+    cfg, started = ctx.cfg, time.perf_counter()
+    prompts = minibatch_prompts(stream, batch, int(cfg.online.prompts_per_batch))
+    provenance = {"round": batch, "policy": f"online (mini-batch {batch})",
+                  "sampler": json.dumps({**ctx.settings.__dict__, "draft": str(cfg.draft.kind)}, sort_keys=True)}
+    prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
+    ctx.policy.model.eval()
+    with torch.no_grad():
+        ds, sampling = sample_dataset(ctx.policy.model, ctx.tokenizer, ctx.draft, prompts, ctx.settings,
+                                      int(cfg.sample.num_samples), minibatch_seed(cfg.seed, batch), ctx.system_prompt,
+                                      provenance, progress=False, scorer=ctx.scorer if prune or adaptive else None,
+                                      prune=prune, adaptive=adaptive)
+    candidates = scored(ctx, ds, bool(cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate))
+    kept = keep(cfg, candidates, batch)
+    pairs = best_and_worst(cfg, candidates) if float(cfg.online.dpo_weight) > 0 else []
+    trained = train_on(ctx, kept, progress.kept, batch, pairs)
+    progress.kept.extend(kept)
+    completions, tokens, wall = progress.sampled()
+    seconds = time.perf_counter() - started
+    columns = ("task", "completion", "finish_reason")  # the oracle's score is recorded, never selects
+    gold = gold_scores(Dataset.from_dict({k: [r[k] for r in candidates] for k in columns})
+                       ) if candidates and "task" in candidates[0] else None
+    kept_keys = {(r["prompt_id"], r["sample_idx"]) for r in kept}
+    return {
+        "batch": batch, "prompts": len(prompts), "completions": sampling["num_completions"],
+        "tokens": sampling["tokens"], "completions_sampled": completions + sampling["num_completions"],
+        "tokens_sampled": tokens + sampling["tokens"], "seconds": round(seconds, 3),
+        "wall_seconds": round(wall + seconds, 3), "reward_mean": mean_or_none(r["reward"] for r in candidates),
+        "kept": len(kept), "kept_reward_mean": mean_or_none(r["reward"] for r in kept), **trained,
+        **({"gold_mean": mean_or_none(gold),
+            "kept_gold_mean": mean_or_none(g for r, g in zip(candidates, gold)
+                                           if (r["prompt_id"], r["sample_idx"]) in kept_keys)}
+           if gold is not None else {}),
+    }
+
+
+def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
+    """The policy now on the held-out prompts, as stage=eval samples and scores them (its seed, its K)."""
+    cfg = ctx.cfg
+    provenance = {"round": batch, "policy": f"online (after {batch} mini-batches)",
+                  "sampler": json.dumps({**ctx.settings.__dict__, "draft": "none"}, sort_keys=True)}
+    ctx.policy.model.eval()
+    with torch.no_grad():
+        ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, int(cfg.eval.num_samples),
+                               int(cfg.eval.seed), ctx.system_prompt, provenance, progress=False)
+    rows = ds.remove_columns(["prompt", "completion"]).to_list()
+    raw = scoring.score_rows(ctx.scorer, ds["prompt"], ds["completion"], rows, progress=False)
+    ds = ds.add_column("reward", raw).add_column("reward_normalised", ctx.scorer.normalise(raw))
+    gold = gold_scores(ds)
+    return ds.add_column("gold", gold) if gold is not None else ds
+
+
+def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tracker) -> None:
+    """Evaluate after `batch` mini-batches; its rows and metrics join `progress`."""
+    baseline = Dataset.from_list(progress.eval_rows[0]) if 0 in progress.eval_rows else None
+    ds = evaluate(ctx, prompts, batch)
+    metrics = policy_metrics(ds, baseline)
+    completions, tokens, wall = progress.sampled()
+    record = {"batch": batch, "completions_sampled": completions, "tokens_sampled": tokens, "wall_seconds": wall,
+              "metrics": metrics}
+    progress.evals.append(record)
+    progress.eval_rows[batch] = ds.to_list()
+    log.info("online: eval after %d mini-batches (%d tokens sampled): %s", batch, tokens,
+             {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+    tracker.log({**{f"online_eval/{k}": v for k, v in flat_metrics(metrics).items()},
+                 "online_eval/tokens_sampled": tokens, "online_eval/completions_sampled": completions,
+                 "online_eval/wall_seconds": wall}, step=batch)
+
+
+# ---- resume ----
+
+
+def rng_states() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+
+
+def seed_everything(seed: int) -> None:
+    """A fresh run starts from RNG states of its seed alone, whatever ran before it in the process."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def checkpoint_state(policy: Policy, progress: Progress) -> dict:
+    return {"weights": policy.trainable(), "optimizer": policy.optimizer.state_dict(),
+            "schedule": policy.schedule.state_dict(), "rng": rng_states(), "next_batch": progress.next_batch,
+            "kept": progress.kept, "minibatches": progress.minibatches, "evals": progress.evals,
+            "eval_rows": progress.eval_rows}
+
+
+def resume(checkpoints, policy: Policy) -> Progress:
+    """The progress of the newest verified checkpoint, its states restored into `policy` and the RNGs; a fresh
+    Progress when there is none. The main process passes over damaged checkpoints first (and deletes them)."""
+    if checkpoints is None:
+        return Progress()
+    state = checkpoints.load() if distributed.is_main() else None
+    distributed.barrier()
+    if not distributed.is_main():
+        state = checkpoints.load()
+    if state is None:
+        return Progress()
+    policy.load_trainable(state["weights"])
+    policy.optimizer.load_state_dict(state["optimizer"])
+    policy.schedule.load_state_dict(state["schedule"])
+    set_rng_states(state["rng"])
+    progress = Progress(state["next_batch"], state["kept"], state["minibatches"], state["evals"], state["eval_rows"])
+    log.info("online: resuming after mini-batch %d (%d kept completions so far)", progress.next_batch - 1,
+             len(progress.kept))
+    return progress
+
+
+# ---- the stage ----
+
+
+def build(cfg: DictConfig, job: Job) -> Built:
+    online, device = cfg.online, resolve_device(cfg.device)
+    batches, every, eval_every = int(online.minibatches), int(online.checkpoint_every), int(online.eval_every)
+    seed_everything(int(cfg.seed))
+    settings = sampling_settings(cfg.sample, cfg.draft)
+    model, tokenizer, source = load_policy(cfg, None, device)
+    log.info("online: %s learns over %d mini-batches of %d prompts x %s completions (%s, %d steps each)", source,
+             batches, int(online.prompts_per_batch), cfg.sample.num_samples, online.mode, int(online.steps_per_batch))
+    policy = Policy.build(model, online, device, batches * int(online.steps_per_batch))
+    trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
+    scorer = scoring.open_reward(cfg, device, trained_folder)
+    log.info("online: scored by %s", trained_folder or scoring.source_spec(cfg))
+    ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings)
+    stream = prompt_stream(cfg)
+    held_out = load_prompts(cfg.data, "eval") if eval_every else None
+    checkpoints = job.loop_checkpoints() if every else None  # kept by the main process, read by every one
+    distributed.barrier()
+    progress = resume(checkpoints, policy)
+    with tqdm(total=batches, initial=progress.next_batch, desc="online", unit="mini-batch",
+              disable=not online.progress or not distributed.is_main()) as bar:
+        for batch in range(progress.next_batch, batches):
+            if eval_every and batch % eval_every == 0:
+                snapshot(ctx, held_out, progress, batch, job.tracker)
+            metrics = run_minibatch(ctx, stream, progress, batch)
+            progress.minibatches.append(metrics)
+            progress.next_batch = batch + 1
+            job.tracker.log({f"online/{k}": v for k, v in metrics.items() if v is not None}, step=batch + 1)
+            bar.set_postfix(kept=metrics["kept"], reward=f"{metrics['reward_mean'] or 0:.3f}",
+                            loss=f"{metrics['loss'] or 0:.3f}")
+            bar.update(1)
+            if checkpoints is not None and (batch + 1) % every == 0 and batch + 1 < batches:
+                if distributed.is_main():
+                    checkpoints.save(batch + 1, checkpoint_state(policy, progress))
+                distributed.barrier()
+    if eval_every:
+        snapshot(ctx, held_out, progress, batches, job.tracker)
+    final = policy.final()
+    losses = [m["loss"] for m in progress.minibatches if m["loss"] is not None]
+    check_trained(final, losses[-1] if losses else None, online, "online")
+    completions, tokens, wall = progress.sampled()
+    stats = {"minibatches": batches, "completions_sampled": completions, "tokens_sampled": tokens,
+             "wall_seconds": wall, "kept": len(progress.kept), "steps": sum(m["steps"] for m in progress.minibatches),
+             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+             "world_size": distributed.world_size()}
+    if progress.evals:
+        stats.update({f"eval_{k}": v for k, v in progress.evals[-1]["metrics"].items()
+                      if k in ("reward_mean", "gold_mean", "judge_mean") and v is not None})
+    meta = {"stage": "online", "policy": source, "stats": stats, "minibatches": progress.minibatches,
+            "evals": [{k: v for k, v in e.items() if k != "metrics"} | {"metrics": flat_metrics(e["metrics"])}
+                      for e in progress.evals],
+            "settings": OmegaConf.to_container(online, resolve=True)}
+    log.info("online: %d mini-batches, %d completions (%d tokens) sampled, %d kept, loss %s -> %s; written to %s",
+             batches, completions, tokens, len(progress.kept), stats["loss_first"], stats["loss_last"], job.out)
+    write_policy = policy_writer(final, None, tokenizer)
+
+    def write(tmp):
+        write_policy(tmp / "policy")
+        kept = Dataset.from_list(progress.kept) if progress.kept else Dataset.from_dict({"prompt_id": []})
+        kept.save_to_disk(str(tmp / "kept"), num_shards=1)
+        for batch, rows in sorted(progress.eval_rows.items()):
+            Dataset.from_list(rows).save_to_disk(str(tmp / "evals" / f"batch_{batch:04d}"), num_shards=1)
+        (tmp / METRICS_FILE).write_text(json.dumps({"minibatches": progress.minibatches, "evals": progress.evals},
+                                                   indent=2, default=str))
+
+    return Built([(meta, write)], {f"online/final_{k}": v for k, v in stats.items() if v is not None}, step=batches)

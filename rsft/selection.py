@@ -1,0 +1,340 @@
+"""The selection rule, a service below stage=select and stage=online: which of a prompt's scored candidates are
+kept (best-of-K), and each prompt's best-vs-worst pair. Pure functions over rows (dicts with prompt_id, prompt,
+completion, finish_reason, reward, reward_normalised, round, sample_idx), tested without a run directory; the
+rule itself, step by step, is told in rsft.select's docstring. The reward decides everything here; the gold
+oracle is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rsft.data import chat_messages
+from rsft.errors import InputError
+from rsft.stats import ngrams, opening, top_opening
+
+log = logging.getLogger(__name__)
+
+
+def scored_by(row: dict) -> str:
+    """Which reward model scored a row: the `reward_model` column stage=score writes (relative to the run
+    directory); a scored set written before that column existed was scored by the run's reward/."""
+    return row.get("reward_model") or "reward"
+
+
+def is_cut(row: dict) -> bool:
+    return row["finish_reason"] == "length"
+
+
+def tier(row: dict, select_cfg: DictConfig) -> int:
+    """1 for a truncated completion that ranks after every complete one (drop_truncated=false,
+    truncated_penalty=null, prefer_complete=true), else 0: a lower tier always ranks first."""
+    cut_last = (not select_cfg.drop_truncated and select_cfg.get("truncated_penalty") is None
+                and bool(select_cfg.get("prefer_complete", True)))
+    return int(cut_last and is_cut(row))
+
+
+def penalised(row: dict, select_cfg: DictConfig) -> float:
+    """reward_normalised less select.truncated_penalty for a truncated completion (in the reward model's
+    std units), when that penalty applies (drop_truncated=false)."""
+    penalty = select_cfg.get("truncated_penalty")
+    cut = penalty is not None and not select_cfg.drop_truncated and is_cut(row)
+    return row["reward_normalised"] - (float(penalty) if cut else 0.0)
+
+
+def value(row: dict, select_cfg: DictConfig) -> float:
+    """What ranks a prompt's candidates within a tier: the raw reward, or with a truncation penalty that
+    applies, `penalised`."""
+    if select_cfg.get("truncated_penalty") is None or select_cfg.drop_truncated:
+        return row["reward"]
+    return penalised(row, select_cfg)
+
+
+def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
+    """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
+    newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
+    comparable = [c for c in candidates if scored_by(c) == newest_model]
+    dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
+    scorable = [c for c in comparable if c["reward"] is not None]  # None: the reward source could not score it
+    if len(scorable) < len(comparable):
+        dropped["unscorable"] = len(comparable) - len(scorable)
+    comparable = scorable
+    ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg), -c["round"],
+                                               c["sample_idx"]))
+    kept, seen = [], set()
+    for c in ranked:
+        text = c["completion"].strip()
+        if select_cfg.drop_empty and not text:
+            dropped["empty"] += 1
+        elif select_cfg.drop_truncated and c["finish_reason"] == "length":
+            dropped["truncated"] += 1
+        elif select_cfg.dedupe and text in seen:
+            dropped["duplicate"] += 1
+        else:
+            seen.add(text)
+            kept.append(c)
+    return kept, dropped
+
+
+def opening_cap(select_cfg: DictConfig, keepable: int) -> int | None:
+    """How many kept completions may share an opening (rsft.stats.opening): select.max_opening_share of
+    what the strategy would keep without a cap, at least 1; None = no cap."""
+    share = select_cfg.get("max_opening_share")
+    if share is None:
+        return None
+    return max(1, math.floor(float(share) * keepable))
+
+
+def claim(openings: Counter, key: str, cap: int) -> bool:
+    """Count one more kept completion with this opening, unless `cap` already have it ("" never counts)."""
+    if key and openings[key] >= cap:
+        return False
+    if key:
+        openings[key] += 1
+    return True
+
+
+def prompt_rng(seed: int, round_idx: int, prompt_id: str) -> random.Random:
+    digest = hashlib.sha256(f"{seed}/{round_idx}/{prompt_id}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def passes(row: dict, select_cfg: DictConfig) -> bool:
+    """select.min_reward as a hard filter of the reward's strategies: reward_normalised at least it (a
+    verifier's pass: 1.0 keeps only answers it passes, RFT / STaR style); every row when it is unset."""
+    floor = select_cfg.get("min_reward")
+    return floor is None or row["reward_normalised"] >= float(floor)
+
+
+def choose(ranked: list[dict], select_cfg: DictConfig, seed: int, round_idx: int, prompt_id: str) -> list[dict]:
+    if select_cfg.strategy == "top_k":
+        return [c for c in ranked if passes(c, select_cfg)][: int(select_cfg.k)]
+    if select_cfg.strategy == "threshold":
+        return [c for c in ranked if c["reward_normalised"] >= float(select_cfg.threshold) and passes(c, select_cfg)]
+    # the baseline draws from the best tier present, as top_k does: only the reward's part of the ranking is left out
+    pool = [c for c in ranked if tier(c, select_cfg) == tier(ranked[0], select_cfg)]
+    picked = prompt_rng(seed, round_idx, prompt_id).sample(range(len(pool)), min(int(select_cfg.k), len(pool)))
+    return [pool[i] for i in sorted(picked)]
+
+
+def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) -> list[dict]:
+    """top_k with select.diversity = lam > 0: pick k one at a time, each time the candidate of the best
+    tier with the highest reward_normalised (less the truncation penalty) - lam x the share of its
+    distinct word bigrams that the kept set (kept_grams: its bigrams) or this prompt's earlier picks
+    already have. Maximal marginal relevance (Carbonell & Goldstein 1998) over the whole kept set, so a
+    prompt whose best answer repeats what other prompts kept gives way to its next-best one."""
+    lam = float(select_cfg.diversity)
+    remaining, picked, seen = [c for c in ranked if passes(c, select_cfg)], [], set(kept_grams)
+    while remaining and len(picked) < int(select_cfg.k):
+        def score(c):
+            grams = set(ngrams(c["completion"], 2))
+            overlap = len(grams & seen) / len(grams) if grams else 1.0
+            return penalised(c, select_cfg) - lam * overlap
+        best_tier = min(tier(c, select_cfg) for c in remaining)
+        c = max((c for c in remaining if tier(c, select_cfg) == best_tier), key=score)  # ties: the higher rank
+        remaining.remove(c)
+        picked.append(c)
+        seen.update(ngrams(c["completion"], 2))
+    return picked
+
+
+def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
+    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
+        return None
+    best, worst = ranked[0], ranked[-1]
+    return {
+        "prompt_id": best["prompt_id"],
+        "prompt": chat_messages(best["prompt"], system_prompt),
+        "chosen": [{"role": "assistant", "content": best["completion"]}],
+        "rejected": [{"role": "assistant", "content": worst["completion"]}],
+        "chosen_reward": best["reward"],
+        "rejected_reward": worst["reward"],
+        "chosen_reward_normalised": best["reward_normalised"],  # for the DPO stage's margin filter
+        "rejected_reward_normalised": worst["reward_normalised"],
+    }
+
+
+@dataclass
+class Selection:
+    """What the selection rule keeps of a round's candidates (which of each prompt's ranked survivors), and its
+    counts for meta.json; the rows themselves are read again when they are written (selected_rows, pair_rows)."""
+
+    kept: dict[Any, list[int]]  # prompt id -> the indices of its kept survivors in its ranked survivors, in order
+    counts: dict
+    stats: dict
+    starved: list[str]     # prompts with no survivor
+    top_opening: tuple[str, float]
+    largest_pair_gap: float | None  # the largest reward_normalised gap of a pair (dpo.min_margin's check)
+
+
+SLIM = ("prompt_id", "reward", "reward_normalised", "finish_reason", "completion")  # what the levers decide by
+
+
+def _with_levers(select_cfg: DictConfig) -> tuple[bool, bool]:
+    """(an opening cap, diversity): the levers that make one prompt's choice depend on the other prompts'."""
+    cap = select_cfg.get("max_opening_share") is not None
+    return cap, select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
+
+
+def pair_gap(ranked: list[dict]) -> float | None:
+    """The reward_normalised gap of the prompt's preference pair (best and worst survivor), None when it has
+    none (preference_pair's rule)."""
+    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
+        return None
+    return ranked[0]["reward_normalised"] - ranked[-1]["reward_normalised"]
+
+
+class _Tally:
+    """The counts and statistics of what is kept, added a prompt at a time in the order of the output."""
+
+    def __init__(self):
+        self.rewards, self.texts = array("d"), []
+        self.truncated = self.prompts = 0
+        self.pairs, self.largest_gap = 0, None
+
+    def keep(self, rows: list[dict]) -> None:
+        self.rewards.extend(c["reward"] for c in rows)
+        self.texts += [c["completion"] for c in rows]
+        self.truncated += sum(c["finish_reason"] == "length" for c in rows)
+        self.prompts += bool(rows)
+
+    def pair(self, ranked: list[dict]) -> None:
+        gap = pair_gap(ranked)
+        if gap is not None:
+            self.pairs += 1
+            self.largest_gap = gap if self.largest_gap is None else max(self.largest_gap, gap)
+
+
+def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candidate_rewards: Sequence[float],
+                  select_cfg: DictConfig, seed: int, round_idx: int, want_pairs: bool) -> Selection:
+    """The selection rule over each prompt's candidates (steps 1-4 of the module docstring): a pure function of
+    the groups (`groups()`: (prompt id, candidates) of every prompt, in order) and the select settings, tested
+    without a run directory. candidate_rewards: every candidate's reward that is not None, in row order.
+    Without the levers each prompt is decided as it is read and only its choice is kept; with them every
+    prompt's ranked survivors (the fields that decide, SLIM) are kept until all are read. Raises InputError
+    when nothing is kept (SFT would have nothing to train on)."""
+    cap_on, diverse = _with_levers(select_cfg)
+    starved, kept, ranked_by_prompt, tally = [], {}, {}, _Tally()
+    dropped_total = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": 0, "opening_cap": 0}
+    candidates = prompts = survivors_left = would_keep = 0
+    best_left = float("-inf")
+    for prompt_id, group in groups():
+        candidates, prompts = candidates + len(group), prompts + 1
+        ranked, dropped = survivors(group, select_cfg)
+        for key, n in dropped.items():
+            dropped_total[key] = dropped_total.get(key, 0) + n
+        if not ranked:
+            starved.append(prompt_id)
+            log.warning("select: every completion of prompt %s (%r) was filtered out (%s); no example for it",
+                        prompt_id, group[0]["prompt"][:80], dropped)
+            continue
+        survivors_left += len(ranked)
+        best_left = max(best_left, *(c["reward_normalised"] for c in ranked))
+        picked = choose(ranked, select_cfg, seed, round_idx, prompt_id)
+        if cap_on or diverse:
+            ranked_by_prompt[prompt_id] = [{**{k: c[k] for k in SLIM}, "index": i} for i, c in enumerate(ranked)]
+            would_keep += len(picked)
+            continue
+        where = {id(c): i for i, c in enumerate(ranked)}
+        kept[prompt_id] = [where[id(c)] for c in picked]
+        tally.keep(picked)
+        if want_pairs:
+            tally.pair(ranked)
+    capped = []
+    if cap_on or diverse:
+        kept, capped = _choose_with_levers(ranked_by_prompt, select_cfg, seed, round_idx, would_keep, dropped_total)
+        for prompt_id, ranked in ranked_by_prompt.items():  # the output's order: the prompts' own
+            if prompt_id in kept:
+                tally.keep([ranked[i] for i in kept[prompt_id]])
+                if want_pairs:
+                    tally.pair(ranked)
+    if not tally.rewards and select_cfg.strategy == "threshold" and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
+                         f"above every surviving completion's reward_normalised (the highest of {survivors_left} "
+                         f"is {best_left:.3f}); SFT would have nothing to train on. Lower select.threshold")
+    if not tally.rewards and select_cfg.get("min_reward") is not None and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: none of the {survivors_left} surviving "
+                         f"completions reaches select.min_reward={select_cfg.min_reward} (the highest "
+                         f"reward_normalised is {best_left:.3f}); SFT would have nothing to train on. Lower "
+                         f"select.min_reward or sample more (sample.num_samples)")
+    if not tally.rewards:
+        raise InputError(f"select kept no completion in round {round_idx}: all {candidates} candidates of "
+                         f"{prompts} prompts were filtered out ({dropped_total}); SFT would have nothing "
+                         f"to train on. Try select.drop_truncated=false or a larger sample.max_new_tokens")
+    selected = len(tally.rewards)
+    counts = {
+        "candidates": candidates, "prompts": prompts, "selected": selected, "pairs": tally.pairs,
+        "prompts_without_survivors": len(starved), "prompts_capped": len(capped),
+        "prompts_kept": tally.prompts,
+        "survivors_per_prompt_mean": survivors_left / max(prompts, 1),
+        "selected_truncated": tally.truncated,
+        **{f"dropped_{k}": v for k, v in dropped_total.items()},
+    }
+    stats = {
+        "selected_reward_mean": sum(tally.rewards) / selected,
+        "candidate_reward_mean": sum(candidate_rewards) / max(len(candidate_rewards), 1),
+        "acceptance_fraction": selected / candidates,
+    }
+    return Selection(kept, counts, stats, starved, top_opening(tally.texts), tally.largest_gap)
+
+
+def _choose_with_levers(ranked_by_prompt: dict[Any, list[dict]], select_cfg: DictConfig, seed: int, round_idx: int,
+                        would_keep: int, dropped_total: dict) -> tuple[dict[Any, list[int]], list]:
+    """Step 4 (the opening cap, diversity) over every prompt's ranked survivors: prompts whose best survivor the
+    reward model likes most choose first. Returns (prompt id -> its kept survivors' indices, the prompts capped)."""
+    cap = opening_cap(select_cfg, would_keep)
+    openings: Counter = Counter()
+    capped, kept_grams, kept = [], set(), {}
+    _, diverse = _with_levers(select_cfg)
+    order = sorted(ranked_by_prompt, key=lambda pid: (-ranked_by_prompt[pid][0]["reward"], pid))
+    for prompt_id in order:
+        ranked = ranked_by_prompt[prompt_id]
+        allowed = ranked if cap is None else [c for c in ranked if not opening(c["completion"])
+                                               or openings[opening(c["completion"])] < cap]
+        dropped_total["opening_cap"] += len(ranked) - len(allowed)
+        if not allowed:
+            capped.append(prompt_id)
+            continue
+        picked = (diverse_choice(allowed, select_cfg, kept_grams) if diverse
+                  else choose(allowed, select_cfg, seed, round_idx, prompt_id))
+        chosen = [c for c in picked if cap is None or claim(openings, opening(c["completion"]), cap)]
+        for c in chosen:
+            kept_grams.update(ngrams(c["completion"], 2))
+        dropped_total["opening_cap"] += len(picked) - len(chosen)  # a prompt's own k picks count too
+        kept[prompt_id] = [c["index"] for c in chosen]
+    if capped:
+        log.info("select: %d prompt(s) kept nothing because every survivor opens like %d kept completions already "
+                 "(select.max_opening_share=%s)", len(capped), cap, select_cfg.max_opening_share)
+    return kept, capped
+
+
+def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection: Selection,
+                  select_cfg: DictConfig, round_idx: int) -> Iterator[dict]:
+    """The kept rows, every column of the scored set and the selection's own (rank among what the prompt kept,
+    its number of survivors, the round), prompt by prompt in the prompts' order: the survivors are ranked again
+    from the candidates (the same rule, the same order) and the kept ones taken by their index."""
+    for prompt_id, group in groups():
+        if prompt_id in selection.kept:
+            ranked, _ = survivors(group, select_cfg)
+            for rank, i in enumerate(selection.kept[prompt_id]):
+                yield {**ranked[i], "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx}
+
+
+def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection: Selection, select_cfg: DictConfig,
+              system_prompt: str | None) -> Iterator[dict]:
+    """The preference pairs of the prompts that kept a choice (a starved or capped prompt gives none), in order."""
+    for prompt_id, group in groups():
+        if prompt_id in selection.kept:
+            pair = preference_pair(survivors(group, select_cfg)[0], system_prompt)
+            if pair is not None:
+                yield pair

@@ -1,0 +1,194 @@
+"""stage=online on the tiny models (issue 34): the policy learns while it samples. It writes its artifact
+(the policy, the kept completions, per-mini-batch metrics, eval snapshots); a run killed mid-stage and run
+again ends bit for bit as an uninterrupted run, having redone at most online.checkpoint_every mini-batches;
+bad settings are refused naming the setting. The round loop is untouched (test_loop, test_rounds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers import AutoModelForCausalLM
+
+import rsft.online
+from rsft.errors import ConfigError
+from rsft.paths import RunPaths
+from rsft.run import run_stage
+from rsft.store import read_meta
+from tests.conftest import REPO
+
+VERIFIERS = REPO / "tests" / "reward_fixtures" / "verifiers.py"
+ONLINE = ["stage=online", "device=cpu", "reward_source=function", f"reward_source.spec={VERIFIERS}:length",
+          "online.prompts_per_batch=2", "sample.num_samples=3", "online.steps_per_batch=2", "online.batch_size=2",
+          "online.learning_rate=1e-3", "select.drop_truncated=false", "online.eval_every=0"]
+
+
+def _weights(path) -> list[torch.Tensor]:
+    """The weights of a save_pretrained folder (online/policy: inside the artifact, not one of its own)."""
+    return [p.detach().clone() for p in AutoModelForCausalLM.from_pretrained(path).parameters()]
+
+
+def _without_time(minibatches: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if k not in ("seconds", "wall_seconds")} for m in minibatches]
+
+
+def test_online_writes_the_policy_kept_rows_metrics_and_eval_snapshots(make_cfg):
+    cfg = make_cfg(*ONLINE, "online.minibatches=3", "online.mode=full", "online.replay=2", "online.eval_every=2",
+                   "data.eval_limit=2", "eval.num_samples=2", "online.dpo_weight=0.5")
+    out = run_stage(cfg).path
+    assert out == RunPaths(cfg.paths.run_dir).online
+    # the final policy is a save_pretrained folder, changed by training
+    trained, initial = _weights(out / "policy"), None
+    from rsft.models import load_policy
+
+    initial = [p.detach() for p in load_policy(cfg, None, torch.device("cpu"))[0].parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(trained, initial))
+    metrics = json.loads((out / "metrics.json").read_text())
+    batches = metrics["minibatches"]
+    assert [m["batch"] for m in batches] == [0, 1, 2]
+    for m in batches:
+        assert m["completions"] == 2 * 3 and m["tokens"] > 0 and m["steps"] == 2 and m["loss"] > 0
+        assert {"reward_mean", "kept_reward_mean", "gold_mean", "kept_gold_mean", "wall_seconds"} <= set(m)
+    # x values of the results comparison: cumulative completions and tokens sampled, rising every mini-batch
+    assert [m["completions_sampled"] for m in batches] == [6, 12, 18]
+    tokens = [m["tokens_sampled"] for m in batches]
+    assert tokens == [sum(m["tokens"] for m in batches[:i + 1]) for i in range(3)] and tokens == sorted(set(tokens))
+    assert batches[1]["replayed"] == 2 and batches[0]["replayed"] == 0
+    # the DPO term: the first step's policy is the reference, so its loss is log 2 (a margin of 0)
+    assert all(m["dpo_pairs"] >= 1 and m["dpo_loss"] > 0 for m in batches)
+    # eval snapshots before the first mini-batch, every 2 and after the last, each with gold and its x values
+    assert [e["batch"] for e in metrics["evals"]] == [0, 2, 3]
+    assert [e["tokens_sampled"] for e in metrics["evals"]] == [0, tokens[1], tokens[2]]
+    assert all("gold_mean" in e["metrics"] for e in metrics["evals"])
+    assert "vs_initial" in metrics["evals"][-1]["metrics"]
+    assert len(load_from_disk(str(out / "evals" / "batch_0003"))) == 2 * 2
+    kept = load_from_disk(str(out / "kept"))
+    assert len(kept) == sum(m["kept"] for m in batches) and set(kept["round"]) <= {0, 1, 2}
+    assert kept["reward"] == [float(len(c)) for c in kept["completion"]]
+    meta = read_meta(out)
+    assert meta["stats"]["completions_sampled"] == 18 and meta["stats"]["steps"] == 6
+    assert not any(p.name.startswith(".online") for p in out.parent.iterdir())  # the checkpoints are gone
+
+
+def test_a_killed_run_resumes_bit_identical_and_redoes_at_most_checkpoint_every_minibatches(make_cfg, monkeypatch):
+    """LoRA (the default) with replay and the DPO term: the adapter, AdamW and the schedule come back from the
+    checkpoint after mini-batch 2, the kill falls in mini-batch 4 (index 3), and the rerun samples only mini-batches
+    2 and 3 (indices) again."""
+    settings = [*ONLINE, "online.minibatches=4", "online.checkpoint_every=2", "online.replay=1",
+                "online.lr_scheduler=linear", "online.warmup_steps=1", "online.learning_rate=1e-2",
+                "online.dpo_weight=0.5"]
+    whole = run_stage(make_cfg(*settings, "run_name=whole")).path
+
+    real, ran = rsft.online.run_minibatch, []
+
+    def dying(ctx, stream, progress, batch):
+        ran.append(batch)
+        if batch == 3 and len(ran) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(ctx, stream, progress, batch)
+
+    monkeypatch.setattr(rsft.online, "run_minibatch", dying)
+    killed = make_cfg(*settings, "run_name=killed")
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(killed)
+    torch.manual_seed(12345)  # the rerun must not depend on what the process's RNGs did in between
+    resumed = run_stage(killed).path
+    assert ran == [0, 1, 2, 3, 2, 3]
+    a, b = (json.loads((p / "metrics.json").read_text()) for p in (whole, resumed))
+    assert _without_time(a["minibatches"]) == _without_time(b["minibatches"])
+    kept_a, kept_b = (load_from_disk(str(p / "kept")) for p in (whole, resumed))
+    for column in ("prompt_id", "sample_idx", "completion_ids", "seed", "reward", "round"):
+        assert kept_a[column] == kept_b[column], column
+    worst = max(float((p - q).abs().max()) for p, q in zip(_weights(whole / "policy"), _weights(resumed / "policy")))
+    assert worst == 0.0, f"the resumed policy differs from the uninterrupted one's by up to {worst}"
+
+
+@pytest.mark.parametrize("override, named", [
+    ("online.minibatches=0", "online.minibatches=0"),
+    ("online.mode=half", "online.mode='half'"),
+    ("online.lr_scheduler=sometimes", "online.lr_scheduler='sometimes'"),
+    ("online.replay=-1", "online.replay=-1"),
+    ("online.dpo_beta=0", "online.dpo_beta=0"),
+    ("sample.num_samples=auto", "sample.num_samples=auto"),
+    ("draft=distilled", "draft=distilled"),
+    ("sample.strategy=greedy", "sample.strategy=greedy"),
+])
+def test_bad_settings_are_refused_naming_the_setting(make_cfg, override, named):
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
+        run_stage(make_cfg(*ONLINE, override))
+
+
+def test_two_processes_train_data_parallel_as_one_process_and_a_killed_rank_resumes_bit_identical(make_cfg, tmp_path):
+    """torchrun, 2 CPU processes (gloo). Each samples its share of a mini-batch and all get every row, so the
+    completions are one process's; with the gradients summed over the processes the steps are one process's (to
+    float rounding: the sums' order differs). Process 1 is killed (SIGKILL) as it starts mini-batch 3, after the
+    checkpoint of mini-batch 2; the same command resumes there and ends bit for bit as an uninterrupted
+    2-process run."""
+    from tests.test_distributed import launch
+
+    settings = [*ONLINE, "online.minibatches=3", "online.mode=full", "online.checkpoint_every=1", "threads=1",
+                "online.dpo_weight=0.5"]
+    died = launch(tmp_path, [[*settings, "run_name=killed"]], kill={"rank": 1, "online_batch": 2})
+    assert died.returncode != 0
+    done = launch(tmp_path, [[*settings, "run_name=killed"], [*settings, "run_name=whole"]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming after mini-batch 1" in done.stderr
+    killed, whole = (RunPaths(tmp_path / "runs" / name).online for name in ("killed", "whole"))
+    one = run_stage(make_cfg(*settings, "run_name=one")).path
+    assert read_meta(killed)["stats"]["world_size"] == 2
+    kept = {p: load_from_disk(str(p / "kept")) for p in (one, killed, whole)}
+    assert kept[one]["completion_ids"] == kept[killed]["completion_ids"] == kept[whole]["completion_ids"]
+    assert kept[one]["reward"] == kept[killed]["reward"] == kept[whole]["reward"]
+    a, b, c = (json.loads((p / "metrics.json").read_text())["minibatches"] for p in (one, killed, whole))
+    assert _without_time(b) == _without_time(c)
+    for key in ("loss", "dpo_loss"):
+        assert [m[key] for m in a] == pytest.approx([m[key] for m in b], rel=1e-5), key
+    assert all(torch.equal(p, q) for p, q in zip(_weights(killed / "policy"), _weights(whole / "policy")))
+    worst = max(float((p - q).abs().max()) for p, q in zip(_weights(one / "policy"), _weights(killed / "policy")))
+    assert worst < 1e-5
+
+
+def test_online_vs_rounds_pairs_each_snapshot_with_the_rounds_last_evaluation(tmp_path, capsys):
+    """scripts/online_vs_rounds.py on hand-written artifacts: the rounds' tokens add up, each online snapshot is
+    paired with the last round's evaluation by (prompt_id, sample_idx), the plot is drawn."""
+    import importlib.util
+
+    from datasets import Dataset
+
+    from rsft.store import atomic_artifact
+
+    def write(folder, meta, rows=None, extra=None):
+        with atomic_artifact(folder, meta) as tmp:
+            if rows is not None:
+                Dataset.from_list(rows).save_to_disk(str(tmp))
+            for name, text in (extra or {}).items():
+                (tmp / name).write_text(text)
+
+    def evaluation(gold):
+        return [{"prompt_id": f"p{p}", "sample_idx": s, "gold": gold + 0.01 * p} for p in range(4) for s in range(2)]
+
+    loop, online = RunPaths(tmp_path / "loop"), RunPaths(tmp_path / "online")
+    write(loop.initial_eval, {"stage": "eval"}, evaluation(0.5))
+    for r in range(2):
+        write(loop.samples(r), {"stage": "sample", "sampling": {"tokens": 1000, "num_completions": 100}})
+        write(loop.policy(r), {"stage": "sft"})
+        write(loop.eval(r), {"stage": "eval"}, evaluation(0.6 + 0.1 * r))
+    snapshots = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 10.0 * b}
+                 for b in (0, 2)]
+    files = {"metrics.json": json.dumps({"minibatches": [], "evals": snapshots})}
+    with atomic_artifact(online.online, {"stage": "online"}) as tmp:
+        for (name, text) in files.items():
+            (tmp / name).write_text(text)
+        for b, gold in ((0, 0.5), (2, 0.75)):
+            Dataset.from_list(evaluation(gold)).save_to_disk(str(tmp / "evals" / f"batch_{b:04d}"))
+    spec = importlib.util.spec_from_file_location("online_vs_rounds", REPO / "scripts" / "online_vs_rounds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main([str(loop.root), str(online.root), "--plot", str(tmp_path / "plot.png")])
+    out = capsys.readouterr().out
+    assert "| round 1 | 2000 | 200 |" in out
+    lines = [line for line in out.splitlines() if line.startswith(f"| {online.online} | after 2 mini-batches")]
+    assert "| 0.50 |" in lines[-1] and "+0.050 [+0.050, +0.050]" in lines[-1]
+    assert (tmp_path / "plot.png").stat().st_size > 0
