@@ -11,7 +11,8 @@ artifacts:
   among the first 4 completions of the train prompts);
 - `uncertain`: refresh.choose=uncertain at B (the pairs where the run's reward/ disagrees most with
   itself across dropout masks, rsft.labelling.pair_uncertainty);
-- `uncertain-60`: refresh.choose=uncertain at 60% of B.
+- `uncertain-60`: refresh.choose=uncertain at 60% of B;
+- `random-60`: refresh.choose=random at 60% of B, the control: what 40% fewer labels cost without a choice.
 
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
 their held-out accuracies are paired: the script scores those pairs with each refreshed model and
@@ -39,7 +40,8 @@ from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 COPIED = ("prefs", "reward", "round_00/samples")
 NEEDED = COPIED + ("round_01/samples",)  # round 1's samples: prompts no variant trained on, for the gold order
-VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncertain-60", "uncertain", 0.6))
+VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncertain-60", "uncertain", 0.6),
+            ("random-60", "random", 0.6))
 
 
 def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None) -> Path:
