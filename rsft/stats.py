@@ -57,6 +57,12 @@ def bootstrap(per_prompt: list[list[float]] | dict, resamples: int = RESAMPLES, 
     return {"mean": mean, "low": float(low), "high": float(high), "prompts": int(means.size)}
 
 
+def shown(interval: dict, signed: bool = False) -> str:
+    """'0.894 [0.865, 0.920]' (signed: '+0.034 [+0.009, +0.061]'): a {mean, low, high} as the tables print it."""
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(interval['mean'])} [{f.format(interval['low'])}, {f.format(interval['high'])}]"
+
+
 def keyed(prompt_ids, sample_idxs, values) -> dict[tuple[str, int], float]:
     """{(prompt_id, sample_idx): value}: the pairing key of a completion across evaluations."""
     out = {}

@@ -91,11 +91,6 @@ def gold_keys(scorer, samples) -> dict[tuple[str, int], float]:
     return keys
 
 
-def fmt(d: dict, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(d['mean'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="source demo runs, one per seed")
@@ -131,9 +126,9 @@ def main(argv=None) -> None:
             cells = [name, str(result["train_pairs"])]
             for part in ("round", "initial", "gold"):
                 keys = result[part]
-                cells.append(fmt(stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values())))))
+                cells.append(stats.shown(stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values())))))
                 cells.append("" if name == "random" else
-                             fmt(stats.paired_difference(keys, results["random"][part]), signed=True))
+                             stats.shown(stats.paired_difference(keys, results["random"][part]), signed=True))
             print("| " + " | ".join(cells) + " |")
         (args.out / f"{source.name}-results.json").write_text(json.dumps(
             {name: {"train_pairs": r["train_pairs"], "budget": r["budget"],

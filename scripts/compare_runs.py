@@ -40,11 +40,6 @@ def pick_column(a, b, wanted: str | None) -> str:
                      f"both evaluations: A has {a.column_names}, B has {b.column_names}")
 
 
-def fmt(d: dict, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(d['mean'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
-
-
 def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int], float]:
     """{(prompt_id, 0): the scorer's mean over the completions round round_idx kept for that prompt}."""
     from rsft.scoring import score_rows
@@ -95,9 +90,9 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
         both = mine.keys() & theirs.keys()
         mine, theirs = {k: mine[k] for k in both}, {k: theirs[k] for k in both}
         if both:
-            print(f"| round {round_idx} | {len(both)} | {fmt(stats.bootstrap({k[0]: [v] for k, v in mine.items()}))} | "
-                  f"{fmt(stats.bootstrap({k[0]: [v] for k, v in theirs.items()}))} | "
-                  f"{fmt(stats.paired_difference(mine, theirs), signed=True)} | {fmt(stats.paired_win_rate(mine, theirs))} |")
+            print(f"| round {round_idx} | {len(both)} | {stats.shown(stats.bootstrap({k[0]: [v] for k, v in mine.items()}))} | "
+                  f"{stats.shown(stats.bootstrap({k[0]: [v] for k, v in theirs.items()}))} | "
+                  f"{stats.shown(stats.paired_difference(mine, theirs), signed=True)} | {stats.shown(stats.paired_win_rate(mine, theirs))} |")
         round_idx += 1
     if round_idx == 0:
         raise MissingInput(f"{run_a} and {run_b} have no complete round_00/selected in common; --kept compares the "
@@ -135,9 +130,9 @@ def main(argv=None) -> None:
             continue
         mine = stats.keyed(a["prompt_id"], a["sample_idx"], a[column])
         theirs = stats.keyed(b["prompt_id"], b["sample_idx"], b[column])
-        print(f"| {name} | {fmt(stats.bootstrap(stats.by_prompt(a['prompt_id'], a[column])))} | "
-              f"{fmt(stats.bootstrap(stats.by_prompt(b['prompt_id'], b[column])))} | "
-              f"{fmt(stats.paired_difference(mine, theirs), signed=True)} | {fmt(stats.paired_win_rate(mine, theirs))} |")
+        print(f"| {name} | {stats.shown(stats.bootstrap(stats.by_prompt(a['prompt_id'], a[column])))} | "
+              f"{stats.shown(stats.bootstrap(stats.by_prompt(b['prompt_id'], b[column])))} | "
+              f"{stats.shown(stats.paired_difference(mine, theirs), signed=True)} | {stats.shown(stats.paired_win_rate(mine, theirs))} |")
 
 
 if __name__ == "__main__":

@@ -81,11 +81,6 @@ def pick_column(points: list[dict], wanted: str | None) -> str:
                      f"evaluation (gold needs the demo task's oracle)")
 
 
-def fmt(d: dict, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(d['mean'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
-
-
 def plot(series: list[list[dict]], column: str, out: Path) -> None:
     import matplotlib
 
@@ -98,7 +93,9 @@ def plot(series: list[list[dict]], column: str, out: Path) -> None:
         means = [p["mean"]["mean"] for p in points]
         errors = [[m - p["mean"]["low"] for m, p in zip(means, points)],
                   [p["mean"]["high"] - m for m, p in zip(means, points)]]
-        ax.errorbar(xs, means, yerr=errors, marker="o", capsize=3, label=points[-1]["run"])
+        run = Path(points[-1]["run"])  # runs/<name> for the rounds, runs/<name>/online for an online run
+        name = f"{run.parent.name} (online)" if run.name == "online" else f"{run.name} (rounds)"
+        ax.errorbar(xs, means, yerr=errors, marker="o", capsize=3, label=name)
     ax.set_xlabel("tokens sampled")
     ax.set_ylabel(f"held-out {column} (95% interval over prompts)")
     ax.legend(fontsize=8)
@@ -128,7 +125,7 @@ def main(argv=None) -> None:
     for points in series:
         for p in points:
             print(f"| {p['run']} | {p['point']} | {p['tokens']} | {p['completions']} | {p['wall']:.0f} | "
-                  f"{fmt(p['mean'])} |")
+                  f"{stats.shown(p['mean'])} |")
     last = series[0][-1]
     theirs = stats.keyed(last["eval"]["prompt_id"], last["eval"]["sample_idx"], last["eval"][column])
     print(f"\nagainst the rounds' last point ({last['point']}: {last['tokens']} tokens, {last['wall']:.0f} s)\n")
@@ -141,8 +138,8 @@ def main(argv=None) -> None:
                 raise InputError(f"{p['run']} ({p['point']}) evaluated other completions than {last['run']} "
                                  f"({last['point']}): use the same data.eval_limit, eval.num_samples and eval.seed")
             print(f"| {p['run']} | {p['point']} | {p['tokens'] / max(last['tokens'], 1):.2f} | "
-                  f"{p['wall'] / max(last['wall'], 1e-9):.2f} | {fmt(stats.paired_difference(mine, theirs), True)} | "
-                  f"{fmt(stats.paired_win_rate(mine, theirs))} |")
+                  f"{p['wall'] / max(last['wall'], 1e-9):.2f} | {stats.shown(stats.paired_difference(mine, theirs), True)} | "
+                  f"{stats.shown(stats.paired_win_rate(mine, theirs))} |")
     if args.plot is not None:
         plot(series, column, args.plot)
         print(f"\nplot: {args.plot}")
