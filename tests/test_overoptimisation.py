@@ -176,14 +176,14 @@ def test_auto_k_and_the_stop_rule_need_the_evaluations_and_a_fixed_k_for_pruning
         check_config(make_cfg(*LOOP, "loop.stop.enabled=true", "loop.eval=false"))
     # pruning: its share must stop a row of the smallest round auto can sample (the floor)
     check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]", "sample.prune.share=0.5"))
-    with pytest.raises(ValueError, match=r"prune\.share=0\.3: expected at least 1/2 .*auto_k\.floor=2"):
+    with pytest.raises(ValueError, match=r"prune\.share=0\.3: expected at least 1/3 .*auto_k\.floor=3"):
         check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.prune.at=[4]", "sample.prune.share=0.3"))
     # adaptive K: auto sets its mean; its first pass must leave the floor something to allocate
     check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=1"))
     with pytest.raises(ValueError, match=r"adaptive_k\.mean=3\.0: expected null with num_samples=auto"):
         check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=1", "sample.adaptive_k.mean=3"))
-    with pytest.raises(ValueError, match=r"adaptive_k\.k0=2: expected below sample\.auto_k\.floor=2"):
-        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=2"))
+    with pytest.raises(ValueError, match=r"adaptive_k\.k0=3: expected below sample\.auto_k\.floor=3"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=auto", "sample.adaptive_k.k0=3"))
     for value in ("2.5", "many", "0"):  # an integer or auto (num_samples is typed Any, so checked here)
         with pytest.raises(ValueError, match=rf"num_samples={value!s}|num_samples='{value}'"):
             check_config(make_cfg(*LOOP, f"sample.num_samples={value}"))
