@@ -83,17 +83,22 @@ def round_pairs_path(cfg: DictConfig, round_idx: int) -> str | None:
     return str(found[0])
 
 
+def first_rows(samples: Dataset, per_prompt: int) -> list[int]:
+    """The rows of each prompt's first `per_prompt` completions, in order; rows stopped by pruning are prefixes,
+    not completions, and are passed over."""
+    taken: dict[str, int] = defaultdict(int)
+    rows = []
+    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
+        if finish_reason != PRUNED and taken[prompt_id] < per_prompt:
+            taken[prompt_id] += 1
+            rows.append(i)
+    return rows
+
+
 def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple[DatasetDict, dict]:
     """Pairs among the first refresh.samples_per_prompt completions per prompt (rows stopped by pruning are
     prefixes, not completions, and are passed over), labelled by the demo's annotators."""
-    per_prompt = int(cfg.refresh.samples_per_prompt)
-    taken: dict[str, int] = {}
-    keep = []  # rows are in prompt and sample order
-    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
-        if finish_reason != PRUNED and taken.get(prompt_id, 0) < per_prompt:
-            taken[prompt_id] = taken.get(prompt_id, 0) + 1
-            keep.append(i)
-    subset = samples.select(keep)
+    subset = samples.select(first_rows(samples, int(cfg.refresh.samples_per_prompt)))
     golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]
     rng = random.Random(round_seed(int(cfg.prefs.seed), round_idx))
     rows, identical = label_pairs(subset, golds, float(cfg.prefs.tau), bool(cfg.prefs.soft), rng)
@@ -186,12 +191,7 @@ def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None
     scorable = [p for p, f in zip(samples["prompt_id"], samples["finish_reason"]) if f != PRUNED]
     test_ids = test_prompt_ids(list(set(scorable)), float(cfg.prefs.test_fraction), random.Random(seed))
     train_ids = set(scorable) - test_ids
-    per_prompt = int(refresh.samples_per_prompt)
-    firsts, taken = set(), defaultdict(int)
-    for i, (prompt_id, finish_reason) in enumerate(zip(samples["prompt_id"], samples["finish_reason"])):
-        if finish_reason != PRUNED and taken[prompt_id] < per_prompt:
-            taken[prompt_id] += 1
-            firsts.add(i)
+    firsts = set(first_rows(samples, int(refresh.samples_per_prompt)))
     held_out = [pair for pair in candidate_pairs(samples, test_ids) if set(pair) <= firsts]
     candidates = candidate_pairs(samples, train_ids)
     # null: as many as refresh.choose=first labels on these prompts, so that choices compare at equal labels

@@ -66,10 +66,10 @@ def main(argv=None) -> None:
         raise InputError(f"{samples_dir}: no two distinct completions of one prompt; nothing to label")
     uncertainty = None
     if args.choose == "uncertain":
-        from reward.scoring import load_scorer
+        from reward.scoring import STATS_FILE, load_scorer
 
         reward = args.reward or default_reward(paths, args.round)
-        if not is_complete(reward) and not (reward / "reward_stats.json").is_file():
+        if not (reward / STATS_FILE).is_file():
             raise MissingInput(f"--reward {reward}: no trained reward model there; give one with --reward")
         uncertainty = pair_uncertainty(load_scorer(reward), samples, pairs, args.passes, args.seed)
         print(f"uncertainty from {reward} ({args.passes} dropout masks)")
