@@ -1052,8 +1052,9 @@ class OnlineConfig(Checked):
     scores them (reward_source), keeps what the select group's rule keeps and takes steps_per_batch optimiser
     steps on it; the optimiser and schedule carry across mini-batches."""
 
-    minibatches: int = setting(9, "Mini-batches in all; mini-batch b takes train prompts b*M .. b*M + M - 1 of the "
-                                  "whole train split (data.limit is not read), wrapping once it is used up.",
+    minibatches: int = setting(9, "Mini-batches in all; mini-batch b takes prompts b*M .. b*M + M - 1 of the stream, "
+                                  "wrapping once it is used up: the whole train split with data.rotate, else its "
+                                  "first data.limit prompts (the prompts the rounds would see).",
                                check=at_least(1))
     prompts_per_batch: int = setting(8, "M: train prompts per mini-batch.", check=at_least(1))
     # 4 steps of 4: two passes over the 8 completions best-of-K keeps of 8 prompts, as sft's 2 epochs of batch 4
@@ -1079,6 +1080,11 @@ class OnlineConfig(Checked):
                                      "step (against the initial policy: LoRA with the adapter off, or a frozen copy); "
                                      "0 = off.", check=non_negative())
     dpo_beta: float = setting(0.1, "The DPO loss's KL strength, > 0.", check=positive())
+    refresh_every: int = setting(0, "Retrain the reward model every R mini-batches, as loop.refresh_reward does each "
+                                    "round: labels of the last R mini-batches' samples (the refresh group's choice, "
+                                    "the demo's simulated annotators) join every label so far, and the model it "
+                                    "trains scores mini-batch b when R divides b + 1, and the ones after; 0 = off.",
+                                check=at_least(0, "(0 = off)"))
     eval_every: int = setting(3, "Evaluate on the held-out prompts (eval.num_samples, eval.seed) before the first "
                                  "mini-batch, every E mini-batches and after the last; 0 = off.",
                               check=at_least(0, "(0 = off)"))
@@ -1449,6 +1455,18 @@ def _check_online(cfg) -> None:
     if cfg.draft.kind not in ("none", "ngram"):
         raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
                           f"weights change every mini-batch; set draft=none or draft=ngram")
+    if int(cfg.online.refresh_every) > 0:
+        if not simulated_labels_available(cfg):
+            raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} labels the mini-batches' samples with the "
+                              f"demo task's simulated annotators, and data.kind={cfg.data.kind} has none (your labels, "
+                              f"refresh.pairs, are labels of a round's samples); set online.refresh_every=0")
+        if cfg.refresh.get("pairs") is not None:
+            raise ConfigError(f"refresh.pairs={cfg.refresh.pairs}: your labels of a round's samples, and "
+                              f"stage=online has no rounds; online.refresh_every uses the simulated annotators, so "
+                              f"leave refresh.pairs unset (or set online.refresh_every=0)")
+        if cfg.reward_source.kind not in ("trained", "combination"):
+            raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} retrains the trained reward model, and "
+                              f"reward_source.kind={cfg.reward_source.kind} has none; set online.refresh_every=0")
 
 
 def check_across_groups(cfg, groups) -> None:

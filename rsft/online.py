@@ -5,8 +5,9 @@
 The rounds (stage=loop) sample a whole round, then fine-tune on a fixed set: an improvement reaches the
 sampler a round later. Here one policy stays in memory and the same weights serve the sampler and the
 trainer. For mini-batch b = 0 .. online.minibatches - 1:
-  1. prompts: the train split's rows b*M .. b*M + M - 1 (M = online.prompts_per_batch), wrapping once the
-     split is used up (the whole split: data.limit and data.rotate are not read);
+  1. prompts: the stream's rows b*M .. b*M + M - 1 (M = online.prompts_per_batch), wrapping once it is used
+     up. The stream is the prompts the rounds would see: with data.rotate the whole train split in order
+     (the rounds take its next data.limit rows each), without it the first data.limit rows (every round's);
   2. sample: sample.num_samples completions of each with the current weights, through rsft's exact sampler
      (rsft.generation.sample_dataset: pruning, adaptive K and an n-gram draft stay available); the
      completions' seeds are a function of (seed, b) and the prompt's place in the mini-batch, never of
@@ -32,11 +33,21 @@ trains data-parallel: each takes every W-th example of a step's batch, its loss 
 tokens and divided by the whole batch's, and the gradients are summed over the processes (all_reduce), so
 a step is the one a single process takes.
 
+With online.refresh_every = R > 0 the reward model follows the policy, as loop.refresh_reward makes it follow
+the rounds: before scoring mini-batch b where R divides b + 1, the samples of mini-batches b - R + 1 .. b are
+labelled (rsft.labelling: the refresh group's choice of pairs, the demo's simulated annotators), and the
+reward model is retrained on the initial labels and every refresh's so far (refresh.init: continuing the
+current model for refresh.epochs, or from scratch); it scores mini-batch b and the ones after, until the next.
+So when R mini-batches hold a round's prompts, the labels are the rounds' labels. Each refreshed model is
+written to the resume folder (every process trains it, as stage=refresh under torchrun, and the main process
+writes it); the snapshots keep scoring with the run's reward/, as stage=eval scores every round.
+
 Every online.eval_every mini-batches (and before the first, and after the last) the policy is evaluated
 as stage=eval evaluates one (rsft.metrics.policy_metrics): eval.num_samples completions of each held-out
 prompt with eval.seed, scored by the reward, with gold where the task has an oracle, against the snapshot
 before the first mini-batch; each snapshot records the completions and tokens sampled so far and the wall
-time, which is the comparison with the rounds (gold against tokens sampled). eval.judge is not read.
+time, which is the comparison with the rounds (gold against tokens sampled). With eval.judge the snapshots
+are scored by the judge too (the comparison on a task without an oracle).
 
 Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.training.LoopCheckpoints: verified,
 written last, the older one dropped) holds the trainable weights (the adapter with LoRA), the optimiser
@@ -58,10 +69,12 @@ import copy
 import json
 import logging
 import random
+import shutil
 import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -69,6 +82,8 @@ from datasets import Dataset
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from reward.formats import pair_files
+from reward.scoring import load_scorer, save_reward_model
 from rsft import distributed, scoring
 from rsft.config import uses_trained_reward
 from rsft.data import load_prompts, prompt_files
@@ -80,13 +95,16 @@ from rsft.generation import (
     sample_dataset,
     sampling_settings,
 )
+from rsft.labelling import chosen_labels, simulated_labels
 from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import cut_examples, lora_config, policy_writer
+from rsft.reward_training import load_pairs, pooled, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.sampling.budget import PRUNED
 from rsft.selection import select_groups, selected_rows, survivors
+from rsft.store import atomic_artifact
 from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
@@ -112,14 +130,25 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     check_scheduler(str(cfg.online.lr_scheduler))
     sampling_settings(cfg.sample, cfg.draft)
     trained = [scoring.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
-    files = prompt_files(cfg.data, "train") + (prompt_files(cfg.data, "eval") if int(cfg.online.eval_every) else [])
-    return Plan(outputs=[paths.online], inputs=trained, user_files=files,
-                sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
+    evaluates = int(cfg.online.eval_every) > 0
+    files = prompt_files(cfg.data, "train") + (prompt_files(cfg.data, "eval") if evaluates else [])
+    sources = scoring.source_identity(cfg, resolve_device(cfg.device))
+    judge = scoring.judge_model(cfg) if evaluates else None  # a bad eval.judge stops here, before any work
+    if evaluates and scoring.judge_spec(cfg) is not None:
+        sources["judge"] = scoring.open_judge(cfg, resolve_device(cfg.device), None).identity()
+    labels = []
+    if int(cfg.online.refresh_every) > 0:  # the initial labels every refresh pools with its own
+        labels = [paths.prefs] if cfg.reward.data.path is None else []
+        files += pair_files(cfg.reward.data)
+    return Plan(outputs=[paths.online], inputs=trained + labels + ([judge] if judge is not None else []),
+                user_files=files, sources=sources)
 
 
 def prompt_stream(cfg: DictConfig) -> Dataset:
-    """The whole train split, in order (data.limit and data.rotate are the rounds' business)."""
-    return load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
+    """The prompts the rounds would see, in order: with data.rotate the whole train split (round r takes its
+    next data.limit rows), without it the first data.limit rows (every round takes the same ones)."""
+    rotate = bool(cfg.data.get("rotate", False))
+    return load_prompts(OmegaConf.merge(cfg.data, {"limit": None} if rotate else {}, {"rotate": False}), "train")
 
 
 def minibatch_prompts(stream: Dataset, batch: int, size: int) -> Dataset:
@@ -281,6 +310,9 @@ class Progress:
     minibatches: list[dict] = field(default_factory=list)  # per mini-batch metrics
     evals: list[dict] = field(default_factory=list)        # the snapshots' metrics
     eval_rows: dict = field(default_factory=dict)          # batch -> the snapshot's scored rows
+    unlabelled: list[dict] = field(default_factory=list)   # sample rows since the last reward refresh
+    labels: list[dict] = field(default_factory=list)       # each refresh's labelled pairs: {"train": rows, "test": rows}
+    refreshes: list[dict] = field(default_factory=list)    # each refresh's metrics
 
     def sampled(self) -> tuple[int, int, float]:
         """(completions, tokens, wall seconds) so far."""
@@ -296,6 +328,9 @@ class Context:
     draft: object
     scorer: object
     settings: object
+    judge: object = None  # eval.judge opened, or None: scores the snapshots beside the reward
+    eval_scorer: object = None  # what scores the snapshots: the run's reward/ (the sampler's scorer may be refreshed)
+    refreshed: object = None    # with online.refresh_every: Refreshed, where the refreshed reward models live
 
     @property
     def system_prompt(self):
@@ -419,6 +454,11 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
                                       int(cfg.sample.num_samples), minibatch_seed(cfg.seed, batch), ctx.system_prompt,
                                       provenance, progress=False, scorer=ctx.scorer if prune or adaptive else None,
                                       prune=prune, adaptive=adaptive)
+    refresh = int(cfg.online.refresh_every)
+    if refresh:
+        progress.unlabelled.extend({**r, "prompt_id": f"{r['prompt_id']}@{batch}"} for r in ds.to_list())
+        if (batch + 1) % refresh == 0:
+            refresh_reward(ctx, progress, batch)
     candidates = scored(ctx, ds, bool(cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate))
     kept = keep(cfg, candidates, batch)
     pairs = best_and_worst(cfg, candidates) if float(cfg.online.dpo_weight) > 0 else []
@@ -436,11 +476,69 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         "tokens_sampled": tokens + sampling["tokens"], "seconds": round(seconds, 3),
         "wall_seconds": round(wall + seconds, 3), "reward_mean": mean_or_none(r["reward"] for r in candidates),
         "kept": len(kept), "kept_reward_mean": mean_or_none(r["reward"] for r in kept), **trained,
+        **({"reward_model": len(progress.refreshes)} if refresh else {}),
         **({"gold_mean": mean_or_none(gold),
             "kept_gold_mean": mean_or_none(g for r, g in zip(candidates, gold)
                                            if (r["prompt_id"], r["sample_idx"]) in kept_keys)}
            if gold is not None else {}),
     }
+
+
+@dataclass
+class Refreshed:
+    """Where the refreshed reward models live: `folder`/reward-NNN (NNN = refreshes done), in the stage's resume
+    folder (rsft.store.ProgressFolder: keyed by the fingerprint, deleted once the artifact is written); the
+    run's reward/ before the first refresh."""
+
+    folder: Path
+    initial: Path
+
+    def model(self, refreshes: int) -> Path:
+        return self.initial if refreshes == 0 else self.folder / f"reward-{refreshes:03d}"
+
+
+def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
+    """Label the samples since the last refresh, retrain the reward model on every label so far (as stage=refresh
+    retrains a round's), and score with it from now on. Every process trains (data-parallel under torchrun, as
+    stage=refresh); the main process writes the model, which every process then opens."""
+    cfg, device, started = ctx.cfg, ctx.policy.device, time.perf_counter()
+    index, current = len(progress.refreshes), ctx.refreshed.model(len(progress.refreshes))
+    samples = Dataset.from_list(progress.unlabelled)
+    if cfg.refresh.choose == "first":
+        splits, counts = simulated_labels(cfg, samples, index)
+    else:
+        chooser = load_scorer(current, device) if cfg.refresh.choose == "uncertain" else None
+        splits, counts = chosen_labels(cfg, samples, index, chooser)
+    progress.labels.append({"train": splits["train"].to_list(), "test": splits["test"].to_list()})
+    initial_train, initial_test, source = load_pairs(cfg)
+    train = pooled([initial_train, *(Dataset.from_list(s["train"]) for s in progress.labels if s["train"])])
+    test = pooled([initial_test, *(Dataset.from_list(s["test"]) for s in progress.labels if s["test"])])
+    start_from = None if cfg.refresh.init == "scratch" else current
+    train_cfg = cfg if start_from is None or cfg.refresh.epochs is None else OmegaConf.merge(
+        cfg, {"reward": {"epochs": cfg.refresh.epochs}})
+    log.info("online: refresh %d before scoring mini-batch %d: %d new labelled pairs; the reward model trains on %d "
+             "pairs (%s and every refresh's), %s", index + 1, batch, counts["pairs"], len(train), source,
+             "from scratch" if start_from is None else f"continuing {current}")
+    states = rng_states()  # the reward trainer seeds every RNG itself; the policy's training goes on from its own
+    model, tokenizer, stats, metrics = train_and_measure(train_cfg, train, test, device, None, start_from)
+    set_rng_states(states)
+    target = ctx.refreshed.model(index + 1)
+    if distributed.is_main():  # a reward model folder as stage=refresh writes one (a complete artifact)
+        with atomic_artifact(target, {"stage": "online", "refresh": index + 1, "batch": batch, "metrics": metrics,
+                                      "backbone": str(cfg.reward.backbone.name_or_path)}) as tmp:
+            save_reward_model(model, tokenizer, tmp, stats)
+    distributed.barrier()
+    del model
+    ctx.scorer = scoring.open_reward(cfg, device, target)
+    record = {"refresh": index + 1, "batch": batch, "mini-batches": sorted({int(r["prompt_id"].rsplit("@", 1)[1])
+                                                                          for r in progress.unlabelled}),
+              "labelled_pairs": counts["pairs"], "train_pairs": len(train), "test_pairs": len(test),
+              **{k: metrics[k] for k in ("heldout_accuracy", "train_accuracy", "gold_agreement") if k in metrics},
+              "seconds": round(time.perf_counter() - started, 3)}
+    progress.refreshes.append(record)
+    progress.unlabelled = []
+    log.info("online: refresh %d: held-out accuracy %.3f on %d pairs", index + 1, metrics["heldout_accuracy"],
+             metrics["heldout_pairs"])
 
 
 def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
@@ -453,8 +551,12 @@ def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
         ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, int(cfg.eval.num_samples),
                                int(cfg.eval.seed), ctx.system_prompt, provenance, progress=False)
     rows = ds.remove_columns(["prompt", "completion"]).to_list()
-    raw = scoring.score_rows(ctx.scorer, ds["prompt"], ds["completion"], rows, progress=False)
-    ds = ds.add_column("reward", raw).add_column("reward_normalised", ctx.scorer.normalise(raw))
+    scorer = ctx.eval_scorer or ctx.scorer
+    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
+    ds = ds.add_column("reward", raw).add_column("reward_normalised", scorer.normalise(raw))
+    if ctx.judge is not None:
+        judged = scoring.score_rows(ctx.judge, ds["prompt"], ds["completion"], rows, progress=False)
+        ds = ds.add_column("judge", judged).add_column("judge_normalised", ctx.judge.normalise(judged))
     gold = gold_scores(ds)
     return ds.add_column("gold", gold) if gold is not None else ds
 
@@ -464,6 +566,8 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
     baseline = Dataset.from_list(progress.eval_rows[0]) if 0 in progress.eval_rows else None
     ds = evaluate(ctx, prompts, batch)
     metrics = policy_metrics(ds, baseline)
+    if ctx.judge is not None:
+        metrics["judge"] = str(ctx.cfg.eval.judge)
     completions, tokens, wall = progress.sampled()
     record = {"batch": batch, "completions_sampled": completions, "tokens_sampled": tokens, "wall_seconds": wall,
               "metrics": metrics}
@@ -500,7 +604,8 @@ def checkpoint_state(policy: Policy, progress: Progress) -> dict:
     return {"weights": policy.trainable(), "optimizer": policy.optimizer.state_dict(),
             "schedule": policy.schedule.state_dict(), "rng": rng_states(), "next_batch": progress.next_batch,
             "kept": progress.kept, "minibatches": progress.minibatches, "evals": progress.evals,
-            "eval_rows": progress.eval_rows}
+            "eval_rows": progress.eval_rows, "unlabelled": progress.unlabelled, "labels": progress.labels,
+            "refreshes": progress.refreshes}
 
 
 def resume(checkpoints, policy: Policy) -> Progress:
@@ -518,7 +623,8 @@ def resume(checkpoints, policy: Policy) -> Progress:
     policy.optimizer.load_state_dict(state["optimizer"])
     policy.schedule.load_state_dict(state["schedule"])
     set_rng_states(state["rng"])
-    progress = Progress(state["next_batch"], state["kept"], state["minibatches"], state["evals"], state["eval_rows"])
+    progress = Progress(state["next_batch"], state["kept"], state["minibatches"], state["evals"], state["eval_rows"],
+                        state["unlabelled"], state["labels"], state["refreshes"])
     log.info("online: resuming after mini-batch %d (%d kept completions so far)", progress.next_batch - 1,
              len(progress.kept))
     return progress
@@ -539,12 +645,27 @@ def build(cfg: DictConfig, job: Job) -> Built:
     trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
     scorer = scoring.open_reward(cfg, device, trained_folder)
     log.info("online: scored by %s", trained_folder or scoring.source_spec(cfg))
-    ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings)
+    judge = None
+    if eval_every and cfg.eval.get("judge") is not None:
+        folder = scoring.judge_model(cfg)
+        for warning in scoring.judge_warnings(folder, job.paths.reward) if folder is not None else []:
+            log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
+        judge = scoring.open_judge(cfg, device, folder)
+        log.info("online: snapshots judged by %s", folder or scoring.judge_spec(cfg))
+    ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
+                  eval_scorer=scorer)
     stream = prompt_stream(cfg)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
-    checkpoints = job.loop_checkpoints() if every else None  # kept by the main process, read by every one
+    refresh = int(online.refresh_every)
+    checkpoints = job.loop_checkpoints() if every or refresh else None  # kept by the main process, read by every one
+    if refresh:
+        ctx.refreshed = Refreshed(checkpoints.folder, trained_folder)
+        if distributed.is_main():
+            checkpoints.folder.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
-    progress = resume(checkpoints, policy)
+    progress = resume(checkpoints if every else None, policy)
+    if progress.refreshes:  # the model the newest refresh wrote before the checkpoint
+        ctx.scorer = scoring.open_reward(cfg, device, ctx.refreshed.model(len(progress.refreshes)))
     with tqdm(total=batches, initial=progress.next_batch, desc="online", unit="mini-batch",
               disable=not online.progress or not distributed.is_main()) as bar:
         for batch in range(progress.next_batch, batches):
@@ -554,6 +675,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
             progress.minibatches.append(metrics)
             progress.next_batch = batch + 1
             job.tracker.log({f"online/{k}": v for k, v in metrics.items() if v is not None}, step=batch + 1)
+            if progress.refreshes and progress.refreshes[-1]["batch"] == batch:
+                job.tracker.log({f"online_refresh/{k}": v for k, v in progress.refreshes[-1].items()
+                                 if isinstance(v, (int, float))}, step=batch + 1)
             bar.set_postfix(kept=metrics["kept"], reward=f"{metrics['reward_mean'] or 0:.3f}",
                             loss=f"{metrics['loss'] or 0:.3f}")
             bar.update(1)
@@ -570,11 +694,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
     stats = {"minibatches": batches, "completions_sampled": completions, "tokens_sampled": tokens,
              "wall_seconds": wall, "kept": len(progress.kept), "steps": sum(m["steps"] for m in progress.minibatches),
              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "world_size": distributed.world_size()}
+             "world_size": distributed.world_size(), "reward_refreshes": len(progress.refreshes)}
     if progress.evals:
         stats.update({f"eval_{k}": v for k, v in progress.evals[-1]["metrics"].items()
                       if k in ("reward_mean", "gold_mean", "judge_mean") and v is not None})
     meta = {"stage": "online", "policy": source, "stats": stats, "minibatches": progress.minibatches,
+            "refreshes": progress.refreshes,
             "evals": [{k: v for k, v in e.items() if k != "metrics"} | {"metrics": flat_metrics(e["metrics"])}
                       for e in progress.evals],
             "settings": OmegaConf.to_container(online, resolve=True)}
@@ -588,7 +713,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
         kept.save_to_disk(str(tmp / "kept"), num_shards=1)
         for batch, rows in sorted(progress.eval_rows.items()):
             Dataset.from_list(rows).save_to_disk(str(tmp / "evals" / f"batch_{batch:04d}"), num_shards=1)
-        (tmp / METRICS_FILE).write_text(json.dumps({"minibatches": progress.minibatches, "evals": progress.evals},
-                                                   indent=2, default=str))
+        (tmp / METRICS_FILE).write_text(json.dumps({"minibatches": progress.minibatches, "evals": progress.evals,
+                                                    "refreshes": progress.refreshes}, indent=2, default=str))
+        if progress.refreshes:  # the last refreshed reward model, beside the policy it scored for
+            shutil.copytree(ctx.refreshed.model(len(progress.refreshes)), tmp / "reward")
 
     return Built([(meta, write)], {f"online/final_{k}": v for k, v in stats.items() if v is not None}, step=batches)

@@ -28,7 +28,6 @@ import json
 import logging
 from pathlib import Path
 
-from datasets import Dataset, concatenate_datasets
 from omegaconf import DictConfig, OmegaConf
 
 from reward.formats import check_pairs, pair_files
@@ -36,19 +35,12 @@ from reward.scoring import save_reward_model
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
-from rsft.reward_training import load_pairs, train_and_measure
+from rsft.reward_training import load_pairs, pooled, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
 from rsft.training import check_trained
 
 log = logging.getLogger(__name__)
-
-
-def pooled(parts: list[Dataset]) -> Dataset:
-    """One dataset of pairs from several label sets: the columns all of them have (the demo's gold
-    columns too when every part has them, for the gold-agreement metric)."""
-    common = [c for c in parts[0].column_names if all(c in p.column_names for p in parts)]
-    return concatenate_datasets([p.select_columns(common) for p in parts])
 
 
 def start_model(cfg: DictConfig, paths: RunPaths, round_idx: int) -> Path | None:

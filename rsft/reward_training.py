@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 from omegaconf import DictConfig, OmegaConf
 
 from reward.encoding import tokenize_preferences
@@ -87,6 +87,13 @@ def smoothed(pairs: Dataset, epsilon: float) -> Dataset:
     if epsilon == 0.0:
         return pairs
     return pairs.map(lambda row: {LABEL_COLUMN: (1.0 - epsilon) * float(row[LABEL_COLUMN]) + epsilon / 2.0})
+
+
+def pooled(parts: list[Dataset]) -> Dataset:
+    """One dataset of pairs from several label sets: the columns all of them have (the demo's gold
+    columns too when every part has them, for the gold-agreement metric)."""
+    common = [c for c in parts[0].column_names if all(c in p.column_names for p in parts)]
+    return concatenate_datasets([p.select_columns(common) for p in parts])
 
 
 def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,

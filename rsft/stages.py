@@ -170,11 +170,13 @@ STAGES = (
           reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
           does="reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),
     Stage("online", "rsft.online",
-          reads=("seed", "policy", *PROMPT_SET, "data.path", "data.split", "sample", "draft", "select", "online",
-                 "reward_source", When(("eval.num_samples", "eval.seed", "data.eval_path", "data.eval_split",
-                                        "data.eval_limit"),
-                                       lambda cfg: int(cfg.online.eval_every) > 0, "online.eval_every > 0")),
-          uses=("data.limit", "data.rotate"),  # replaced: the prompt stream is the whole train split
+          reads=("seed", "policy", *TRAIN_PROMPTS, "sample", "draft", "select", "online", "reward_source",
+                 When(("eval.num_samples", "eval.seed", "eval.judge", "data.eval_path", "data.eval_split",
+                       "data.eval_limit"), lambda cfg: int(cfg.online.eval_every) > 0, "online.eval_every > 0"),
+                 When(("reward", "refresh.init", "refresh.epochs", "refresh.samples_per_prompt", "refresh.choose",
+                       "refresh.label_budget", "refresh.dropout_passes", "prefs.tau", "prefs.soft",
+                       "prefs.test_fraction", "prefs.seed"),
+                      lambda cfg: int(cfg.online.refresh_every) > 0, "online.refresh_every > 0")),
           reads_doc="policy, the train prompt stream, the reward", writes="`online/`",
           does="the policy learns while it samples: per mini-batch of prompts sample, score, select and take a few "
                "optimiser steps (LoRA or full), resumable; eval snapshots against tokens sampled",

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from datasets import load_from_disk
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 import rsft.online
@@ -36,7 +37,8 @@ def _without_time(minibatches: list[dict]) -> list[dict]:
 
 def test_online_writes_the_policy_kept_rows_metrics_and_eval_snapshots(make_cfg):
     cfg = make_cfg(*ONLINE, "online.minibatches=3", "online.mode=full", "online.replay=2", "online.eval_every=2",
-                   "data.eval_limit=2", "eval.num_samples=2", "online.dpo_weight=0.5")
+                   "data.eval_limit=2", "eval.num_samples=2", "online.dpo_weight=0.5",
+                   f"eval.judge=function:{VERIFIERS}:count_a")
     out = run_stage(cfg).path
     assert out == RunPaths(cfg.paths.run_dir).online
     # the final policy is a save_pretrained folder, changed by training
@@ -63,13 +65,28 @@ def test_online_writes_the_policy_kept_rows_metrics_and_eval_snapshots(make_cfg)
     assert [e["tokens_sampled"] for e in metrics["evals"]] == [0, tokens[1], tokens[2]]
     assert all("gold_mean" in e["metrics"] for e in metrics["evals"])
     assert "vs_initial" in metrics["evals"][-1]["metrics"]
-    assert len(load_from_disk(str(out / "evals" / "batch_0003"))) == 2 * 2
+    last = load_from_disk(str(out / "evals" / "batch_0003"))
+    assert len(last) == 2 * 2
+    # eval.judge scores the snapshots beside the reward: the judge's column and its mean in the metrics
+    assert last["judge"] == [float(c.count("a")) for c in last["completion"]]
+    assert metrics["evals"][-1]["metrics"]["judge_mean"] == pytest.approx(sum(last["judge"]) / 4)
     kept = load_from_disk(str(out / "kept"))
     assert len(kept) == sum(m["kept"] for m in batches) and set(kept["round"]) <= {0, 1, 2}
     assert kept["reward"] == [float(len(c)) for c in kept["completion"]]
     meta = read_meta(out)
     assert meta["stats"]["completions_sampled"] == 18 and meta["stats"]["steps"] == 6
     assert not any(p.name.startswith(".online") for p in out.parent.iterdir())  # the checkpoints are gone
+
+
+@pytest.mark.parametrize("rotate, rows", [(True, [0, 1, 2, 3, 4, 5]), (False, [0, 1, 2, 0, 1, 2])])
+def test_the_stream_is_the_prompts_the_rounds_would_see(make_cfg, rotate, rows):
+    """With data.rotate the whole train split in order (the rounds take its next data.limit rows each round);
+    without it the first data.limit rows, again and again (every round takes the same ones)."""
+    cfg = make_cfg(*ONLINE, "data.limit=3", f"data.rotate={str(rotate).lower()}")
+    stream = rsft.online.prompt_stream(cfg)
+    every = rsft.online.load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
+    taken = [list(rsft.online.minibatch_prompts(stream, b, 2)["prompt_id"]) for b in range(3)]
+    assert sum(taken, []) == [every["prompt_id"][i] for i in rows]
 
 
 def test_a_killed_run_resumes_bit_identical_and_redoes_at_most_checkpoint_every_minibatches(make_cfg, monkeypatch):
@@ -105,7 +122,67 @@ def test_a_killed_run_resumes_bit_identical_and_redoes_at_most_checkpoint_every_
     assert worst == 0.0, f"the resumed policy differs from the uninterrupted one's by up to {worst}"
 
 
+REFRESH = ["stage=online", "device=cpu", "reward=tiny", "reward.epochs=1", "prefs.num_prompts=4",
+           "prefs.num_samples=3", "prefs.max_new_tokens=8", "data.limit=6", "data.rotate=true",
+           "online.prompts_per_batch=2", "sample.num_samples=3", "online.steps_per_batch=2", "online.batch_size=2",
+           "online.learning_rate=1e-3", "select.drop_truncated=false", "online.eval_every=0",
+           "online.minibatches=4", "online.refresh_every=2", "online.checkpoint_every=1"]
+
+
+def test_reward_refresh_every_r_minibatches_scores_with_the_retrained_model_and_resumes_bit_identical(
+        make_cfg, monkeypatch):
+    """online.refresh_every=2 over 4 mini-batches: refreshes before scoring mini-batches 1 and 3, each on the labels
+    of the two mini-batches before it pooled with the initial ones; the kept rows of mini-batch 1 on are scored by
+    the refreshed model, and the last one is written as online/reward. A run killed in mini-batch 3 (after the
+    checkpoint of mini-batch 2, past the first refresh) resumes with the refreshed model and ends bit for bit as
+    the uninterrupted run."""
+    for stage in ("stage=prefs", "stage=reward"):
+        run_stage(make_cfg(*REFRESH, stage, "run_name=whole"))
+        run_stage(make_cfg(*REFRESH, stage, "run_name=killed"))
+    whole = run_stage(make_cfg(*REFRESH, "run_name=whole")).path
+    metrics = json.loads((whole / "metrics.json").read_text())
+    refreshes = metrics["refreshes"]
+    assert [(r["refresh"], r["batch"], r["mini-batches"]) for r in refreshes] == [(1, 1, [0, 1]), (2, 3, [2, 3])]
+    initial_pairs = len(load_from_disk(str(RunPaths(whole.parent).prefs))["train"])
+    assert refreshes[0]["train_pairs"] > initial_pairs and refreshes[1]["train_pairs"] > refreshes[0]["train_pairs"]
+    assert [m["reward_model"] for m in metrics["minibatches"]] == [0, 1, 1, 2]
+    # the kept rows of mini-batch 3 carry the last refreshed model's scores, which online/reward reproduces
+    kept = load_from_disk(str(whole / "kept")).filter(lambda r: r["round"] == 3)
+    again = rsft.online.scoring.trained_reward(whole / "reward", torch.device("cpu"))
+    rescored = rsft.online.scoring.score_rows(again, kept["prompt"], kept["completion"],
+                                             kept.remove_columns(["prompt", "completion"]).to_list(), progress=False)
+    assert rescored == pytest.approx(kept["reward"], abs=1e-5)
+    original = rsft.online.scoring.trained_reward(RunPaths(whole.parent).reward, torch.device("cpu"))
+    first = rsft.online.scoring.score_rows(original, kept["prompt"], kept["completion"],
+                                           kept.remove_columns(["prompt", "completion"]).to_list(), progress=False)
+    assert first != pytest.approx(kept["reward"], abs=1e-5)  # not the run's reward/: the refresh changed the scores
+
+    real, ran = rsft.online.run_minibatch, []
+
+    def dying(ctx, stream, progress, batch):
+        ran.append(batch)
+        if batch == 3 and len(ran) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(ctx, stream, progress, batch)
+
+    monkeypatch.setattr(rsft.online, "run_minibatch", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(make_cfg(*REFRESH, "run_name=killed"))
+    resumed = run_stage(make_cfg(*REFRESH, "run_name=killed")).path
+    assert ran == [0, 1, 2, 3, 3]
+    again = json.loads((resumed / "metrics.json").read_text())
+    assert _without_time(again["minibatches"]) == _without_time(metrics["minibatches"])
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in again["refreshes"]] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in refreshes]
+    assert load_from_disk(str(resumed / "kept"))["reward"] == load_from_disk(str(whole / "kept"))["reward"]
+    worst = max(float((p - q).abs().max()) for p, q in zip(_weights(whole / "policy"), _weights(resumed / "policy")))
+    assert worst == 0.0
+
+
 @pytest.mark.parametrize("override, named", [
+    ("online.refresh_every=2 data=checkable", "online.refresh_every=2"),
+    ("online.refresh_every=2 refresh.pairs=labels", "refresh.pairs=labels"),
+    ("online.refresh_every=-1", "online.refresh_every=-1"),
     ("online.minibatches=0", "online.minibatches=0"),
     ("online.mode=half", "online.mode='half'"),
     ("online.lr_scheduler=sometimes", "online.lr_scheduler='sometimes'"),
@@ -117,7 +194,7 @@ def test_a_killed_run_resumes_bit_identical_and_redoes_at_most_checkpoint_every_
 ])
 def test_bad_settings_are_refused_naming_the_setting(make_cfg, override, named):
     with pytest.raises(ConfigError, match=named.replace("[", r"\[")):
-        run_stage(make_cfg(*ONLINE, override))
+        run_stage(make_cfg(*ONLINE, *override.split()))
 
 
 def test_two_processes_train_data_parallel_as_one_process_and_a_killed_rank_resumes_bit_identical(make_cfg, tmp_path):
