@@ -19,6 +19,8 @@ from datasets import Dataset
 from rsft import stats
 
 METRICS_FILE = "metrics.json"
+# the score columns an evaluation may hold, the truth first: the demo's oracle, a judge (eval.judge), the proxy
+SCORE_TITLES = {"gold": "gold (oracle)", "judge": "judge (held-out reward model)", "reward": "proxy reward model"}
 
 
 def expected_best_of_n(rewards: list[float], values: list[float], n: int) -> float:
@@ -40,11 +42,10 @@ def best_of_n_kl_bound(n: int) -> float:
     return math.log(n) - (n - 1) / n
 
 
-def best_of_n_curve(scored: Dataset, gold: list[float] | None = None, judge: list[float | None] | None = None) -> dict:
-    """Expected max reward, and the gold and judge score of the reward-best, vs N = 1..K, averaged over
-    prompts, each with its 95% bootstrap interval over prompts, and the point past which more samples stop
-    paying (`enough`, see enough_samples). Computed from one round's own K samples per prompt: every
-    subset of N of them is weighed exactly (expected_best_of_n), nothing is resampled but the prompts."""
+def best_of_n_matrices(scored: Dataset, gold: list[float] | None = None,
+                       judge: list[float | None] | None = None) -> dict[str, list[list[float]]]:
+    """{proxy, gold, judge: [prompts][K]}: per prompt, per N, the expected value of the reward-best of N of the
+    prompt's K samples (the truths present only); what best_of_n_curve averages and enough_samples reads."""
     groups = defaultdict(list)
     for i, prompt_id in enumerate(scored["prompt_id"]):
         groups[prompt_id].append(i)
@@ -60,15 +61,27 @@ def best_of_n_curve(scored: Dataset, gold: list[float] | None = None, judge: lis
             values = _lowest_for_none(list(values))
             per_prompt[name] = [[expected_best_of_n(r, [values[i] for i in row], n) for n in ns]
                                 for r, row in zip(rewards, rows)]
+    return per_prompt
+
+
+def best_of_n_curve(scored: Dataset, gold: list[float] | None = None, judge: list[float | None] | None = None) -> dict:
+    """Expected max reward, and the gold and judge score of the reward-best, vs N = 1..K, averaged over
+    prompts, each with its 95% bootstrap interval over prompts, and the point past which more samples stop
+    paying (`enough`, see enough_samples). Computed from one round's own K samples per prompt: every
+    subset of N of them is weighed exactly (expected_best_of_n), nothing is resampled but the prompts.
+    `enough_interval`: the 95% interval on that N itself, per truth, and judge - gold (enough_samples_interval)."""
+    per_prompt = best_of_n_matrices(scored, gold, judge)
+    ns = list(range(1, len(per_prompt["proxy"][0]) + 1))
     intervals = {name: [stats.bootstrap([[p[n - 1]] for p in matrix]) for n in ns]
                  for name, matrix in per_prompt.items()}
-    curve = {"n": ns, "kl_bound": [best_of_n_kl_bound(n) for n in ns], "prompts": len(rows),
+    curve = {"n": ns, "kl_bound": [best_of_n_kl_bound(n) for n in ns], "prompts": len(per_prompt["proxy"]),
              "expected_max_reward": [i["mean"] for i in intervals["proxy"]],
              "expected_gold": [i["mean"] for i in intervals["gold"]] if "gold" in intervals else None,
              "expected_judge": [i["mean"] for i in intervals["judge"]] if "judge" in intervals else None,
              "intervals": {name: {"low": [i["low"] for i in ivs], "high": [i["high"] for i in ivs]}
                            for name, ivs in intervals.items()}}
     curve["enough"] = enough_samples(per_prompt)
+    curve["enough_interval"] = enough_samples_interval(per_prompt)
     return curve
 
 
@@ -99,15 +112,84 @@ def enough_samples(per_prompt: dict[str, list[list[float]]]) -> dict:
     truth = next(name for name in TRUTHS if name in per_prompt)
     matrix, proxy = per_prompt[truth], per_prompt["proxy"]
     k = len(matrix[0])
-    means = [sum(p[j] for p in matrix) / len(matrix) for j in range(k)]
-    best = max(range(k), key=lambda j: (means[j], -j))  # the smallest N of the highest mean
-    best_interval = stats.bootstrap([[p[best]] for p in matrix])
-    enough = next(j for j in range(best + 1) if means[j] >= best_interval["low"])
+    means, best, best_interval, enough = _enough_index(matrix)
     gap = stats.bootstrap([[p[best] - p[enough]] for p in matrix])
     proxy_gain = stats.bootstrap([[p[k - 1] - p[enough]] for p in proxy])
     return {"truth": truth, "n": enough + 1, "value": means[enough], "best_n": best + 1, "best": means[best],
             "best_interval": [best_interval["low"], best_interval["high"]], "gap_to_best": gap, "k": k,
             "proxy_gain_after": proxy_gain, "overoptimised": enough + 1 < k and proxy_gain["low"] > 0.0}
+
+
+def _enough_index(matrix: list[list[float]]) -> tuple[list[float], int, dict, int]:
+    """enough_samples' rule on one truth's [prompts][K] matrix: (mean curve, best index, its interval, enough index)."""
+    k = len(matrix[0])
+    means = [sum(p[j] for p in matrix) / len(matrix) for j in range(k)]
+    best = max(range(k), key=lambda j: (means[j], -j))  # the smallest N of the highest mean
+    best_interval = stats.bootstrap([[p[best]] for p in matrix])
+    enough = next(j for j in range(best + 1) if means[j] >= best_interval["low"])
+    return means, best, best_interval, enough
+
+
+DRAWS = 2000
+DRAWS_SEED = 1  # the outer resampling's seed; the inner one is stats.SEED, as in enough_samples
+
+
+def enough_samples_interval(per_prompt: dict[str, list[list[float]]], truths: tuple[str, ...] = ("judge", "gold"),
+                            draws: int = DRAWS, seed: int = DRAWS_SEED, level: float = stats.LEVEL) -> dict:
+    """A 95% interval on the over-optimisation point N itself, for each truth curve, and on the paired
+    difference of two truths' N (issue 35: does the judge's point agree with gold's, within the interval?).
+
+    The bootstrap over prompts: each of `draws` resamples of the prompts (with replacement, seeded) is the
+    same for every truth, so the truths are paired. On each resample every truth's N is found by
+    enough_samples' rule: the mean curve, its best N* (smallest N of the highest mean), the 95% interval of
+    N*'s mean and the smallest N whose mean reaches its low end. That inner interval is a nested percentile
+    bootstrap exactly as enough_samples draws it (stats.bootstrap: stats.RESAMPLES resamples of the
+    resampled prompts by the same stats.SEED picks), not a normal approximation: with a few dozen prompts
+    and skewed gains the two differ in the tail the rule reads. numpy does it as matrix products (resample
+    counts x values), so 2000 x 2000 draws over 64 prompts x K=32 take well under a second per truth.
+
+    Returns, per truth present (of `truths`; none present: the truth enough_samples reads), {n, low, high}:
+    `n` is enough_samples' N on the full prompts (the same code), [low, high] the percentile interval of
+    the resampled N (low: the lower, high: the higher order statistic, so both are N values that occurred).
+    With two truths a, b: `difference` {truths: [a, b], n: n_a - n_b, low, high, agree: the interval holds
+    0} and `a_in_b` / `b_in_a`: whether each point lies in the other's interval.
+    """
+    import numpy as np
+
+    present = [t for t in truths if t in per_prompt] or [next(t for t in TRUTHS if t in per_prompt)]
+    matrices = {t: np.asarray(per_prompt[t], dtype=np.float64) for t in present}
+    prompts, k = matrices[present[0]].shape
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, prompts, size=(draws, prompts))  # [draws, prompts]: one resample for every truth
+    counts = np.zeros((draws, prompts))
+    np.add.at(counts, (np.arange(draws)[:, None], picks), 1.0)
+    # the inner bootstrap's resamples, as stats.bootstrap draws them, as counts over the (resampled) prompts
+    inner_picks = np.random.default_rng(stats.SEED).integers(0, prompts, size=(stats.RESAMPLES, prompts))
+    inner = np.zeros((stats.RESAMPLES, prompts))
+    np.add.at(inner, (np.arange(stats.RESAMPLES)[:, None], inner_picks), 1.0)
+    tail = (1.0 - level) / 2.0
+    out = {"draws": draws, "seed": seed, "level": level, "prompts": prompts, "truths": present}
+    resampled = {}
+    for name, matrix in matrices.items():
+        means = counts @ matrix / prompts  # [draws, K]
+        best = means.argmax(axis=1)  # the first (smallest N) of the highest mean, as enough_samples
+        column = matrix[picks, best[:, None]]  # [draws, prompts]: the best N's value of each resampled prompt
+        low = np.quantile(column @ inner.T / prompts, tail, axis=1)  # [draws]: the best's interval's low end
+        index = np.arange(k)[None, :]
+        reaches = ((means >= low[:, None]) | (index == best[:, None])) & (index <= best[:, None])
+        resampled[name] = reaches.argmax(axis=1) + 1  # [draws]: N on each resample
+        point = _enough_index(per_prompt[name])[3] + 1
+        out[name] = {"n": point, "low": int(np.quantile(resampled[name], tail, method="lower")),
+                     "high": int(np.quantile(resampled[name], 1.0 - tail, method="higher"))}
+    if len(present) >= 2:
+        a, b = present[:2]
+        diff = resampled[a] - resampled[b]
+        low, high = (int(np.quantile(diff, tail, method="lower")), int(np.quantile(diff, 1.0 - tail, method="higher")))
+        out["difference"] = {"truths": [a, b], "n": out[a]["n"] - out[b]["n"], "low": low, "high": high,
+                             "agree": low <= 0 <= high}
+        out[f"{a}_in_{b}"] = out[b]["low"] <= out[a]["n"] <= out[b]["high"]
+        out[f"{b}_in_{a}"] = out[a]["low"] <= out[b]["n"] <= out[a]["high"]
+    return out
 
 
 def gold_scores(ds: Dataset) -> list[float] | None:

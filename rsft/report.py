@@ -13,6 +13,9 @@ Plots (PNG under runs/<run_name>/plots/, also logged to wandb by the loop):
                     does not, the reward model is being over-optimised
   diversity.png     distinct-2 within and across prompts and the top opening's share per policy
   acceptance.png    the draft's acceptance rate per draft position, per round (when a draft is used)
+  online.png        held-out score against tokens sampled: stage=online's eval snapshots beside the
+                    rounds' evaluations, one panel per score (rsft.online_report)
+A run directory with no round (stage=online alone: rounds=0) gets the sections it has data for.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from pathlib import Path
 
 from rsft import stats
 from rsft.machine import describe, identity
-from rsft.metrics import best_of_n_curve, flat_metrics, gold_scores, score_columns
+from rsft.metrics import (
+    SCORE_TITLES,
+    best_of_n_curve,
+    flat_metrics,
+    gold_scores,
+    score_columns,
+)
+from rsft.online_report import online_summary, plot_online
 from rsft.paths import RunPaths
 from rsft.store import Artifact, is_complete, load_dataset_artifact, read_meta
 
@@ -127,6 +137,9 @@ def plot_best_of_n(paths: RunPaths, rounds: int, out: Path, records: Records | N
             enough = curve.get("enough")
             if enough:
                 ax.axvline(enough["n"], color=line.get_color(), linestyle=":", alpha=0.8)
+                n_interval = (curve.get("enough_interval") or {}).get(enough["truth"])
+                if n_interval:  # the 95% interval on N itself (rsft.metrics.enough_samples_interval)
+                    ax.axvspan(n_interval["low"], n_interval["high"], color=line.get_color(), alpha=0.06)
         ax.set(xlabel="N (samples per prompt)", ylabel=ylabel, title=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -147,26 +160,40 @@ def best_of_n_table(paths: RunPaths, rounds: int, records: Records) -> list[dict
         if not enough:
             continue
         gain = enough["proxy_gain_after"]
+        # the interval on N itself and judge's N - gold's N, paired (rsft.metrics.enough_samples_interval);
+        # an evaluation recorded before it was computed has none
+        spread = curve.get("enough_interval") or {}
+        n_interval, diff = spread.get(enough["truth"]), spread.get("difference")
         rows.append({"round": r, "K": enough["k"], "truth": enough["truth"], "N enough": enough["n"],
+                     "N enough [95% CI]": f"{enough['n']} [{n_interval['low']}, {n_interval['high']}]"
+                     if n_interval else "n/a",
                      "truth at N": f"{enough['value']:.3f}", "best N": enough["best_n"],
                      "truth at best N": f"{enough['best']:.3f}",
                      "proxy gain N -> K": f"{gain['mean']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]",
-                     "over-optimised past N": "yes" if enough["overoptimised"] else "no"})
+                     "over-optimised past N": "yes" if enough["overoptimised"] else "no",
+                     "N judge - N gold [95% CI]": f"{diff['n']:+d} [{diff['low']:+d}, {diff['high']:+d}]"
+                     f"{'' if diff['agree'] else ' (disagree)'}" if diff else ""})
+    if not any(row["N judge - N gold [95% CI]"] for row in rows):
+        for row in rows:
+            del row["N judge - N gold [95% CI]"]
     return rows
+
+
+def begun_rounds(paths: RunPaths) -> int:
+    """How many rounds the run has begun: those with an eval or a policy folder, complete or not."""
+    rounds = 0
+    while paths.eval(rounds).exists() or paths.policy(rounds).exists():
+        rounds += 1
+    return rounds
 
 
 def evaluations(paths: RunPaths, rounds: int | None = None) -> list[tuple[str, Path]]:
     """(name, folder) of every complete evaluation: the initial policy, then each round's; rounds=None:
     every round the run has begun (an eval or a policy folder), for scripts that read finished runs."""
     if rounds is None:
-        rounds = 0
-        while paths.eval(rounds).exists() or paths.policy(rounds).exists():
-            rounds += 1
+        rounds = begun_rounds(paths)
     points = [("initial", paths.initial_eval)] + [(f"round {r}", paths.eval(r)) for r in range(rounds)]
     return [(name, path) for name, path in points if is_complete(path)]
-
-
-SCORE_TITLES = {"gold": "gold (oracle)", "judge": "judge (held-out reward model)", "reward": "proxy reward model"}
 
 
 def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path, records: Records) -> Path | None:
@@ -179,6 +206,8 @@ def plot_gold_vs_proxy(paths: RunPaths, rounds: int, out: Path, records: Records
     if not points:
         return None
     columns = [c for c in SCORE_TITLES if all(f"{c}_mean" in m for _, m in points)]
+    if not columns:
+        return None  # no score every evaluation recorded
     fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.8), squeeze=False)
     names = [name for name, _ in points]
     for ax, column in zip(axes[0], columns):
@@ -304,6 +333,7 @@ def write_plots(paths: RunPaths, rounds: int, records: Records | None = None) ->
         "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png", records),
         "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png", records),
         "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png", records),
+        "online": plot_online(paths, paths.plots / "online.png"),
     }
     return {k: v for k, v in plots.items() if v is not None}
 
@@ -349,9 +379,12 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def recorded_settings(paths: RunPaths, round_idx: int, records: Records | None = None) -> dict:
-    """The settings round r's artifacts were made with (their fingerprints), never the current config."""
+    """The settings round r's artifacts were made with (their fingerprints), never the current config;
+    {} for no round (round_idx < 0)."""
     records = records or Records()
     settings = {}
+    if round_idx < 0:
+        return settings
     for artifact in (paths.samples(round_idx), paths.selected(round_idx), paths.policy(round_idx)):
         settings.update(records.meta(artifact).get("fingerprint", {}).get("config", {}))
     return settings
@@ -410,19 +443,32 @@ def machine_lines(paths: RunPaths, records: Records) -> list[str]:
     return lines
 
 
-def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict],
-                  records: Records | None = None, notes: list[str] | None = None) -> Path:
-    records = records or Records()
-    table = []  # the held-out numbers have their own table; this one is what each round did
-    for r in range(rounds):
-        metrics = round_metrics(paths, r, records)
-        table.append({"round": r, **{k: v for k, v in metrics.items() if not k.startswith("eval/")}})
-    columns = list(dict.fromkeys(k for row in table for k in row))
-    rows = [{c: row.get(c, "") for c in columns} for row in table]
-    recorded = recorded_settings(paths, rounds - 1, records)
-    text = [
-        f"# rsft run `{paths.root.name}`",
-        "",
+def online_section(paths: RunPaths) -> list[str]:
+    """summary.md's Online section (rsft.online_report.online_summary); [] without a complete online/."""
+    online = online_summary(paths)
+    if online is None:
+        return []
+    text = ["## Online", "",
+            "stage=online (online/): the policy learned while it sampled, a mini-batch of prompts at a time. "
+            + online["minibatches"], ""]
+    if online["snapshots"]:
+        text += [("Eval snapshots on the held-out prompts (online/evals/batch_XXXX/): means over prompts with 95% "
+                  "bootstrap intervals; `vs first` is the paired difference to the first snapshot (same prompts and "
+                  "sample seeds). Wall seconds cover sampling, scoring and training, not evaluation; "
+                  "plots/online.png draws the snapshots against tokens sampled."), "",
+                 markdown_table(online["snapshots"]), ""]
+    else:
+        text += ["No eval snapshot (online.eval_every=0).", ""]
+    if online["versus_rounds"]:
+        text += [online["versus_rounds"], ""]
+    return text
+
+
+def round_header(rounds: int, held_out: list[dict], rows: list[dict], recorded: dict,
+                 notes: list[str] | None) -> list[str]:
+    """summary.md's opening for a run with rounds: what each round did (as recorded), the held-out table,
+    the round metrics."""
+    return [
         f"{rounds} round(s) of sample -> score -> select ({recorded.get('select.strategy')}, k={recorded.get('select.k')}, "
         f"pool_rounds={recorded.get('select.pool_rounds')}) -> sft ({recorded.get('sft.mode')} from the "
         f"{recorded.get('sft.init')} policy, lr={recorded.get('sft.learning_rate')}, {recorded.get('sft.epochs')} epochs); "
@@ -437,13 +483,38 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         "difference to the row above (same prompts and sample seeds), `win rate vs initial` the paired "
         "P(this policy's completion beats the initial policy's).",
         "",
-        markdown_table(evaluation_table(paths, rounds, records)),
+        markdown_table(held_out),
         "",
         "## Round metrics",
         "",
         markdown_table(rows),
         "",
     ]
+
+
+def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples: list[dict],
+                  records: Records | None = None, notes: list[str] | None = None) -> Path:
+    records = records or Records()
+    table = []  # the held-out numbers have their own table; this one is what each round did
+    for r in range(rounds):
+        metrics = round_metrics(paths, r, records)
+        table.append({"round": r, **{k: v for k, v in metrics.items() if not k.startswith("eval/")}})
+    columns = list(dict.fromkeys(k for row in table for k in row))
+    rows = [{c: row.get(c, "") for c in columns} for row in table]
+    recorded = recorded_settings(paths, rounds - 1, records)
+    held_out = evaluation_table(paths, rounds, records)
+    text = [f"# rsft run `{paths.root.name}`", ""]
+    if rounds:
+        text += round_header(rounds, held_out, rows, recorded, notes)
+    else:
+        there = [what for what, path in (("stage=online's artifact (online/)", paths.online),
+                                         ("the initial policy's evaluation (eval_initial/)", paths.initial_eval),
+                                         ("a reward model (reward/)", paths.reward)) if is_complete(path)]
+        text += [f"No round: this run directory holds {', '.join(there) or 'no complete artifact yet'}.", "",
+                 *[line for note in (notes or []) for line in (note, "")]]
+        if held_out:
+            text += ["## Held-out evaluation", "", markdown_table(held_out), ""]
+    text += online_section(paths)
     curve_rows = best_of_n_table(paths, rounds, records)
     if curve_rows:
         text += ["## Best-of-N: when more samples stop paying", "",
@@ -471,3 +542,11 @@ def write_summary(paths: RunPaths, rounds: int, plots: dict[str, Path], examples
         text += ["## Examples (held-out prompts, first sample)", "", markdown_table(examples), ""]
     paths.summary.write_text("\n".join(text))
     return paths.summary
+
+
+def write_run_report(paths: RunPaths, examples: int) -> Path:
+    """The plots and summary.md of a run directory as it stands, for a command that is not the loop
+    (stage=online): every round it has begun (begun_rounds), the Online section when online/ is complete."""
+    rounds = begun_rounds(paths)
+    plots = write_plots(paths, rounds)
+    return write_summary(paths, rounds, plots, example_rows(paths, rounds - 1, examples) if rounds else [])

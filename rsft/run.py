@@ -88,7 +88,30 @@ def run_stage(cfg: DictConfig):
     with distributed.on_main(lambda: run_lock(cfg.paths.run_dir, f"stage={cfg.stage}")):
         from rsft import runner  # imports the stage's libraries: not needed for --help
 
-        return runner.run(stage.name, cfg)
+        artifact = runner.run(stage.name, cfg)
+        if stage.name in REPORTED_STAGES and distributed.is_main():
+            write_report(cfg)
+        return artifact
+
+
+# stages whose results belong in the run directory's summary.md and plots/ (stage=loop writes its own)
+REPORTED_STAGES = ("online",)
+
+
+def write_report(cfg: DictConfig) -> None:
+    """The run directory's plots and summary.md, as the run stands (rsft.report.write_run_report), after a stage
+    in REPORTED_STAGES wrote its artifact. A failure here is a warning: the artifact is complete and kept, and
+    the next command that writes the report (this one again, or stage=loop) tries again."""
+    from rsft import report
+    from rsft.paths import RunPaths
+
+    try:
+        summary = report.write_run_report(RunPaths.from_config(cfg), int(cfg.loop.examples))
+    except Exception as error:  # the artifact is written: a broken report must not fail the command
+        log.warning("the run's summary.md and plots were not written (%s: %s); stage=%s's artifact is complete",
+                    type(error).__name__, error, cfg.stage, exc_info=not isinstance(error, errors.RsftError))
+        return
+    log.info("stage=%s: the run's report is in %s", cfg.stage, summary)
 
 
 # OmegaConf errors a stage meets while it reads the composed config: a composition problem (an

@@ -15,8 +15,8 @@ from fake_reward import install_fake_reward
 from rsft.metrics import best_of_n_kl_bound, expected_best_of_n, read_metrics
 from rsft.models import load_policy
 from rsft.paths import RunPaths
-from rsft.store import atomic_artifact, read_meta
 from rsft.run import run_stage
+from rsft.store import atomic_artifact, read_meta
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -120,6 +120,7 @@ def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, m
     # the round's own K samples are judged too: the best-of-N curve under the judge, which `enough` reads
     curve = metrics["best_of_n"]
     assert len(curve["expected_judge"]) == len(curve["n"]) and curve["enough"]["truth"] == "judge"
+    assert curve["enough_interval"]["judge"]["n"] == curve["enough"]["n"]  # the interval on N, written as JSON
     scored = load_from_disk(str(paths.scored(0)))
     assert curve["expected_judge"][0] == pytest.approx(
         sum(len(c.split()) for c in scored["completion"]) / len(scored), rel=1e-6)  # N=1: the mean judge score

@@ -3,12 +3,18 @@ with intervals over prompts, and the over-optimisation point (rsft.metrics.enoug
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 from datasets import Dataset
 
-from rsft.metrics import best_of_n_curve, enough_samples, expected_best_of_n
+from rsft.metrics import (
+    best_of_n_curve,
+    enough_samples,
+    enough_samples_interval,
+    expected_best_of_n,
+)
 
 
 def _scored(prompts: int, k: int, truth_of, seed: int = 0) -> tuple[Dataset, list[float]]:
@@ -60,6 +66,66 @@ def test_the_rule_on_a_hand_made_curve():
     # with the proxy alone the rule still answers, and says which curve it read
     assert enough_samples({"proxy": proxy})["truth"] == "proxy"
     assert expected_best_of_n([3.0, 1.0, 2.0], [30.0, 10.0, 20.0], 3) == 30.0
+
+
+def _truth(prompts: int, k: int, seed: int, noise: float = 0.3) -> list[list[float]]:
+    """[prompts][K]: a truth that rises with N and flattens, with a per-prompt level and noise."""
+    rng = random.Random(seed)
+    return [[level + 0.1 * math.log(n) + rng.gauss(0.0, noise * 0.1) for n in range(1, k + 1)]
+            for level in (rng.gauss(0.0, noise) for _ in range(prompts))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_interval_on_n_holds_enough_samples_point_on_the_full_prompts(seed):
+    proxy = [[float(n) for n in range(1, 17)]] * 24
+    per_prompt = {"proxy": proxy, "gold": _truth(24, 16, seed), "judge": _truth(24, 16, seed + 10)}
+    spread = enough_samples_interval(per_prompt, draws=300)
+    assert spread["truths"] == ["judge", "gold"]
+    for truth in ("judge", "gold"):
+        alone = enough_samples({"proxy": proxy, truth: per_prompt[truth]})
+        assert alone["truth"] == truth and spread[truth]["n"] == alone["n"]
+        assert 1 <= spread[truth]["low"] <= spread[truth]["high"] <= 16
+    diff = spread["difference"]
+    assert diff["n"] == spread["judge"]["n"] - spread["gold"]["n"] and diff["low"] <= diff["high"]
+    assert diff["agree"] == (diff["low"] <= 0 <= diff["high"])
+    # the same seed gives the same intervals; the default seed is what best_of_n_curve records
+    assert enough_samples_interval(per_prompt, draws=300) == spread
+    assert enough_samples_interval(per_prompt, draws=300, seed=7)["gold"]["n"] == spread["gold"]["n"]
+
+
+def test_two_identical_truths_differ_by_exactly_zero_on_every_resample():
+    truth = _truth(32, 12, 3)
+    spread = enough_samples_interval({"proxy": truth, "gold": truth, "judge": [list(p) for p in truth]}, draws=500)
+    assert spread["judge"] == spread["gold"]
+    assert spread["difference"] == {"truths": ["judge", "gold"], "n": 0, "low": 0, "high": 0, "agree": True}
+    assert spread["judge_in_gold"] and spread["gold_in_judge"]
+
+
+def test_a_truth_that_plateaus_at_two_samples_gives_a_narrow_interval_at_two():
+    rng = random.Random(5)
+    # one sample is far worse; from two on a prompt's truth barely rises (0.001 per sample) beside the spread
+    # between prompts (0.3): N* = 8 with an interval far wider than 0.006, N = 2 on every resample
+    truth = [[0.0] + [level + 0.001 * n for n in range(7)] for level in (rng.gauss(1.0, 0.3) for _ in range(40))]
+    spread = enough_samples_interval({"proxy": [[float(n) for n in range(8)]] * 40, "gold": truth}, draws=500)
+    assert spread["truths"] == ["gold"] and "difference" not in spread
+    assert spread["gold"] == {"n": 2, "low": 2, "high": 2}
+
+
+def test_the_curve_records_the_interval_and_the_table_shows_it(monkeypatch):
+    from rsft import report
+
+    scored, truth = _scored(32, 8, lambda reward, rng: reward + rng.gauss(0.0, 1.0))
+    curve = best_of_n_curve(scored, gold=truth)
+    spread = curve["enough_interval"]
+    assert spread["truths"] == ["gold"] and spread["gold"]["n"] == curve["enough"]["n"]
+    monkeypatch.setattr(report, "best_of_n_curves", lambda paths, rounds, records: [(0, curve)])
+    row, = report.best_of_n_table(None, 1, None)
+    assert row["N enough"] == curve["enough"]["n"]
+    assert row["N enough [95% CI]"] == f"{spread['gold']['n']} [{spread['gold']['low']}, {spread['gold']['high']}]"
+    assert "N judge - N gold [95% CI]" not in row  # no judge: no paired difference column
+    del curve["enough_interval"]  # an evaluation recorded before the interval existed
+    row, = report.best_of_n_table(None, 1, None)
+    assert row["N enough [95% CI]"] == "n/a" and row["N enough"] == curve["enough"]["n"]
 
 
 # ---- sample.num_samples=auto (rsft.auto_k) and loop.stop (rsft.loop.stop_decision) on tiny loops ----

@@ -50,6 +50,7 @@ ON_A_RUN = {
     "compare_runs": lambda run: [run, run],
     "online_vs_rounds": lambda run: [run, run],
     "push_to_hub": lambda run: [run, "--repo", "you/model", "--dry-run"],
+    "overopt_point": lambda run: [run, "--round", "0"],
 }
 
 
