@@ -1,6 +1,8 @@
 """Labels where the reward model is unsure against labels at random: held-out accuracy at a label budget.
 
     python scripts/bench_labels.py runs/demo runs/demo-s1 --out runs/labels   # one source run per seed
+    python scripts/bench_labels.py runs/demo runs/demo-s1 --out runs/labels-scratch --init scratch \
+        --shares 0.2,0.6,1.0 --plot docs/img/labels_curve.png                  # a label curve, both choices
 
 For each source run (a demo run with prefs/, reward/ and round_00/samples/; its seed is read from its
 recorded config) it refreshes the reward model on round 0's labels, as stage=loop does with
@@ -13,6 +15,11 @@ artifacts:
   itself across dropout masks, rsft.labelling.pair_uncertainty);
 - `uncertain-60`: refresh.choose=uncertain at 60% of B;
 - `random-60`: refresh.choose=random at 60% of B, the control: what 40% fewer labels cost without a choice.
+
+With --shares the variants are instead both choices at each share of B (random at 1.0 is the reference), and
+--init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
+continuing the run's reward/ for one epoch, so that the round's labels weigh as much as the initial ones.
+--plot draws the gold-order accuracy against the labels, both choices, with 95% intervals.
 
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
 their held-out accuracies are paired: the script scores those pairs with each refreshed model and
@@ -44,7 +51,8 @@ VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncert
             ("random-60", "random", 0.6))
 
 
-def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None) -> Path:
+def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None,
+                init: str = "previous") -> Path:
     """Refresh round 0's reward model in a copy of `source`'s prefs, reward and round-0 samples."""
     run_dir = out / name
     for rel in COPIED:
@@ -53,7 +61,8 @@ def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budg
             shutil.copytree(source / rel, run_dir / rel)
     command = [sys.executable, "-m", "rsft.run", "stage=refresh", "round=0", "loop.refresh_reward=true",
                f"refresh.choose={choose}", f"seed={seed}", "logger=none", f"paths.runs_root={out}",
-               f"run_name={name}"] + ([f"refresh.label_budget={budget}"] if budget is not None else [])
+               f"run_name={name}", f"refresh.init={init}"] + (
+                  [f"refresh.label_budget={budget}"] if budget is not None else [])
     print("$", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
     return run_dir
@@ -95,7 +104,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="source demo runs, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="where the variants' run directories go")
+    parser.add_argument("--init", choices=["previous", "scratch"], default="previous",
+                        help="refresh.init of every variant (default: previous, as the loop)")
+    parser.add_argument("--shares", type=shares, default=None, metavar="S,S,...",
+                        help="both choices at each share of B (1.0 included), instead of the four default variants")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
     args = parser.parse_args(argv)
+    variants = VARIANTS if args.shares is None else tuple(
+        (("random" if choose == "random" and share == 1.0 else f"{choose}-{round(100 * share)}"), choose, share)
+        for share in sorted(set(args.shares) | {1.0}, reverse=True) for choose in ("random", "uncertain"))
+    curves = {}
     from reward.scoring import load_scorer
 
     print(describe(machine()))
@@ -105,12 +123,12 @@ def main(argv=None) -> None:
                 raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(NEEDED)} (stage=loop makes them)")
         seed = int(read_meta(source / "prefs")["config"]["seed"])
         results = {}
-        for name, choose, share in VARIANTS:
+        for name, choose, share in variants:
             budget = None
             if share != 1.0:
                 full = read_meta(args.out / f"{source.name}-random" / "round_00" / "prefs")["counts"]["label_budget"]
                 budget = max(1, round(share * full))
-            run_dir = run_variant(source, args.out, f"{source.name}-{name}", seed, choose, budget)
+            run_dir = run_variant(source, args.out, f"{source.name}-{name}", seed, choose, budget, args.init)
             paths = RunPaths(run_dir)
             labels = load_dataset_artifact(paths.round_prefs(0))
             scorer = load_scorer(paths.round_reward(0))
@@ -130,10 +148,47 @@ def main(argv=None) -> None:
                 cells.append("" if name == "random" else
                              stats.shown(stats.paired_difference(keys, results["random"][part]), signed=True))
             print("| " + " | ".join(cells) + " |")
+        curves[f"{source.name} (seed {seed})"] = results
         (args.out / f"{source.name}-results.json").write_text(json.dumps(
             {name: {"train_pairs": r["train_pairs"], "budget": r["budget"],
                     **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial", "gold")}}
              for name, r in results.items()}, indent=2))
+    if args.plot is not None:
+        plot(curves, args.plot)
+        print(f"\nplot: {args.plot}")
+
+
+def shares(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if not values or any(not 0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected shares of the budget in (0, 1], comma-separated")
+    return values
+
+
+def plot(curves: dict[str, dict], out: Path) -> None:
+    """Gold-order accuracy on round 1's samples against the labels, per choice, one panel per source run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
+    for ax, (title, results) in zip(axes[0], curves.items()):
+        for choose, color in (("random", "tab:gray"), ("uncertain", "tab:purple")):
+            points = sorted((r["train_pairs"], r["gold"]) for name, r in results.items()
+                            if name.split("-")[0] == choose)
+            xs = [x for x, _ in points]
+            shown = [stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values()))) for _, keys in points]
+            ax.errorbar(xs, [m["mean"] for m in shown], yerr=[[m["mean"] - m["low"] for m in shown],
+                                                             [m["high"] - m["mean"] for m in shown]],
+                        marker="o", capsize=3, color=color, label=choose)
+        ax.set(title=title, xlabel="round 0 labels (pairs)", ylabel="gold-order accuracy, round 1's samples")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
