@@ -1,0 +1,319 @@
+"""TRL's GRPOTrainer against rsft on the verifiable task (issue 37): pass@1 at the same number of sampled
+completions, wall time, sampled tokens, token entropy and how often a prompt's answers are all alike.
+
+    python scripts/bench_grpo.py train --out runs/grpo --seed 0 --learning-rate 1e-6       # one GRPO run
+    python scripts/bench_grpo.py compare runs/verifiable-s0 runs/grpo/grpo-s0-lr1e-06 [...] [--plot PNG]
+
+`train` runs GRPOTrainer on the recipe's task (`+experiment=verifiable`: data=checkable's train prompts, the
+checker reward.checkers.first_number as the only reward, the recipe's policy), for as many sampled
+completions as the recipe's rounds sample (`--completions`, default data.limit x sample.num_samples x
+loop.rounds = 64 x 8 x 3 = 1,536: every train prompt once, 8 completions each). The policy is saved at
+`--points` evenly spaced steps and at the end, and each is evaluated by rsft's own `stage=eval`
+(eval.policy=initial with policy=hf at that folder): the same held-out prompts, eval.num_samples, eval.seed and
+sampling settings as every rsft evaluation, so completions pair by (prompt, sample index) across runs. It
+writes `<out>/grpo-s<seed>-lr<lr>/`: `point_XX/` (each a run directory holding that policy's eval_initial/),
+`policy_XX/` and `grpo.json` (the settings, the per-step logs, the training wall seconds and sampled tokens).
+
+GRPO's settings are TRL's GRPOConfig defaults (1.16: num_generations 8, per-device batch 8 completions = one
+prompt per step, loss_type dapo, beta 0, epsilon 0.2, temperature 1.0, linear decay, AdamW) except, each
+for a stated reason:
+- use_cpu=True, bf16=False (fp32): the default bf16 is refused on a machine without a GPU;
+- gradient_checkpointing=False: it re-runs the forward pass for a memory saving a 135M model does not need
+  (on this CPU a reward model's step went from 5.5 s to 160 s with TRL's defaults, docs/results.md);
+- max_completion_length = sample.max_new_tokens (the recipe's 16): the same answer budget as rsft's samples;
+- learning_rate = --learning-rate (TRL's 1e-6 by default; the sweep's other values are given on the command);
+- max_steps = completions / per_device_train_batch_size, one pass; logging_steps=1; no saving, no reporting.
+
+`compare` reads rsft loop runs (their evaluations after each round, the wall seconds of the stages that
+sampled, scored, selected and trained, and the tokens their samples hold: rsft.online_report.round_points)
+and GRPO runs (their points, with the trainer's wall seconds and tokens), and prints per point: completions,
+tokens, wall seconds, pass@1 with its 95% bootstrap interval over prompts and the paired difference to the
+first run's last point; and for the last point of each run, the mean token entropy of the policy on its own
+held-out completions (at eval's sampling temperature) and the share of held-out prompts whose answers
+(the checker's reading: the first number, or none) are all the same. --plot draws pass@1 against
+completions and against wall seconds. The CPU is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rsft import stats  # noqa: E402
+from rsft.errors import InputError, MissingInput, main_guard  # noqa: E402
+from rsft.machine import describe, machine  # noqa: E402
+from rsft.paths import RunPaths  # noqa: E402
+from rsft.store import is_complete, load_dataset_artifact  # noqa: E402
+
+RECIPE = ["+experiment=verifiable", "logger=none"]
+
+
+def composed(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rsft.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=["stage=sample", *RECIPE, *overrides])
+
+
+def checker_reward(prompts, completions, reference, **_):
+    """GRPO's reward function: reward.checkers.first_number on the completions' text (TRL passes the dataset's
+    `reference` column; a conversational completion is a list of messages)."""
+    from reward.checkers import first_number
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [0.0 if r is None else r for r in first_number(list(prompts), texts, list(reference))]
+
+
+def train(args) -> None:
+    import torch
+    from datasets import Dataset
+    from omegaconf import OmegaConf
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rsft.data import chat_messages, load_prompts
+    from rsft.models import load_policy
+
+    cfg = composed([f"seed={args.seed}", *args.override])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    completions = args.completions or int(cfg.data.limit) * int(cfg.sample.num_samples) * int(cfg.loop.rounds)
+    prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
+    rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), "reference": r}
+            for p, r in zip(prompts["prompt"], prompts["reference"])]
+    model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))
+    name = f"grpo-s{args.seed}-lr{args.learning_rate:g}"
+    out = args.out / name
+    out.mkdir(parents=True, exist_ok=True)
+    config = GRPOConfig(output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+                        max_completion_length=int(cfg.sample.max_new_tokens), learning_rate=args.learning_rate,
+                        logging_steps=1, save_strategy="no", report_to="none", seed=args.seed)
+    steps = math.ceil(completions / config.per_device_train_batch_size)
+    config.max_steps = steps
+    points = sorted({round(steps * (i + 1) / args.points) for i in range(args.points)})
+    history: list[dict] = []
+
+    class Points(TrainerCallback):
+        """Keep every step's logs; save the policy at the evaluation points (outside the timed training)."""
+
+        def __init__(self):
+            self.saving = 0.0
+
+        def on_log(self, _args, state, control, logs=None, **kwargs):
+            history.append({**(logs or {}), "step": state.global_step})
+
+        def on_step_end(self, _args, state, control, **kwargs):
+            if state.global_step in points:
+                started = time.perf_counter()
+                trainer.model.save_pretrained(out / f"policy_{state.global_step:04d}")
+                tokenizer.save_pretrained(out / f"policy_{state.global_step:04d}")
+                self.saving += time.perf_counter() - started
+
+    callback = Points()
+    trainer = GRPOTrainer(model=model, reward_funcs=checker_reward, args=config, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer, callbacks=[callback])
+    print(f"{describe(machine())}\nGRPO: {source}, {len(rows)} train prompts, {steps} steps x "
+          f"{config.per_device_train_batch_size} completions = {steps * config.per_device_train_batch_size} "
+          f"(budget {completions}), lr {args.learning_rate:g}, evaluated after steps {points}", flush=True)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started - callback.saving
+    per_step = [entry for entry in history if "completions/mean_length" in entry]
+    batch = config.per_device_train_batch_size
+    record = {"source": source, "steps": steps, "completions_per_step": batch, "points": points,
+              "learning_rate": args.learning_rate, "seed": args.seed, "train_seconds": wall,
+              "tokens": sum(entry["completions/mean_length"] * batch for entry in per_step),
+              "settings": {k: str(v) for k, v in config.to_dict().items()
+                           if k in ("num_generations", "per_device_train_batch_size", "loss_type", "beta", "epsilon",
+                                    "temperature", "learning_rate", "lr_scheduler_type", "max_completion_length",
+                                    "scale_rewards", "num_iterations", "gradient_checkpointing", "bf16", "use_cpu")},
+              "logs": history, "machine": machine()}
+    (out / "grpo.json").write_text(json.dumps(record, indent=2, default=str))
+    print(f"GRPO trained in {wall:.0f} s (saving the points left out); evaluating the points", flush=True)
+    others = [o for o in args.override if not o.startswith("policy")]  # the policy is the trained folder
+    for step in points:
+        subprocess.run([sys.executable, "-m", "rsft.run", "stage=eval", *RECIPE, "eval.policy=initial", "policy=hf",
+                        f"policy.name_or_path={out / f'policy_{step:04d}'}", f"run_name=point_{step:04d}",
+                        f"paths.runs_root={out}", f"seed={args.seed}", *others], check=True, cwd=ROOT)
+    print(f"written: {out}")
+
+
+# ---- compare ----
+
+
+def grpo_points(run: Path) -> list[dict]:
+    record = json.loads((run / "grpo.json").read_text())
+    batch, steps = record["completions_per_step"], record["steps"]
+    per_step = {e["step"]: e for e in record["logs"] if "completions/mean_length" in e}
+    points = []
+    for step in record["points"]:
+        folder = RunPaths(run / f"point_{step:04d}").initial_eval
+        if not is_complete(folder):
+            raise MissingInput(f"{folder}: missing; rerun `bench_grpo.py train` for {run.name}")
+        points.append({"run": run.name, "point": f"step {step}", "completions": step * batch,
+                       "tokens": round(sum(e["completions/mean_length"] * batch for s, e in per_step.items() if s <= step)),
+                       "wall": record["train_seconds"] * step / steps, "eval": load_dataset_artifact(folder),
+                       "policy": run / f"policy_{step:04d}"})
+    return points
+
+
+def rsft_points(run: Path) -> list[dict]:
+    from rsft.online_report import round_points
+
+    paths = RunPaths(run)
+    points = round_points(paths)
+    for i, p in enumerate(points):
+        p["run"] = run.name
+        p["policy"] = None if i == 0 else paths.policy(i - 1)
+    return points
+
+
+def answer(completion: str) -> str:
+    from reward.checkers import NUMBER
+
+    found = NUMBER.search(completion)
+    return found.group() if found else ""
+
+
+def alike_share(ds) -> float:
+    """The share of prompts whose held-out answers (first number, or none) are all the same."""
+    by_prompt: dict[str, set] = {}
+    for prompt_id, completion in zip(ds["prompt_id"], ds["completion"]):
+        by_prompt.setdefault(prompt_id, set()).add(answer(completion))
+    return sum(len(a) == 1 for a in by_prompt.values()) / len(by_prompt)
+
+
+def token_entropy(policy: Path | None, ds, cfg) -> float:
+    """The policy's mean next-token entropy (nats, at eval's temperature) over its own held-out completion tokens."""
+    import torch
+
+    from rsft.data import prompt_token_ids
+    from rsft.models import load_policy
+
+    device = torch.device("cpu")
+    if policy is None or is_complete(policy):  # the configured policy, or an rsft round's
+        model, tokenizer, _ = load_policy(cfg, policy, device)
+    else:  # a GRPO point: a save_pretrained folder of the trainer's model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(policy), AutoTokenizer.from_pretrained(policy)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for prompt, completion_ids in zip(ds["prompt"], ds["completion_ids"]):
+            if not completion_ids:
+                continue
+            ids, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"))
+            sequence = torch.tensor([ids + list(completion_ids)], device=device)
+            logits = model(input_ids=sequence).logits[0, len(ids) - 1:-1].float() / float(cfg.sample.temperature)
+            logp = torch.log_softmax(logits, dim=-1)
+            total += float(-(logp.exp() * logp).sum())
+            count += len(completion_ids)
+    return total / max(count, 1)
+
+
+def compare(args) -> None:
+    cfg = composed(list(args.override))
+    print(describe(machine()))
+    series = []
+    for run in args.runs:
+        if (run / "grpo.json").is_file():
+            series.append(grpo_points(run))
+        elif run.is_dir():
+            series.append(rsft_points(run))
+        else:
+            raise MissingInput(f"{run}: no such run directory (an rsft loop run, or a bench_grpo.py train output)")
+    column = "reward"  # the checker: pass@1 over the held-out questions x eval.num_samples
+    last = series[0][-1]
+    theirs = stats.keyed(last["eval"]["prompt_id"], last["eval"]["sample_idx"], last["eval"][column])
+    print(f"\n| run | point | completions | tokens | wall s | pass@1 [95% CI] | vs {last['run']} {last['point']} "
+          f"(paired) |")
+    print("|---|---|---|---|---|---|---|")
+    for points in series:
+        for p in points:
+            mine = stats.keyed(p["eval"]["prompt_id"], p["eval"]["sample_idx"], p["eval"][column])
+            if mine.keys() != theirs.keys():
+                raise InputError(f"{p['run']} {p['point']}: other held-out completions than {last['run']}'s; use the "
+                                 f"same data.eval_limit, eval.num_samples and eval.seed")
+            mean = stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"][column]))
+            diff = "" if p is last else stats.shown(stats.paired_difference(mine, theirs), True)
+            print(f"| {p['run']} | {p['point']} | {p['completions']} | {p['tokens']} | {p['wall']:.0f} | "
+                  f"{stats.shown(mean)} | {diff} |")
+    print("\n| run | policy | token entropy (nats) | prompts whose answers are all alike | distinct answers per prompt |")
+    print("|---|---|---|---|---|")
+    first = series[0][0]
+    for label, p in [("initial", first)] + [(points[-1]["point"], points[-1]) for points in series]:
+        ds = p["eval"]
+        distinct = {}
+        for prompt_id, completion in zip(ds["prompt_id"], ds["completion"]):
+            distinct.setdefault(prompt_id, set()).add(answer(completion))
+        print(f"| {p['run']} | {label} | {token_entropy(p['policy'], ds, cfg):.3f} | {alike_share(ds):.2f} | "
+              f"{sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
+    if args.plot is not None:
+        plot(series, args.plot)
+        print(f"\nplot: {args.plot}")
+
+
+def plot(series: list[list[dict]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for points in series:
+        shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"]["reward"])) for p in points]
+        for ax, x in zip(axes, ("completions", "wall")):
+            ax.errorbar([p[x] for p in points], [m["mean"] for m in shown],
+                        yerr=[[m["mean"] - m["low"] for m in shown], [m["high"] - m["mean"] for m in shown]],
+                        marker="o", capsize=3, label=points[0]["run"])
+    for ax, label in zip(axes, ("completions sampled", "wall seconds (training side, evaluations left out)")):
+        ax.set(xlabel=label, ylabel="held-out pass@1 (95% interval over prompts)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("train", help="one GRPO run and its evaluations")
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--learning-rate", type=float, default=1e-6, help="default: TRL's GRPOConfig default")
+    run.add_argument("--completions", type=int, default=None,
+                     help="sampled completions in all (default: the recipe's rounds x data.limit x K)")
+    run.add_argument("--points", type=int, default=3, help="evaluations, evenly spaced, the last at the end")
+    run.add_argument("--threads", type=int, default=0)
+    run.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
+    cmp = sub.add_parser("compare", help="pass@1, wall time, tokens, entropy: rsft runs and GRPO runs")
+    cmp.add_argument("runs", type=Path, nargs="+", help="the first is the reference of the paired differences")
+    cmp.add_argument("--plot", type=Path, default=None, metavar="PNG")
+    cmp.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        if args.learning_rate <= 0 or args.points < 1 or (args.completions is not None and args.completions < 1):
+            raise InputError("--learning-rate must be > 0, --points >= 1 and --completions >= 1")
+        train(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main_guard(main)()
