@@ -235,7 +235,7 @@ def compare(args) -> None:
         elif run.is_dir():
             series.append(rsft_points(run))
         else:
-            raise MissingInput(f"{run}: no such run directory (an rsft loop run, or a bench_grpo.py train output)")
+            raise MissingInput(f"{run}: no such folder; give an rsft loop run or a bench_grpo.py train output")
     column = "reward"  # the checker: pass@1 over the held-out questions x eval.num_samples
     last = series[0][-1]
     theirs = stats.keyed(last["eval"]["prompt_id"], last["eval"]["sample_idx"], last["eval"][column])
@@ -308,8 +308,11 @@ def main(argv=None) -> None:
     cmp.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
     args = parser.parse_args(argv)
     if args.command == "train":
-        if args.learning_rate <= 0 or args.points < 1 or (args.completions is not None and args.completions < 1):
-            raise InputError("--learning-rate must be > 0, --points >= 1 and --completions >= 1")
+        for name, value, ok in (("--learning-rate", args.learning_rate, args.learning_rate > 0),
+                                ("--points", args.points, args.points >= 1),
+                                ("--completions", args.completions, args.completions is None or args.completions >= 1)):
+            if not ok:
+                raise InputError(f"{name} {value}: expected {'> 0' if name == '--learning-rate' else 'at least 1'}")
         train(args)
     else:
         compare(args)

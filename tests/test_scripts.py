@@ -51,6 +51,7 @@ ON_A_RUN = {
     "online_vs_rounds": lambda run: [run, run],
     "push_to_hub": lambda run: [run, "--repo", "you/model", "--dry-run"],
     "overopt_point": lambda run: [run, "--round", "0"],
+    "bench_grpo": lambda run: ["compare", run],
 }
 
 
@@ -74,6 +75,7 @@ def test_a_missing_or_empty_run_directory_is_one_line_naming_it(script, folder, 
     ("bench_sampling", ["--batch-rows", "0"], "--batch-rows 0: expected positive integers"),
     ("bench_scaling", ["--repeats", "0"], "--repeats 0: expected at least 1"),
     ("replay_budget", ["{tmp}", "--k", "0"], "--k 0: expected at least 1"),
+    ("bench_grpo", ["train", "--out", "{tmp}", "--learning-rate", "0"], "--learning-rate 0.0: expected > 0"),
     ("push_to_hub", ["{tmp}", "--repo", "a/b/c", "--dry-run"], "--repo a/b/c: Repo id must be in the form"),
 ])
 def test_bad_arguments_are_one_line_naming_the_argument(script, argv, expected, tmp_path, monkeypatch, caplog):

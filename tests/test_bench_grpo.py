@@ -1,0 +1,34 @@
+"""scripts/bench_grpo.py on the tiny policy (issue 37): TRL's GRPOTrainer trains at a budget of sampled completions,
+each evaluation point is a run directory rsft's stage=eval wrote, and `compare` pairs the points with an rsft
+loop run's evaluations, completion for completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+TINY = ["policy=tiny", "sample.max_new_tokens=8", "data.eval_limit=4", "eval.num_samples=2"]
+
+
+def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop_run(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(REPO / "scripts" / "bench_grpo.py")]
+    subprocess.run([*script, "train", "--out", str(tmp_path / "grpo"), "--completions", "16", "--points", "2",
+                    "--threads", "1", "--override", *TINY], check=True, cwd=REPO, env=env)
+    run = tmp_path / "grpo" / "grpo-s0-lr1e-06"
+    record = json.loads((run / "grpo.json").read_text())
+    assert record["steps"] == 2 and record["completions_per_step"] == 8 and record["points"] == [1, 2]
+    assert record["tokens"] > 0 and record["settings"]["gradient_checkpointing"] == "False"
+    assert all((run / f"point_{s:04d}" / "eval_initial" / "meta.json").is_file() for s in (1, 2))
+    subprocess.run([sys.executable, "-m", "rsft.run", "stage=loop", "+experiment=verifiable", "logger=none", *TINY,
+                    "data.limit=2", "loop.rounds=1", "select.min_reward=null", "run_name=v", "threads=1",
+                    f"paths.runs_root={tmp_path}"], check=True, cwd=REPO, env=env)
+    out = subprocess.run([*script, "compare", str(tmp_path / "v"), str(run), "--override", *TINY], check=True,
+                         cwd=REPO, capture_output=True, text=True, env=env).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| grpo-s0-lr1e-06 | step") and line.count("|") == 8]
+    assert [r.split(" | ")[2] for r in rows] == ["8", "16"]  # completions sampled at each point
+    assert "| v | round 0 |" in out and "token entropy" in out
