@@ -35,6 +35,21 @@ def _without_time(minibatches: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if k not in ("seconds", "wall_seconds")} for m in minibatches]
 
 
+def killed_in_minibatch_3(monkeypatch) -> list[int]:
+    """The first run stops (KeyboardInterrupt) as it starts mini-batch 3 (index); the list records every mini-batch
+    each run began, so a rerun shows what it redid."""
+    real, ran = rsft.online.run_minibatch, []
+
+    def dying(ctx, stream, progress, batch):
+        ran.append(batch)
+        if batch == 3 and len(ran) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(ctx, stream, progress, batch)
+
+    monkeypatch.setattr(rsft.online, "run_minibatch", dying)
+    return ran
+
+
 def test_online_writes_the_policy_kept_rows_metrics_and_eval_snapshots(make_cfg):
     cfg = make_cfg(*ONLINE, "online.minibatches=3", "online.mode=full", "online.replay=2", "online.eval_every=2",
                    "data.eval_limit=2", "eval.num_samples=2", "online.dpo_weight=0.5",
@@ -98,15 +113,7 @@ def test_a_killed_run_resumes_bit_identical_and_redoes_at_most_checkpoint_every_
                 "online.dpo_weight=0.5"]
     whole = run_stage(make_cfg(*settings, "run_name=whole")).path
 
-    real, ran = rsft.online.run_minibatch, []
-
-    def dying(ctx, stream, progress, batch):
-        ran.append(batch)
-        if batch == 3 and len(ran) == 4:
-            raise KeyboardInterrupt("killed")
-        return real(ctx, stream, progress, batch)
-
-    monkeypatch.setattr(rsft.online, "run_minibatch", dying)
+    ran = killed_in_minibatch_3(monkeypatch)
     killed = make_cfg(*settings, "run_name=killed")
     with pytest.raises(KeyboardInterrupt):
         run_stage(killed)
@@ -157,15 +164,7 @@ def test_reward_refresh_every_r_minibatches_scores_with_the_retrained_model_and_
                                            kept.remove_columns(["prompt", "completion"]).to_list(), progress=False)
     assert first != pytest.approx(kept["reward"], abs=1e-5)  # not the run's reward/: the refresh changed the scores
 
-    real, ran = rsft.online.run_minibatch, []
-
-    def dying(ctx, stream, progress, batch):
-        ran.append(batch)
-        if batch == 3 and len(ran) == 4:
-            raise KeyboardInterrupt("killed")
-        return real(ctx, stream, progress, batch)
-
-    monkeypatch.setattr(rsft.online, "run_minibatch", dying)
+    ran = killed_in_minibatch_3(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run_stage(make_cfg(*REFRESH, "run_name=killed"))
     resumed = run_stage(make_cfg(*REFRESH, "run_name=killed")).path
