@@ -25,6 +25,7 @@ from rsft import stats
 from rsft.errors import InputError, MissingInput
 from rsft.metrics import SCORE_TITLES, scored_by_key
 from rsft.paths import RunPaths
+from rsft.plotting import finish, interval_errorbar, pyplot
 from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 TRUTH_ORDER = tuple(SCORE_TITLES)  # gold, then the judge, then the proxy: the first a point holds is its truth
@@ -116,28 +117,14 @@ def series_name(points: list[dict]) -> str:
 
 def plot_against_tokens(series: list[list[dict]], columns: list[str], out: Path) -> Path:
     """One panel per score column: each series' means with their 95% intervals against tokens sampled."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(columns), figsize=(5.5 * len(columns), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(columns), figsize=(5.5 * len(columns), 4), squeeze=False)
     for ax, column in zip(axes[0], columns):
         for points in series:
-            intervals = [mean(p, column) for p in points]
-            means = [m["mean"] for m in intervals]
-            errors = [[m["mean"] - m["low"] for m in intervals], [m["high"] - m["mean"] for m in intervals]]
-            ax.errorbar([p["tokens"] for p in points], means, yerr=errors, marker="o", capsize=3,
-                        label=series_name(points))
+            interval_errorbar(ax, [p["tokens"] for p in points], [mean(p, column) for p in points],
+                              label=series_name(points))
         ax.set(xlabel="tokens sampled", ylabel=f"held-out {column} (95% interval over prompts)",
                title=SCORE_TITLES[column])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return finish(fig, axes[0], out, dpi=120)
 
 
 def rounds_if_evaluated(paths: RunPaths) -> list[dict]:

@@ -268,26 +268,16 @@ def compare(args) -> None:
 
 
 def plot(series: list[list[dict]], out: Path) -> None:
-    import matplotlib
+    from rsft.plotting import finish, interval_errorbar, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
     for points in series:
         shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"]["reward"])) for p in points]
         for ax, x in zip(axes, ("completions", "wall")):
-            ax.errorbar([p[x] for p in points], [m["mean"] for m in shown],
-                        yerr=[[m["mean"] - m["low"] for m in shown], [m["high"] - m["mean"] for m in shown]],
-                        marker="o", capsize=3, label=points[0]["run"])
+            interval_errorbar(ax, [p[x] for p in points], shown, label=points[0]["run"])
     for ax, label in zip(axes, ("completions sampled", "wall seconds (training side, evaluations left out)")):
         ax.set(xlabel=label, ylabel="held-out pass@1 (95% interval over prompts)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    finish(fig, axes, out)
 
 
 def main(argv=None) -> None:

@@ -167,28 +167,18 @@ def shares(text: str) -> list[float]:
 
 def plot(curves: dict[str, dict], out: Path) -> None:
     """Gold-order accuracy on round 1's samples against the labels, per choice, one panel per source run."""
-    import matplotlib
+    from rsft.plotting import finish, interval_errorbar, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
     for ax, (title, results) in zip(axes[0], curves.items()):
         for choose, color in (("random", "tab:gray"), ("uncertain", "tab:purple")):
             points = sorted((r["train_pairs"], r["gold"]) for name, r in results.items()
                             if name.split("-")[0] == choose)
             xs = [x for x, _ in points]
             shown = [stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values()))) for _, keys in points]
-            ax.errorbar(xs, [m["mean"] for m in shown], yerr=[[m["mean"] - m["low"] for m in shown],
-                                                             [m["high"] - m["mean"] for m in shown]],
-                        marker="o", capsize=3, color=color, label=choose)
+            interval_errorbar(ax, xs, shown, color=color, label=choose)
         ax.set(title=title, xlabel="round 0 labels (pairs)", ylabel="gold-order accuracy, round 1's samples")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    finish(fig, axes[0], out)
 
 
 if __name__ == "__main__":
