@@ -39,3 +39,16 @@ def compose_cfg(tmp_path: Path, *overrides: str, tiny: bool = True):
 def make_cfg(tmp_path):
     """make_cfg("stage=sample", "draft=ngram") -> a composed config whose runs live in tmp_path."""
     return lambda *overrides, tiny=True: compose_cfg(tmp_path, *overrides, tiny=tiny)
+
+
+def write_artifact(folder, meta, rows=None, files=None):
+    """A hand-written complete artifact at `folder`: `rows` as a dataset, `files` {name: text} beside it."""
+    from datasets import Dataset
+
+    from rsft.store import atomic_artifact
+
+    with atomic_artifact(folder, meta) as tmp:
+        if rows is not None:
+            Dataset.from_list(rows).save_to_disk(str(tmp))
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)

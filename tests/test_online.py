@@ -18,7 +18,7 @@ from rsft.errors import ConfigError
 from rsft.paths import RunPaths
 from rsft.run import run_stage
 from rsft.store import read_meta
-from tests.conftest import REPO
+from tests.conftest import REPO, write_artifact
 
 VERIFIERS = REPO / "tests" / "reward_fixtures" / "verifiers.py"
 ONLINE = ["stage=online", "device=cpu", "reward_source=function", f"reward_source.spec={VERIFIERS}:length",
@@ -235,22 +235,15 @@ def test_online_vs_rounds_pairs_each_snapshot_with_the_rounds_last_evaluation(tm
 
     from rsft.store import atomic_artifact
 
-    def write(folder, meta, rows=None, extra=None):
-        with atomic_artifact(folder, meta) as tmp:
-            if rows is not None:
-                Dataset.from_list(rows).save_to_disk(str(tmp))
-            for name, text in (extra or {}).items():
-                (tmp / name).write_text(text)
-
     def evaluation(gold):
         return [{"prompt_id": f"p{p}", "sample_idx": s, "gold": gold + 0.01 * p} for p in range(4) for s in range(2)]
 
     loop, online = RunPaths(tmp_path / "loop"), RunPaths(tmp_path / "online")
-    write(loop.initial_eval, {"stage": "eval"}, evaluation(0.5))
+    write_artifact(loop.initial_eval, {"stage": "eval"}, evaluation(0.5))
     for r in range(2):
-        write(loop.samples(r), {"stage": "sample", "sampling": {"tokens": 1000, "num_completions": 100}})
-        write(loop.policy(r), {"stage": "sft"})
-        write(loop.eval(r), {"stage": "eval"}, evaluation(0.6 + 0.1 * r))
+        write_artifact(loop.samples(r), {"stage": "sample", "sampling": {"tokens": 1000, "num_completions": 100}})
+        write_artifact(loop.policy(r), {"stage": "sft"})
+        write_artifact(loop.eval(r), {"stage": "eval"}, evaluation(0.6 + 0.1 * r))
     snapshots = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 10.0 * b}
                  for b in (0, 2)]
     files = {"metrics.json": json.dumps({"minibatches": [], "evals": snapshots})}

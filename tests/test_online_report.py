@@ -16,6 +16,7 @@ from rsft.paths import RunPaths
 from rsft.report import begun_rounds, write_plots, write_summary
 from rsft.run import run_stage
 from rsft.store import atomic_artifact, is_complete
+from tests.conftest import write_artifact
 from tests.test_online import ONLINE
 
 
@@ -49,14 +50,6 @@ def test_a_failed_report_is_a_warning_and_keeps_the_artifact(make_cfg, monkeypat
     assert "summary.md and plots were not written (OSError: disk full)" in caplog.text
 
 
-def _write(folder, meta, rows=None, files=None):
-    with atomic_artifact(folder, meta) as tmp:
-        if rows is not None:
-            Dataset.from_list(rows).save_to_disk(str(tmp))
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text)
-
-
 def _evaluation(gold, judge=None):
     return [{"prompt_id": f"p{p}", "sample_idx": s, "reward": 1.0 + p, "gold": gold + 0.01 * p,
              **({"judge": judge} if judge is not None else {})} for p in range(4) for s in range(2)]
@@ -64,12 +57,12 @@ def _evaluation(gold, judge=None):
 
 def _loop_and_online(paths: RunPaths, judge: bool = False):
     """Two evaluated rounds (1000 tokens each) and an online/ with snapshots after 0 and 2 mini-batches."""
-    _write(paths.initial_eval, {"stage": "eval"}, _evaluation(0.5))
+    write_artifact(paths.initial_eval, {"stage": "eval"}, _evaluation(0.5))
     for r in range(2):
-        _write(paths.samples(r), {"stage": "sample", "build_seconds": 10.0,
+        write_artifact(paths.samples(r), {"stage": "sample", "build_seconds": 10.0,
                                   "sampling": {"tokens": 1000, "num_completions": 100}})
-        _write(paths.policy(r), {"stage": "sft", "build_seconds": 10.0})
-        _write(paths.eval(r), {"stage": "eval"}, _evaluation(0.6 + 0.1 * r))
+        write_artifact(paths.policy(r), {"stage": "sft", "build_seconds": 10.0})
+        write_artifact(paths.eval(r), {"stage": "eval"}, _evaluation(0.6 + 0.1 * r))
     snapshots = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 10.0 * b}
                  for b in (0, 2)]
     minibatches = [{"batch": b, "kept": 3, "loss": 1.0 - 0.25 * b, "completions_sampled": 25 * (b + 1),
