@@ -3,6 +3,15 @@ completions, wall time, sampled tokens, token entropy and how often a prompt's a
 
     python scripts/bench_grpo.py train --out runs/grpo --seed 0 --learning-rate 1e-6       # one GRPO run
     python scripts/bench_grpo.py compare runs/verifiable-s0 runs/grpo/grpo-s0-lr1e-06 [...] [--plot PNG]
+    python scripts/bench_grpo.py train --task demo-gold --out runs/grpo --seed 0 --learning-rate 1e-5
+    python scripts/bench_grpo.py compare --task demo-gold runs/demo-gold runs/grpo/grpo-demo-gold-s0-lr1e-05
+
+`--task demo-gold` is the ceiling on the demo task: its gold oracle (reward.gold:gold_reward, a perfect
+verifier) is GRPO's only reward and rsft's `function` reward (`reward_source=function
+reward_source.spec=reward.gold:gold_reward`), the default job's settings otherwise (3 rounds x 24 rotated
+prompts x 8 = 576 completions, 48 new tokens), and `compare` reads the held-out gold instead of pass@1. A
+completion's finish reason, which gold reads, is "stop" when its last token is an end-of-sequence token
+(TRL passes the completion's token ids; a cut one ends without it), else "length".
 
 `train` runs GRPOTrainer on the recipe's task (`+experiment=verifiable`: data=checkable's train prompts, the
 checker reward.checkers.first_number as the only reward, the recipe's policy), for as many sampled
@@ -53,10 +62,18 @@ from rsft.machine import describe, machine  # noqa: E402
 from rsft.paths import RunPaths  # noqa: E402
 from rsft.store import is_complete, load_dataset_artifact  # noqa: E402
 
-RECIPE = ["+experiment=verifiable", "logger=none"]
+TASKS = {  # the rsft settings of each task, the column compare reads and the folder prefix of a GRPO run
+    "verifiable": {"recipe": ["+experiment=verifiable"], "column": "reward", "prefix": "grpo"},
+    "demo-gold": {"recipe": ["reward_source=function", "reward_source.spec=reward.gold:gold_reward"],
+                  "column": "gold", "prefix": "grpo-demo-gold"},
+}
 
 
-def composed(overrides: list[str]):
+def recipe(task: str) -> list[str]:
+    return [*TASKS[task]["recipe"], "logger=none"]
+
+
+def composed(overrides: list[str], task: str = "verifiable"):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -65,7 +82,7 @@ def composed(overrides: list[str]):
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=["stage=sample", *RECIPE, *overrides])
+        return compose("config", overrides=["stage=sample", *recipe(task), *overrides])
 
 
 def checker_reward(prompts, completions, reference, **_):
@@ -75,6 +92,19 @@ def checker_reward(prompts, completions, reference, **_):
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [0.0 if r is None else r for r in first_number(list(prompts), texts, list(reference))]
+
+
+def gold_reward_for(eos_ids: set[int]):
+    """GRPO's reward function on the demo task: reward.gold:gold_reward, with each completion's finish reason
+    read from its token ids (TRL keeps the end-of-sequence token of a finished completion)."""
+    from reward.gold import gold_reward
+
+    def gold(prompts, completions, completion_ids, task, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        reasons = ["stop" if ids and ids[-1] in eos_ids else "length" for ids in completion_ids]
+        return gold_reward(list(prompts), texts, list(task), reasons)
+
+    return gold
 
 
 def train(args) -> None:
@@ -87,15 +117,22 @@ def train(args) -> None:
     from rsft.data import chat_messages, load_prompts
     from rsft.models import load_policy
 
-    cfg = composed([f"seed={args.seed}", *args.override])
+    cfg = composed([f"seed={args.seed}", *args.override], args.task)
     if args.threads:
         torch.set_num_threads(args.threads)
     completions = args.completions or int(cfg.data.limit) * int(cfg.sample.num_samples) * int(cfg.loop.rounds)
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
-    rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), "reference": r}
-            for p, r in zip(prompts["prompt"], prompts["reference"])]
+    column = "reference" if args.task == "verifiable" else "task"  # what the task's reward reads besides the text
+    rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), column: r}
+            for p, r in zip(prompts["prompt"], prompts[column])]
     model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))
-    name = f"grpo-s{args.seed}-lr{args.learning_rate:g}"
+    if args.task == "verifiable":
+        reward = checker_reward
+    else:
+        eos = model.generation_config.eos_token_id
+        eos_ids = {*([] if eos is None else [eos] if isinstance(eos, int) else eos), tokenizer.eos_token_id}
+        reward = gold_reward_for({i for i in eos_ids if i is not None})
+    name = f"{TASKS[args.task]['prefix']}-s{args.seed}-lr{args.learning_rate:g}"
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
     config = GRPOConfig(output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=False,
@@ -123,7 +160,7 @@ def train(args) -> None:
                 self.saving += time.perf_counter() - started
 
     callback = Points()
-    trainer = GRPOTrainer(model=model, reward_funcs=checker_reward, args=config, train_dataset=Dataset.from_list(rows),
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[callback])
     print(f"{describe(machine())}\nGRPO: {source}, {len(rows)} train prompts, {steps} steps x "
           f"{config.per_device_train_batch_size} completions = {steps * config.per_device_train_batch_size} "
@@ -133,7 +170,7 @@ def train(args) -> None:
     wall = time.perf_counter() - started - callback.saving
     per_step = [entry for entry in history if "completions/mean_length" in entry]
     batch = config.per_device_train_batch_size
-    record = {"source": source, "steps": steps, "completions_per_step": batch, "points": points,
+    record = {"task": args.task, "source": source, "steps": steps, "completions_per_step": batch, "points": points,
               "learning_rate": args.learning_rate, "seed": args.seed, "train_seconds": wall,
               "tokens": sum(entry["completions/mean_length"] * batch for entry in per_step),
               "settings": {k: str(v) for k, v in config.to_dict().items()
@@ -145,7 +182,8 @@ def train(args) -> None:
     print(f"GRPO trained in {wall:.0f} s (saving the points left out); evaluating the points", flush=True)
     others = [o for o in args.override if not o.startswith("policy")]  # the policy is the trained folder
     for step in points:
-        subprocess.run([sys.executable, "-m", "rsft.run", "stage=eval", *RECIPE, "eval.policy=initial", "policy=hf",
+        subprocess.run([sys.executable, "-m", "rsft.run", "stage=eval", *recipe(args.task), "eval.policy=initial",
+                        "policy=hf",
                         f"policy.name_or_path={out / f'policy_{step:04d}'}", f"run_name=point_{step:04d}",
                         f"paths.runs_root={out}", f"seed={args.seed}", *others], check=True, cwd=ROOT)
     print(f"written: {out}")
@@ -171,8 +209,16 @@ def grpo_points(run: Path) -> list[dict]:
 
 
 def rsft_points(run: Path) -> list[dict]:
-    from rsft.online_report import round_points
+    """A loop run's points (its folder), or an online run's snapshots (its online/ folder): the last one's
+    policy is the one the entropy is measured on."""
+    from rsft.online_report import online_points, round_points
 
+    if run.name == "online":
+        points = online_points(RunPaths(run.parent))
+        for p in points:
+            p["run"], p["policy"] = f"{run.parent.name} (online)", None
+        points[-1]["policy"] = run / "policy"  # the policy it ends with (a save_pretrained folder)
+        return points
     paths = RunPaths(run)
     points = round_points(paths)
     for i, p in enumerate(points):
@@ -181,18 +227,27 @@ def rsft_points(run: Path) -> list[dict]:
     return points
 
 
-def answer(completion: str) -> str:
+def answer(completion: str, task: str = "verifiable") -> str:
+    """What counts as a completion's answer: the checker's reading (the first number, or none) on the verifiable
+    task; on the demo the whole text, case and spacing folded."""
+    if task != "verifiable":
+        return " ".join(completion.lower().split())
     from reward.checkers import NUMBER
 
     found = NUMBER.search(completion)
     return found.group() if found else ""
 
 
-def alike_share(ds) -> float:
-    """The share of prompts whose held-out answers (first number, or none) are all the same."""
+def answers_by_prompt(ds, task: str = "verifiable") -> dict[str, set]:
     by_prompt: dict[str, set] = {}
     for prompt_id, completion in zip(ds["prompt_id"], ds["completion"]):
-        by_prompt.setdefault(prompt_id, set()).add(answer(completion))
+        by_prompt.setdefault(prompt_id, set()).add(answer(completion, task))
+    return by_prompt
+
+
+def alike_share(ds, task: str = "verifiable") -> float:
+    """The share of prompts whose held-out answers are all the same."""
+    by_prompt = answers_by_prompt(ds, task)
     return sum(len(a) == 1 for a in by_prompt.values()) / len(by_prompt)
 
 
@@ -226,7 +281,7 @@ def token_entropy(policy: Path | None, ds, cfg) -> float:
 
 
 def compare(args) -> None:
-    cfg = composed(list(args.override))
+    cfg = composed(list(args.override), args.task)
     print(describe(machine()))
     series = []
     for run in args.runs:
@@ -236,10 +291,11 @@ def compare(args) -> None:
             series.append(rsft_points(run))
         else:
             raise MissingInput(f"{run}: no such folder; give an rsft loop run or a bench_grpo.py train output")
-    column = "reward"  # the checker: pass@1 over the held-out questions x eval.num_samples
+    column = TASKS[args.task]["column"]  # pass@1 over the held-out questions x eval.num_samples, or gold
     last = series[0][-1]
     theirs = stats.keyed(last["eval"]["prompt_id"], last["eval"]["sample_idx"], last["eval"][column])
-    print(f"\n| run | point | completions | tokens | wall s | pass@1 [95% CI] | vs {last['run']} {last['point']} "
+    shown_as = "pass@1" if column == "reward" else column
+    print(f"\n| run | point | completions | tokens | wall s | {shown_as} [95% CI] | vs {last['run']} {last['point']} "
           f"(paired) |")
     print("|---|---|---|---|---|---|---|")
     for points in series:
@@ -257,26 +313,26 @@ def compare(args) -> None:
     first = series[0][0]
     for label, p in [("initial", first)] + [(points[-1]["point"], points[-1]) for points in series]:
         ds = p["eval"]
-        distinct = {}
-        for prompt_id, completion in zip(ds["prompt_id"], ds["completion"]):
-            distinct.setdefault(prompt_id, set()).add(answer(completion))
-        print(f"| {p['run']} | {label} | {token_entropy(p['policy'], ds, cfg):.3f} | {alike_share(ds):.2f} | "
+        distinct = answers_by_prompt(ds, args.task)
+        entropy = token_entropy(p["policy"], ds, cfg)
+        print(f"| {p['run']} | {label} | {entropy:.3f} | {alike_share(ds, args.task):.2f} | "
               f"{sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
     if args.plot is not None:
-        plot(series, args.plot)
+        plot(series, args.plot, column)
         print(f"\nplot: {args.plot}")
 
 
-def plot(series: list[list[dict]], out: Path) -> None:
+def plot(series: list[list[dict]], out: Path, column: str = "reward") -> None:
     from rsft.plotting import finish, interval_errorbar, pyplot
 
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
     for points in series:
-        shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"]["reward"])) for p in points]
+        shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"][column])) for p in points]
         for ax, x in zip(axes, ("completions", "wall")):
             interval_errorbar(ax, [p[x] for p in points], shown, label=points[0]["run"])
     for ax, label in zip(axes, ("completions sampled", "wall seconds (training side, evaluations left out)")):
-        ax.set(xlabel=label, ylabel="held-out pass@1 (95% interval over prompts)")
+        truth = "pass@1" if column == "reward" else column
+        ax.set(xlabel=label, ylabel=f"held-out {truth} (95% interval over prompts)")
     finish(fig, axes, out)
 
 
@@ -291,9 +347,12 @@ def main(argv=None) -> None:
                      help="sampled completions in all (default: the recipe's rounds x data.limit x K)")
     run.add_argument("--points", type=int, default=3, help="evaluations, evenly spaced, the last at the end")
     run.add_argument("--threads", type=int, default=0)
+    run.add_argument("--task", choices=sorted(TASKS), default="verifiable")
     run.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
     cmp = sub.add_parser("compare", help="pass@1, wall time, tokens, entropy: rsft runs and GRPO runs")
-    cmp.add_argument("runs", type=Path, nargs="+", help="the first is the reference of the paired differences")
+    cmp.add_argument("runs", type=Path, nargs="+", help="the first is the reference of the paired differences; "
+                     "an rsft loop run's folder, its online/ folder, or a GRPO run")
+    cmp.add_argument("--task", choices=sorted(TASKS), default="verifiable")
     cmp.add_argument("--plot", type=Path, default=None, metavar="PNG")
     cmp.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
     args = parser.parse_args(argv)

@@ -32,3 +32,19 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
     rows = [line for line in out.splitlines() if line.startswith("| grpo-s0-lr1e-06 | step") and line.count("|") == 8]
     assert [r.split(" | ")[2] for r in rows] == ["8", "16"]  # completions sampled at each point
     assert "| v | round 0 |" in out and "token entropy" in out
+
+
+def test_the_demo_task_gives_grpo_the_gold_oracle_and_a_cut_completion_its_finish_reason(monkeypatch):
+    from reward.gold import gold_score
+    from rsft.demo_prompts import build_demo_prompts
+    from tests.test_scripts import load
+
+    bench = load("bench_grpo", monkeypatch)
+    task = build_demo_prompts("train")[0]["task"]
+    text = "Bees make honey."
+    reward = bench.gold_reward_for({2})
+    got = reward(["p", "p"], [[{"role": "assistant", "content": text}], text], [[5, 6, 2], [5, 6, 7]], [task, task])
+    assert got == [gold_score(task, text, "stop"), gold_score(task, text, "length")]
+    assert got[0] > got[1]  # a cut completion loses the finished criterion
+    assert bench.answer(" Bees  make\nHONEY.", "demo-gold") == bench.answer("bees make honey.", "demo-gold")
+    assert bench.answer("It is 12, or 13", "verifiable") == "12"
