@@ -37,9 +37,11 @@ for a stated reason:
 sampled, scored, selected and trained, and the tokens their samples hold: rsft.online_report.round_points)
 and GRPO runs (their points, with the trainer's wall seconds and tokens), and prints per point: completions,
 tokens, wall seconds, pass@1 with its 95% bootstrap interval over prompts and the paired difference to the
-first run's last point; and for the last point of each run, the mean token entropy of the policy on its own
-held-out completions (at eval's sampling temperature) and the share of held-out prompts whose answers
-(the checker's reading: the first number, or none) are all the same. --plot draws pass@1 against
+first run's last point; and for every point whose policy is on disk (all but an online run's intermediate
+snapshots, so diversity can be read at equal pass@1), its mean, the mean token entropy of the policy on its
+own held-out completions (at eval's sampling temperature), the share of held-out prompts whose answers (the
+checker's reading: the first number, or none; on the demo the folded text) are all the same and the distinct
+answers per prompt. --plot draws pass@1 against
 completions and against wall seconds. The CPU is printed first.
 """
 
@@ -308,15 +310,17 @@ def compare(args) -> None:
             diff = "" if p is last else stats.shown(stats.paired_difference(mine, theirs), True)
             print(f"| {p['run']} | {p['point']} | {p['completions']} | {p['tokens']} | {p['wall']:.0f} | "
                   f"{stats.shown(mean)} | {diff} |")
-    print("\n| run | policy | token entropy (nats) | prompts whose answers are all alike | distinct answers per prompt |")
-    print("|---|---|---|---|---|")
+    # every point with a policy on disk (an online run keeps only its last), so diversity reads at equal pass@1
+    print(f"\n| run | policy | {shown_as} | token entropy (nats) | prompts whose answers are all alike | "
+          f"distinct answers per prompt |")
+    print("|---|---|---|---|---|---|")
     first = series[0][0]
-    for label, p in [("initial", first)] + [(points[-1]["point"], points[-1]) for points in series]:
+    for p in [first] + [p for points in series for p in points if p["policy"] is not None]:
         ds = p["eval"]
         distinct = answers_by_prompt(ds, args.task)
         entropy = token_entropy(p["policy"], ds, cfg)
-        print(f"| {p['run']} | {label} | {entropy:.3f} | {alike_share(ds, args.task):.2f} | "
-              f"{sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
+        print(f"| {p['run']} | {p['point']} | {sum(ds[column]) / len(ds):.3f} | {entropy:.3f} | "
+              f"{alike_share(ds, args.task):.2f} | {sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
     if args.plot is not None:
         plot(series, args.plot, column)
         print(f"\nplot: {args.plot}")
