@@ -41,8 +41,8 @@ first run's last point; and for every point whose policy is on disk (all but an 
 snapshots, so diversity can be read at equal pass@1), its mean, the mean token entropy of the policy on its
 own held-out completions (at eval's sampling temperature), the share of held-out prompts whose answers (the
 checker's reading: the first number, or none; on the demo the folded text) are all the same and the distinct
-answers per prompt. --plot draws pass@1 against
-completions and against wall seconds. The CPU is printed first.
+answers per prompt. --plot draws pass@1 (or gold) against completions and against wall seconds. The CPU is
+printed first.
 """
 
 from __future__ import annotations
