@@ -330,7 +330,10 @@ def plot(series: list[list[dict]], out: Path, column: str = "reward") -> None:
     from rsft.plotting import finish, interval_errorbar, pyplot
 
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
+    start = series[0][0] if series[0][0]["point"] in ("initial", "after 0 mini-batches") else None
     for points in series:
+        if start is not None and points[0]["completions"] > 0:  # a GRPO run starts from the same initial policy
+            points = [start, *points]
         shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"][column])) for p in points]
         for ax, x in zip(axes, ("completions", "wall")):
             interval_errorbar(ax, [p[x] for p in points], shown, label=points[0]["run"])
