@@ -332,11 +332,12 @@ def plot(series: list[list[dict]], out: Path, column: str = "reward") -> None:
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
     start = series[0][0] if series[0][0]["point"] in ("initial", "after 0 mini-batches") else None
     for points in series:
+        name = points[-1]["run"]
         if start is not None and points[0]["completions"] > 0:  # a GRPO run starts from the same initial policy
             points = [start, *points]
         shown = [stats.bootstrap(stats.by_prompt(p["eval"]["prompt_id"], p["eval"][column])) for p in points]
         for ax, x in zip(axes, ("completions", "wall")):
-            interval_errorbar(ax, [p[x] for p in points], shown, label=points[0]["run"])
+            interval_errorbar(ax, [p[x] for p in points], shown, label=name)
     for ax, label in zip(axes, ("completions sampled", "wall seconds (training side, evaluations left out)")):
         truth = "pass@1" if column == "reward" else column
         ax.set(xlabel=label, ylabel=f"held-out {truth} (95% interval over prompts)")
