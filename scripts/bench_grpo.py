@@ -41,7 +41,9 @@ first run's last point; and for every point whose policy is on disk (all but an 
 snapshots, so diversity can be read at equal pass@1), its mean, the mean token entropy of the policy on its
 own held-out completions (at eval's sampling temperature), the share of held-out prompts whose answers (the
 checker's reading: the first number, or none; on the demo the folded text) are all the same and the distinct
-answers per prompt. --plot draws pass@1 (or gold) against completions and against wall seconds. The CPU is
+answers per prompt; then, at equal pass@1, each trained point of the other runs against the first run's point
+of nearest mean: the paired differences (95% bootstrap over prompts) in distinct answers per prompt and in
+the share of prompts whose answers are all alike. --plot draws pass@1 (or gold) against completions and against wall seconds. The CPU is
 printed first.
 """
 
@@ -247,6 +249,35 @@ def answers_by_prompt(ds, task: str = "verifiable") -> dict[str, set]:
     return by_prompt
 
 
+def distinct_counts(ds, task: str) -> dict[tuple[str, int], float]:
+    """Each prompt's number of distinct answers, keyed as rsft.stats pairs (one value per prompt)."""
+    return {(prompt_id, 0): float(len(a)) for prompt_id, a in answers_by_prompt(ds, task).items()}
+
+
+def at_equal_mean(series: list[list[dict]], column: str, task: str) -> None:
+    """Diversity at equal pass@1: each trained point of the other runs against the first run's trained point whose
+    mean is nearest, the paired difference (over prompts) of distinct answers per prompt and of the share of
+    prompts whose answers are all alike."""
+    def trained(points):
+        return [p for p in points if p["completions"] > 0]
+
+    means = {id(p): sum(p["eval"][column]) / len(p["eval"]) for points in series for p in trained(points)}
+    reference = trained(series[0])
+    if not reference:
+        return
+    print(f"\n| run | point (mean) | {series[0][-1]['run']}'s nearest point (mean) | distinct answers per prompt, "
+          f"minus it (paired) | all alike, minus it (paired) |")
+    print("|---|---|---|---|---|")
+    for points in series[1:]:
+        for p in trained(points):
+            near = min(reference, key=lambda r: abs(means[id(r)] - means[id(p)]))
+            mine, theirs = distinct_counts(p["eval"], task), distinct_counts(near["eval"], task)
+            alike = stats.paired_difference({k: float(v == 1) for k, v in mine.items()},
+                                            {k: float(v == 1) for k, v in theirs.items()})
+            print(f"| {p['run']} | {p['point']} ({means[id(p)]:.3f}) | {near['point']} ({means[id(near)]:.3f}) | "
+                  f"{stats.shown(stats.paired_difference(mine, theirs), True)} | {stats.shown(alike, True)} |")
+
+
 def alike_share(ds, task: str = "verifiable") -> float:
     """The share of prompts whose held-out answers are all the same."""
     by_prompt = answers_by_prompt(ds, task)
@@ -321,6 +352,7 @@ def compare(args) -> None:
         entropy = token_entropy(p["policy"], ds, cfg)
         print(f"| {p['run']} | {p['point']} | {sum(ds[column]) / len(ds):.3f} | {entropy:.3f} | "
               f"{alike_share(ds, args.task):.2f} | {sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
+    at_equal_mean(series, column, args.task)
     if args.plot is not None:
         plot(series, args.plot, column)
         print(f"\nplot: {args.plot}")
