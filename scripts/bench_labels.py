@@ -19,6 +19,9 @@ artifacts:
 With --shares the variants are instead both choices at each share of B (random at 1.0 is the reference), and
 --init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
 continuing the run's reward/ for one epoch, so that the round's labels weigh as much as the initial ones.
+--init alone trains each variant's model from the backbone (stage=reward, reward.epochs) on the round's chosen
+labels only, without the initial ones: the regime where every label counts (a task with few labels so far);
+the pairs are still chosen by the run's reward/ (uncertain) or at random.
 --plot draws the gold-order accuracy against the labels, both choices, with 95% intervals.
 
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
@@ -53,18 +56,30 @@ VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncert
 
 def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None,
                 init: str = "previous") -> Path:
-    """Refresh round 0's reward model in a copy of `source`'s prefs, reward and round-0 samples."""
+    """Refresh round 0's reward model in a copy of `source`'s prefs, reward and round-0 samples; with
+    init="alone", label round 0 (stage=labels) and train a reward model from the backbone on those labels alone
+    (stage=reward in `<name>-alone/`, whose prefs/ is a copy of the round's)."""
     run_dir = out / name
     for rel in COPIED:
         if not (run_dir / rel).exists():
             (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(source / rel, run_dir / rel)
-    command = [sys.executable, "-m", "rsft.run", "stage=refresh", "round=0", "loop.refresh_reward=true",
+    stage = "labels" if init == "alone" else "refresh"
+    command = [sys.executable, "-m", "rsft.run", f"stage={stage}", "round=0", "loop.refresh_reward=true",
                f"refresh.choose={choose}", f"seed={seed}", "logger=none", f"paths.runs_root={out}",
-               f"run_name={name}", f"refresh.init={init}"] + (
+               f"run_name={name}"] + ([] if init == "alone" else [f"refresh.init={init}"]) + (
                   [f"refresh.label_budget={budget}"] if budget is not None else [])
     print("$", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
+    if init == "alone":
+        alone = out / f"{name}-alone"
+        if not (alone / "prefs").exists():
+            alone.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(RunPaths(run_dir).round_prefs(0), alone / "prefs")
+        command = [sys.executable, "-m", "rsft.run", "stage=reward", f"seed={seed}", "logger=none",
+                   f"paths.runs_root={out}", f"run_name={alone.name}"]
+        print("$", " ".join(command[1:]), flush=True)
+        subprocess.run(command, check=True)
     return run_dir
 
 
@@ -104,8 +119,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="source demo runs, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="where the variants' run directories go")
-    parser.add_argument("--init", choices=["previous", "scratch"], default="previous",
-                        help="refresh.init of every variant (default: previous, as the loop)")
+    parser.add_argument("--init", choices=["previous", "scratch", "alone"], default="previous",
+                        help="refresh.init of every variant (default: previous, as the loop); alone: a reward model "
+                             "from the backbone on the round's chosen labels only")
     parser.add_argument("--shares", type=shares, default=None, metavar="S,S,...",
                         help="both choices at each share of B (1.0 included), instead of the four default variants")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
@@ -131,7 +147,8 @@ def main(argv=None) -> None:
             run_dir = run_variant(source, args.out, f"{source.name}-{name}", seed, choose, budget, args.init)
             paths = RunPaths(run_dir)
             labels = load_dataset_artifact(paths.round_prefs(0))
-            scorer = load_scorer(paths.round_reward(0))
+            scorer = load_scorer(paths.round_reward(0) if args.init != "alone"
+                                 else RunPaths(args.out / f"{run_dir.name}-alone").reward)
             results[name] = {"budget": read_meta(paths.round_prefs(0))["counts"]["label_budget"],
                              "train_pairs": len(labels["train"]), "round": accuracy_keys(scorer, labels["test"]),
                              "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"]),
