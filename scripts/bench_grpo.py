@@ -43,8 +43,8 @@ own held-out completions (at eval's sampling temperature), the share of held-out
 checker's reading: the first number, or none; on the demo the folded text) are all the same and the distinct
 answers per prompt; then, at equal pass@1, each trained point of the other runs against the first run's point
 of nearest mean: the paired differences (95% bootstrap over prompts) in distinct answers per prompt and in
-the share of prompts whose answers are all alike. --plot draws pass@1 (or gold) against completions and against wall seconds. The CPU is
-printed first.
+the share of prompts whose answers are all alike. --plot draws pass@1 (or gold) against completions and
+against wall seconds. The CPU is printed first.
 """
 
 from __future__ import annotations
