@@ -66,10 +66,12 @@ from rsft.machine import describe, machine  # noqa: E402
 from rsft.paths import RunPaths  # noqa: E402
 from rsft.store import is_complete, load_dataset_artifact  # noqa: E402
 
-TASKS = {  # the rsft settings of each task, the column compare reads and the folder prefix of a GRPO run
-    "verifiable": {"recipe": ["+experiment=verifiable"], "column": "reward", "prefix": "grpo"},
-    "demo-gold": {"recipe": ["reward_source=function", "reward_source.spec=reward.gold:gold_reward"],
-                  "column": "gold", "prefix": "grpo-demo-gold"},
+TASKS = {  # per task: rsft's settings, the prompt column its reward reads besides the text, the eval column compare
+    # reads and its name, and the folder prefix of a GRPO run
+    "verifiable": {"recipe": ["+experiment=verifiable"], "reads": "reference", "column": "reward", "truth": "pass@1",
+                   "prefix": "grpo"},
+    "demo-gold": {"recipe": ["reward_source=function", "reward_source.spec=reward.gold:gold_reward"], "reads": "task",
+                  "column": "gold", "truth": "gold", "prefix": "grpo-demo-gold"},
 }
 
 
@@ -126,7 +128,7 @@ def train(args) -> None:
         torch.set_num_threads(args.threads)
     completions = args.completions or int(cfg.data.limit) * int(cfg.sample.num_samples) * int(cfg.loop.rounds)
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
-    column = "reference" if args.task == "verifiable" else "task"  # what the task's reward reads besides the text
+    column = TASKS[args.task]["reads"]
     rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), column: r}
             for p, r in zip(prompts["prompt"], prompts[column])]
     model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))
@@ -242,16 +244,16 @@ def answer(completion: str, task: str = "verifiable") -> str:
     return found.group() if found else ""
 
 
-def answers_by_prompt(ds, task: str = "verifiable") -> dict[str, set]:
+def distinct_counts(ds, task: str) -> dict[tuple[str, int], float]:
+    """Each prompt's number of distinct answers, keyed as rsft.stats pairs (one value per prompt); 1 = all alike."""
     by_prompt: dict[str, set] = {}
     for prompt_id, completion in zip(ds["prompt_id"], ds["completion"]):
         by_prompt.setdefault(prompt_id, set()).add(answer(completion, task))
-    return by_prompt
+    return {(prompt_id, 0): float(len(a)) for prompt_id, a in by_prompt.items()}
 
 
-def distinct_counts(ds, task: str) -> dict[tuple[str, int], float]:
-    """Each prompt's number of distinct answers, keyed as rsft.stats pairs (one value per prompt)."""
-    return {(prompt_id, 0): float(len(a)) for prompt_id, a in answers_by_prompt(ds, task).items()}
+def mean_of(point: dict, column: str) -> float:
+    return sum(point["eval"][column]) / len(point["eval"])
 
 
 def at_equal_mean(series: list[list[dict]], column: str, task: str) -> None:
@@ -261,7 +263,7 @@ def at_equal_mean(series: list[list[dict]], column: str, task: str) -> None:
     def trained(points):
         return [p for p in points if p["completions"] > 0]
 
-    means = {id(p): sum(p["eval"][column]) / len(p["eval"]) for points in series for p in trained(points)}
+    means = {id(p): mean_of(p, column) for points in series for p in trained(points)}
     reference = trained(series[0])
     if not reference:
         return
@@ -276,12 +278,6 @@ def at_equal_mean(series: list[list[dict]], column: str, task: str) -> None:
                                             {k: float(v == 1) for k, v in theirs.items()})
             print(f"| {p['run']} | {p['point']} ({means[id(p)]:.3f}) | {near['point']} ({means[id(near)]:.3f}) | "
                   f"{stats.shown(stats.paired_difference(mine, theirs), True)} | {stats.shown(alike, True)} |")
-
-
-def alike_share(ds, task: str = "verifiable") -> float:
-    """The share of prompts whose held-out answers are all the same."""
-    by_prompt = answers_by_prompt(ds, task)
-    return sum(len(a) == 1 for a in by_prompt.values()) / len(by_prompt)
 
 
 def token_entropy(policy: Path | None, ds, cfg) -> float:
@@ -327,7 +323,7 @@ def compare(args) -> None:
     column = TASKS[args.task]["column"]  # pass@1 over the held-out questions x eval.num_samples, or gold
     last = series[0][-1]
     theirs = stats.keyed(last["eval"]["prompt_id"], last["eval"]["sample_idx"], last["eval"][column])
-    shown_as = "pass@1" if column == "reward" else column
+    shown_as = TASKS[args.task]["truth"]
     print(f"\n| run | point | completions | tokens | wall s | {shown_as} [95% CI] | vs {last['run']} {last['point']} "
           f"(paired) |")
     print("|---|---|---|---|---|---|---|")
@@ -347,18 +343,17 @@ def compare(args) -> None:
     print("|---|---|---|---|---|---|")
     first = series[0][0]
     for p in [first] + [p for points in series for p in points if p["policy"] is not None]:
-        ds = p["eval"]
-        distinct = answers_by_prompt(ds, args.task)
-        entropy = token_entropy(p["policy"], ds, cfg)
-        print(f"| {p['run']} | {p['point']} | {sum(ds[column]) / len(ds):.3f} | {entropy:.3f} | "
-              f"{alike_share(ds, args.task):.2f} | {sum(len(a) for a in distinct.values()) / len(distinct):.2f} |")
+        counts = list(distinct_counts(p["eval"], args.task).values())
+        entropy = token_entropy(p["policy"], p["eval"], cfg)
+        print(f"| {p['run']} | {p['point']} | {mean_of(p, column):.3f} | {entropy:.3f} | "
+              f"{sum(c == 1 for c in counts) / len(counts):.2f} | {sum(counts) / len(counts):.2f} |")
     at_equal_mean(series, column, args.task)
     if args.plot is not None:
-        plot(series, args.plot, column)
+        plot(series, args.plot, column, shown_as)
         print(f"\nplot: {args.plot}")
 
 
-def plot(series: list[list[dict]], out: Path, column: str = "reward") -> None:
+def plot(series: list[list[dict]], out: Path, column: str = "reward", truth: str = "pass@1") -> None:
     from rsft.plotting import finish, interval_errorbar, pyplot
 
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
@@ -371,7 +366,6 @@ def plot(series: list[list[dict]], out: Path, column: str = "reward") -> None:
         for ax, x in zip(axes, ("completions", "wall")):
             interval_errorbar(ax, [p[x] for p in points], shown, label=name)
     for ax, label in zip(axes, ("completions sampled", "wall seconds (training side, evaluations left out)")):
-        truth = "pass@1" if column == "reward" else column
         ax.set(xlabel=label, ylabel=f"held-out {truth} (95% interval over prompts)")
     finish(fig, axes, out)
 
