@@ -1105,11 +1105,14 @@ class RefreshConfig(Checked):
     samples_per_prompt: int = setting(4, "Demo labels: every pair among the first N completions of a prompt (4 -> 6 "
                                          "pairs).", check=at_least(2, "(pairs need two completions of a prompt)"))
     choose: str = setting("first", "Which pairs of the round are labelled: first (every pair among the first "
-                                   "samples_per_prompt completions), random or uncertain (where the reward model that "
-                                   "scored the round before is least sure: dropout disagreement), label_budget of them.",
-                          check=one_of(("first", "random", "uncertain")))
-    label_budget: Optional[int] = setting(None, "With choose=random or uncertain: pairs to label per round (null = as "
-                                                "many as choose=first labels).", check=optional(at_least(1)))
+                                   "samples_per_prompt completions), random, uncertain (where the reward model that "
+                                   "scored the round before is least sure: dropout disagreement) or posterior (one at "
+                                   "a time where its head's Bayesian posterior is least sure, each pick counted "
+                                   "before the next), label_budget of them.",
+                          check=one_of(("first", "random", "uncertain", "posterior")))
+    label_budget: Optional[int] = setting(None, "With choose=random, uncertain or posterior: pairs to label per round "
+                                                "(null = as many as choose=first labels).",
+                                          check=optional(at_least(1)))
     dropout_passes: int = setting(8, "With choose=uncertain: dropout masks per completion to measure disagreement.",
                                   check=at_least(2))
     pairs: Optional[str] = setting(None, "Your own labels instead: a folder with round_00.jsonl, round_01.jsonl, ... "
@@ -1127,8 +1130,8 @@ class RefreshConfig(Checked):
             return
         if self.label_budget is not None and self.choose == "first":
             _fail("refresh.label_budget", self.label_budget, "null with refresh.choose=first, which labels every pair "
-                  "among the first samples_per_prompt completions; set refresh.choose=random or uncertain to spend "
-                  "a budget")
+                  "among the first samples_per_prompt completions; set refresh.choose=random, uncertain or posterior "
+                  "to spend a budget")
         if self.choose != "first" and self.pairs is not None and not _unresolved(self.pairs):
             _fail("refresh.choose", self.choose, "first with refresh.pairs, whose labels are read as they are; to "
                   "label only the pairs the reward model is least sure of, export them with "

@@ -108,8 +108,9 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
     return splits, counts
 
 
-# how stage=labels picks the pairs of a round to label (refresh.choose)
-CHOICES = ("first", "random", "uncertain")
+# how stage=labels picks the pairs of a round to label (refresh.choose); MODEL_CHOICES ask a reward model
+CHOICES = ("first", "random", "uncertain", "posterior")
+MODEL_CHOICES = ("uncertain", "posterior")
 
 
 def candidate_pairs(samples: Dataset, prompt_ids: set[str]) -> list[tuple[int, int]]:
@@ -175,6 +176,77 @@ def choose_pairs(pairs: list[tuple[int, int]], how: str, budget: int, rng: rando
     return [pair for k, pair in enumerate(pairs) if k in picked]
 
 
+def head_features(scorer, samples: Dataset, rows: list[int]):
+    """What the reward model's last linear layer reads for each row ([rows, features], float64): the pooled
+    representation its head maps to the reward, caught by a forward pre-hook so that every head works (a
+    BERT-style `classifier`, a decoder's `score`, a head with a dense layer before its output)."""
+    import torch
+
+    core = scorer.model
+    head = getattr(core, "score", None) or getattr(core, "classifier", None)
+    linear = [m for m in head.modules() if isinstance(m, torch.nn.Linear)] if head is not None else []
+    if not linear:
+        raise InputError(f"refresh.choose=posterior: the reward model ({type(core).__name__}) has no `score` or "
+                         f"`classifier` head ending in a linear layer to read features from; use refresh.choose="
+                         f"uncertain or random")
+    caught = []
+    hook = linear[-1].register_forward_pre_hook(lambda module, args: caught.append(args[0].detach()))
+    try:
+        scorer.score(scorer.as_trained([samples[i]["prompt"] for i in rows]), [samples[i]["completion"] for i in rows],
+                     progress=False)
+    finally:
+        hook.remove()
+    return torch.cat(caught).to(torch.float64)  # [rows, features]
+
+
+def posterior_design(scorer, samples: Dataset, pairs: list[tuple[int, int]], budget: int):
+    """`budget` pairs chosen one at a time where a Bayesian Bradley-Terry head is least sure of r_i - r_j, each
+    choice counted as observed before the next; returns (the chosen pairs in candidate order, every candidate's
+    variance before any choice).
+
+    The reward is linear in the head's features f (head_features), r = w.f, with a Gaussian prior on w of
+    precision lam * I, lam the candidates' mean squared feature difference per dimension (so the prior weighs
+    as much as one average pair). A pair's reward gap has variance d' S d, d = f_i - f_j, S the posterior
+    covariance; each chosen pair adds d d' to the precision (the Bradley-Terry Fisher weight p(1 - p) taken
+    as equal for every pair: no label is known yet), S follows by Sherman-Morrison, and the next pick
+    maximises d' S d again. This is a greedy D-optimal design: a pick shrinks the variance along its own
+    direction, so the next one points elsewhere and the budget spreads over what the features tell apart,
+    instead of recurring on a few ambiguous completions as dropout disagreement does (docs/when-to-stop.md).
+    It needs no dropout, so it works for reward models trained without it."""
+    import torch
+
+    rows = sorted({i for pair in pairs for i in pair})
+    position = {row: k for k, row in enumerate(rows)}
+    features = head_features(scorer, samples, rows)
+    d = features[[position[a] for a, _ in pairs]] - features[[position[b] for _, b in pairs]]  # [pairs, features]
+    lam = max(float((d * d).sum(dim=1).mean()) / d.shape[1], 1e-12)
+    covariance = torch.eye(d.shape[1], dtype=torch.float64) / lam  # [features, features]
+    prior = ((d @ covariance) * d).sum(dim=1)  # [pairs]
+    if budget >= len(pairs):
+        return list(pairs), prior.tolist()
+    picked = []
+    variance = prior.clone()
+    for _ in range(budget):
+        variance[picked] = -1.0
+        k = int(variance.argmax())  # ties: the earlier
+        picked.append(k)
+        u = covariance @ d[k]  # [features]
+        covariance -= torch.outer(u, u) / (1.0 + float(d[k] @ u))
+        variance = ((d @ covariance) * d).sum(dim=1)
+    keep = set(picked)
+    return [pair for k, pair in enumerate(pairs) if k in keep], prior.tolist()
+
+
+def model_choice(scorer, samples: Dataset, pairs: list[tuple[int, int]], how: str, budget: int, passes: int,
+                 seed: int) -> tuple[list[tuple[int, int]], list[float]]:
+    """refresh.choose=uncertain or posterior: (the chosen pairs, each candidate's uncertainty as that choice
+    measures it: dropout variance of P(i beats j), or the head's prior variance of r_i - r_j)."""
+    if how == "posterior":
+        return posterior_design(scorer, samples, pairs, budget)
+    uncertainty = pair_uncertainty(scorer, samples, pairs, passes, seed)
+    return choose_pairs(pairs, "uncertain", budget, random.Random(seed), uncertainty), uncertainty
+
+
 def pair_seed(seed: int, prompt_id: str, a: int, b: int) -> int:
     """A pair's own label draw: the same pair gets the same label whichever pairs are chosen beside it."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{prompt_id}/{a}/{b}".encode()).digest()[:8], "big")
@@ -184,8 +256,9 @@ def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None
     """refresh.choose=random | uncertain: the held-out pairs as `first` makes them (every pair among the first
     refresh.samples_per_prompt completions of the held-out prompts, which no choice changes, so that two
     choices are measured on the same pairs), and refresh.label_budget pairs of the other prompts chosen among
-    all their pairs of distinct completions, at random or where the reward model that scored round r - 1
-    (`scorer`) is least sure (pair_uncertainty). Each pair is labelled from its own seed (pair_seed)."""
+    all their pairs of distinct completions, at random, where the reward model that scored round r - 1
+    (`scorer`) is least sure (pair_uncertainty), or by its head's posterior (posterior_design). Each pair is
+    labelled from its own seed (pair_seed)."""
     refresh = cfg.refresh
     seed = round_seed(int(cfg.prefs.seed), round_idx)
     scorable = [p for p, f in zip(samples["prompt_id"], samples["finish_reason"]) if f != PRUNED]
@@ -198,9 +271,11 @@ def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None
     budget = int(refresh.label_budget) if refresh.label_budget is not None else sum(
         set(pair) <= firsts for pair in candidates)
     uncertainty = None
-    if refresh.choose == "uncertain":
-        uncertainty = pair_uncertainty(scorer, samples, candidates, int(refresh.dropout_passes), seed)
-    chosen = choose_pairs(candidates, str(refresh.choose), budget, random.Random(seed + 1), uncertainty)
+    if refresh.choose in MODEL_CHOICES:
+        chosen, uncertainty = model_choice(scorer, samples, candidates, str(refresh.choose), budget,
+                                           int(refresh.dropout_passes), seed)
+    else:
+        chosen = choose_pairs(candidates, str(refresh.choose), budget, random.Random(seed + 1))
     golds = {i: gold_score(samples[i]["task"], samples[i]["completion"], samples[i]["finish_reason"])
              for pair in chosen + held_out for i in pair}
     tau, soft = float(cfg.prefs.tau), bool(cfg.prefs.soft)

@@ -6,9 +6,10 @@
 Writes round_XX/prefs/, a DatasetDict train / test like prefs/ (rsft.labelling):
 - demo task: every pair among the first refresh.samples_per_prompt completions of each prompt of
   round_XX/samples/, labelled by stage=prefs's simulated annotators (prefs.tau, prefs.soft) and split
-  by prompt (prefs.test_fraction); with refresh.choose=random or uncertain, refresh.label_budget pairs of
-  the train prompts chosen among all their pairs, at random or where the reward model that scored round
-  r - 1 is least sure (rsft.labelling.chosen_labels), the held-out pairs as before;
+  by prompt (prefs.test_fraction); with refresh.choose=random, uncertain or posterior,
+  refresh.label_budget pairs of the train prompts chosen among all their pairs, at random or where the
+  reward model that scored round r - 1 is least sure (rsft.labelling.chosen_labels), the held-out pairs as
+  before;
 - your data: refresh.pairs, a folder holding your labelled pairs of each round's samples, one entry per
   round named round_XX (round_01.jsonl, .json, .parquet, or a datasets folder round_01/), read like
   reward.data.path (reward.data.format and label_column) and held out by row (reward.data.eval_fraction).
@@ -26,6 +27,7 @@ from omegaconf import DictConfig
 from reward.scoring import load_scorer
 from rsft.errors import ConfigError, MissingInput
 from rsft.labelling import (
+    MODEL_CHOICES,
     chosen_labels,
     round_pairs_path,
     simulated_labels,
@@ -52,17 +54,17 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
                            f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
     return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)] + (
-        [judged_by(cfg, paths, round_idx)] if cfg.refresh.choose == "uncertain" else []))
+        [judged_by(cfg, paths, round_idx)] if cfg.refresh.choose in MODEL_CHOICES else []))
 
 
 def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
-    """refresh.choose=uncertain: the reward model whose uncertainty picks the pairs, the newest before round r's
-    refresh (the one that scored round r - 1; reward/ for round 0)."""
+    """refresh.choose=uncertain or posterior: the reward model whose uncertainty picks the pairs, the newest
+    before round r's refresh (the one that scored round r - 1; reward/ for round 0)."""
     model = paths.budget_reward(round_idx)
     if not is_complete(model):
-        raise MissingInput(f"refresh.choose=uncertain picks round {round_idx}'s pairs where the reward model at {model} "
-                           f"is least sure, and it is missing; build it first (stage=loop builds every round's in "
-                           f"order), or use refresh.choose=random")
+        raise MissingInput(f"refresh.choose={cfg.refresh.choose} picks round {round_idx}'s pairs where the reward "
+                           f"model at {model} is least sure, and it is missing; build it first (stage=loop builds "
+                           f"every round's in order), or use refresh.choose=random")
     return model
 
 
@@ -71,11 +73,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
     user_file = round_pairs_path(cfg, round_idx)
     if user_file is None and cfg.refresh.choose != "first":
         scorer = None
-        if cfg.refresh.choose == "uncertain":
+        if cfg.refresh.choose in MODEL_CHOICES:
             model = judged_by(cfg, job.paths, round_idx)
             scorer = load_scorer(model, resolve_device(cfg.device))
-            log.info("labels: round %d's pairs chosen where %s is least sure (%d dropout passes)", round_idx, model,
-                     int(cfg.refresh.dropout_passes))
+            log.info("labels: round %d's pairs chosen where %s is least sure (%s)", round_idx, model,
+                     f"{int(cfg.refresh.dropout_passes)} dropout passes" if cfg.refresh.choose == "uncertain"
+                     else "its head's posterior, one pick at a time")
         splits, counts = chosen_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, scorer)
     elif user_file is None:
         splits, counts = simulated_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx)

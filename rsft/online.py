@@ -95,7 +95,7 @@ from rsft.generation import (
     sample_dataset,
     sampling_settings,
 )
-from rsft.labelling import chosen_labels, simulated_labels
+from rsft.labelling import MODEL_CHOICES, chosen_labels, simulated_labels
 from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
@@ -507,7 +507,7 @@ def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
     if cfg.refresh.choose == "first":
         splits, counts = simulated_labels(cfg, samples, index)
     else:
-        chooser = load_scorer(current, device) if cfg.refresh.choose == "uncertain" else None
+        chooser = load_scorer(current, device) if cfg.refresh.choose in MODEL_CHOICES else None
         splits, counts = chosen_labels(cfg, samples, index, chooser)
     progress.labels.append({"train": splits["train"].to_list(), "test": splits["test"].to_list()})
     initial_train, initial_test, source = load_pairs(cfg)

@@ -16,21 +16,25 @@ artifacts:
 - `uncertain-60`: refresh.choose=uncertain at 60% of B;
 - `random-60`: refresh.choose=random at 60% of B, the control: what 40% fewer labels cost without a choice.
 
+`--choices uncertain,posterior` measures each named choice beside random (default: uncertain); posterior
+picks one pair at a time where the head's Bayesian posterior is least sure (rsft.labelling.posterior_design).
+
 With --shares the variants are instead both choices at each share of B (random at 1.0 is the reference), and
 --init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
 continuing the run's reward/ for one epoch, so that the round's labels weigh as much as the initial ones.
 --init alone trains each variant's model from the backbone (stage=reward, reward.epochs) on the round's chosen
 labels only, without the initial ones: the regime where every label counts (a task with few labels so far);
 the pairs are still chosen by the run's reward/ (uncertain) or at random.
---plot draws the gold-order accuracy against the labels, both choices, with 95% intervals.
+--plot draws the gold-order accuracy against the labels, every choice, with 95% intervals.
 
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
 their held-out accuracies are paired: the script scores those pairs with each refreshed model and
 prints each accuracy with its 95% bootstrap interval over prompts, and the paired difference of each
-uncertainty-chosen variant against random at B, on the round's held-out pairs, on the initial labels'
+chosen variant against random at B, on the round's held-out pairs, on the initial labels'
 held-out pairs (prefs/), and, since those are few (about 120 on the demo), on every pair of round 1's
-samples whose gold differs (prompts no variant saw: data.rotate), ordered as gold orders them, with the
-CPU it ran on.
+samples whose gold differs (prompts no variant saw: data.rotate), ordered as gold orders them, and on
+that last measure against random at the same budget; each variant's distinct completions and pairs gold
+calls a tie; the CPU it ran on.
 """
 
 from __future__ import annotations
@@ -50,8 +54,6 @@ from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 COPIED = ("prefs", "reward", "round_00/samples")
 NEEDED = COPIED + ("round_01/samples",)  # round 1's samples: prompts no variant trained on, for the gold order
-VARIANTS = (("random", "random", 1.0), ("uncertain", "uncertain", 1.0), ("uncertain-60", "uncertain", 0.6),
-            ("random-60", "random", 0.6))
 
 
 def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None,
@@ -124,11 +126,18 @@ def main(argv=None) -> None:
                              "from the backbone on the round's chosen labels only")
     parser.add_argument("--shares", type=shares, default=None, metavar="S,S,...",
                         help="both choices at each share of B (1.0 included), instead of the four default variants")
+    parser.add_argument("--choices", type=choices, default=["uncertain"], metavar="C,C,...",
+                        help="the choices measured beside random: uncertain, posterior (default: uncertain)")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
     args = parser.parse_args(argv)
-    variants = VARIANTS if args.shares is None else tuple(
-        (("random" if choose == "random" and share == 1.0 else f"{choose}-{round(100 * share)}"), choose, share)
-        for share in sorted(set(args.shares) | {1.0}, reverse=True) for choose in ("random", "uncertain"))
+    if args.shares is None:
+        variants = (("random", "random", 1.0), *((c, c, 1.0) for c in args.choices),
+                    *((f"{c}-60", c, 0.6) for c in args.choices), ("random-60", "random", 0.6))
+    else:
+        variants = tuple((("random" if choose == "random" and share == 1.0 else f"{choose}-{round(100 * share)}"),
+                          choose, share)
+                         for share in sorted(set(args.shares) | {1.0}, reverse=True)
+                         for choose in ("random", *args.choices))
     curves = {}
     from reward.scoring import load_scorer
 
@@ -149,21 +158,31 @@ def main(argv=None) -> None:
             labels = load_dataset_artifact(paths.round_prefs(0))
             scorer = load_scorer(paths.round_reward(0) if args.init != "alone"
                                  else RunPaths(args.out / f"{run_dir.name}-alone").reward)
+            train = labels["train"]
             results[name] = {"budget": read_meta(paths.round_prefs(0))["counts"]["label_budget"],
-                             "train_pairs": len(labels["train"]), "round": accuracy_keys(scorer, labels["test"]),
+                             "train_pairs": len(train), "choose": choose,
+                             "completions": len({(p, i) for p, a, b in zip(
+                                 train["prompt_id"], train["chosen_sample_idx"], train["rejected_sample_idx"])
+                                 for i in (a, b)}),
+                             "gold_ties": sum(a == b for a, b in zip(train["gold_chosen"], train["gold_rejected"])),
+                             "round": accuracy_keys(scorer, labels["test"]),
                              "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"]),
                              "gold": gold_keys(scorer, load_dataset_artifact(RunPaths(source).samples(1)))}
         print(f"\n{source} (seed {seed}): held-out accuracy of round 0's refreshed reward model")
-        print("| labels | pairs | round 0 held-out | vs random (paired) | initial held-out | vs random (paired) | "
-              "gold order, round 1's samples | vs random (paired) |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| labels | pairs | distinct completions | gold ties | round 0 held-out | vs random (paired) | "
+              "initial held-out | vs random (paired) | gold order, round 1's samples | vs random (paired) | "
+              "vs random at equal labels |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, result in results.items():
-            cells = [name, str(result["train_pairs"])]
+            cells = [name, str(result["train_pairs"]), str(result["completions"]), str(result["gold_ties"])]
             for part in ("round", "initial", "gold"):
                 keys = result[part]
                 cells.append(stats.shown(stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values())))))
                 cells.append("" if name == "random" else
                              stats.shown(stats.paired_difference(keys, results["random"][part]), signed=True))
+            same = [r for r in results.values() if r["choose"] == "random" and r["budget"] == result["budget"]]
+            cells.append("" if result["choose"] == "random" or not same else
+                         stats.shown(stats.paired_difference(result["gold"], same[0]["gold"]), signed=True))
             print("| " + " | ".join(cells) + " |")
         curves[f"{source.name} (seed {seed})"] = results
         (args.out / f"{source.name}-results.json").write_text(json.dumps(
@@ -182,15 +201,27 @@ def shares(text: str) -> list[float]:
     return values
 
 
+def choices(text: str) -> list[str]:
+    from rsft.labelling import MODEL_CHOICES
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in MODEL_CHOICES for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected choices among {', '.join(MODEL_CHOICES)}, "
+                                         f"comma-separated")
+    return values
+
+
 def plot(curves: dict[str, dict], out: Path) -> None:
     """Gold-order accuracy on round 1's samples against the labels, per choice, one panel per source run."""
     from rsft.plotting import finish, interval_errorbar, pyplot
 
     fig, axes = pyplot().subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
     for ax, (title, results) in zip(axes[0], curves.items()):
-        for choose, color in (("random", "tab:gray"), ("uncertain", "tab:purple")):
+        for choose, color in (("random", "tab:gray"), ("uncertain", "tab:purple"), ("posterior", "tab:green")):
             points = sorted((r["train_pairs"], r["gold"]) for name, r in results.items()
                             if name.split("-")[0] == choose)
+            if not points:
+                continue
             xs = [x for x, _ in points]
             shown = [stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values()))) for _, keys in points]
             interval_errorbar(ax, xs, shown, color=color, label=choose)

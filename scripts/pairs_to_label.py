@@ -7,17 +7,21 @@
 
 With your own labeller (refresh.pairs), stage=labels reads your labels of a round as they are; this picks
 which pairs you label. Candidates: every pair of distinct completions of one prompt in
-round_XX/samples/ (rows stopped by pruning passed over). `--choose uncertain` (the default) keeps the
-`--budget` pairs where the reward model disagrees most with itself across dropout masks (Monte Carlo
-dropout: rsft.labelling.pair_uncertainty); `--choose random` keeps a random `--budget` of them, to
-compare. The reward model is `--reward`, else the newest one before the round's refresh (round r - 1's
-round_XX/reward/, else the run's reward/).
+round_XX/samples/ (rows stopped by pruning passed over). `--choose posterior` (the default) picks the
+`--budget` pairs one at a time where the reward model's head, as a Bayesian Bradley-Terry model, is least
+sure, each pick counted before the next, so they spread over what the model tells apart
+(rsft.labelling.posterior_design); `--choose uncertain` keeps the pairs where the model disagrees most
+with itself across dropout masks (rsft.labelling.pair_uncertainty), which on the demo spent labels worse
+than chance (docs/when-to-stop.md#labels-where-the-reward-model-is-unsure); `--choose random` keeps a
+random `--budget` of them, to compare. The reward model is `--reward`, else the newest one before the
+round's refresh (round r - 1's round_XX/reward/, else the run's reward/).
 
 Each row is a pair in reward.data.format=preference (`prompt`, `chosen`, `rejected`) with `label_prob`
 left empty for you: `chosen` and `rejected` are only the two answers, A and B, until you label them.
 The rows also say which samples they are (`prompt_id`, `chosen_sample_idx`, `rejected_sample_idx`) and
-how unsure the model was (`uncertainty`). On the demo task, where the simulated annotators stand in
-for you, stage=labels makes the same choice itself (refresh.choose, docs/when-to-stop.md#labels).
+how unsure the model was (`uncertainty`: the variance its choice ranks by). On the demo task, where the
+simulated annotators stand in for you, stage=labels makes the same choice itself (refresh.choose,
+docs/when-to-stop.md#labels-where-the-reward-model-is-unsure).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import random
 from pathlib import Path
 
 from rsft.errors import InputError, MissingInput, main_guard
-from rsft.labelling import candidate_pairs, choose_pairs, pair_uncertainty
+from rsft.labelling import MODEL_CHOICES, candidate_pairs, choose_pairs, model_choice
 from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact
 
@@ -46,7 +50,7 @@ def main(argv=None) -> None:
     parser.add_argument("--round", type=int, required=True)
     parser.add_argument("--budget", type=int, required=True, help="pairs to export")
     parser.add_argument("--out", type=Path, required=True, help="a .jsonl file to write")
-    parser.add_argument("--choose", choices=["uncertain", "random"], default="uncertain")
+    parser.add_argument("--choose", choices=["posterior", "uncertain", "random"], default="posterior")
     parser.add_argument("--reward", type=Path, default=None, help="the reward model whose uncertainty chooses")
     parser.add_argument("--passes", type=int, default=8, help="dropout masks per completion (uncertain)")
     parser.add_argument("--seed", type=int, default=0, help="the dropout masks' and the random choice's seed")
@@ -65,15 +69,18 @@ def main(argv=None) -> None:
     if not pairs:
         raise InputError(f"{samples_dir}: no two distinct completions of one prompt; nothing to label")
     uncertainty = None
-    if args.choose == "uncertain":
+    if args.choose in MODEL_CHOICES:
         from reward.scoring import STATS_FILE, load_scorer
 
         reward = args.reward or default_reward(paths, args.round)
         if not (reward / STATS_FILE).is_file():
             raise MissingInput(f"--reward {reward}: no trained reward model there; give one with --reward")
-        uncertainty = pair_uncertainty(load_scorer(reward), samples, pairs, args.passes, args.seed)
-        print(f"uncertainty from {reward} ({args.passes} dropout masks)")
-    chosen = choose_pairs(pairs, args.choose, args.budget, random.Random(args.seed), uncertainty)
+        chosen, uncertainty = model_choice(load_scorer(reward), samples, pairs, args.choose, args.budget, args.passes,
+                                           args.seed)
+        measure = f"{args.passes} dropout masks" if args.choose == "uncertain" else "its head's posterior"
+        print(f"uncertainty from {reward} ({measure})")
+    else:
+        chosen = choose_pairs(pairs, args.choose, args.budget, random.Random(args.seed))
     of_pair = dict(zip(pairs, uncertainty)) if uncertainty is not None else {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")

@@ -14,7 +14,7 @@ from datasets import load_from_disk
 
 from reward.scoring import load_scorer
 from rsft.errors import ConfigError
-from rsft.labelling import choose_pairs, pair_uncertainty
+from rsft.labelling import choose_pairs, pair_uncertainty, posterior_design
 from rsft.paths import RunPaths
 from rsft.run import run_stage
 from rsft.store import read_meta
@@ -31,6 +31,44 @@ def test_choose_pairs_keeps_the_budget_in_order_at_random_or_the_most_uncertain(
     picked = choose_pairs(pairs, "random", 2, random.Random(0))
     assert len(picked) == 2 and picked == sorted(picked, key=pairs.index)
     assert choose_pairs(pairs, "random", 9, random.Random(0)) == pairs  # a budget past the candidates takes them all
+
+
+class FeatureScorer:
+    """A stand-in reward model whose head reads set features: completion "k" is row k of `features`."""
+
+    def __init__(self, features):
+        import torch
+
+        self.features = torch.tensor(features, dtype=torch.float32)
+        self.model = torch.nn.Module()
+        self.model.score = torch.nn.Linear(self.features.shape[1], 1)
+
+    def as_trained(self, prompts):
+        return prompts
+
+    def score(self, prompts, completions, progress=True):
+        return self.model.score(self.features[[int(c) for c in completions]]).squeeze(-1).tolist()
+
+
+def test_the_posterior_design_counts_each_pick_before_the_next_so_a_near_copy_of_a_pick_waits():
+    # completions' head features: 2 is a near copy of 1 (same direction from 0), 3 points elsewhere, shorter
+    scorer = FeatureScorer([[0.0, 0.0], [1.0, 0.0], [1.01, 0.0], [0.0, 0.8]])
+    samples = [{"prompt": "p", "completion": str(k)} for k in range(4)]
+    pairs = [(0, 1), (0, 2), (0, 3)]
+    chosen, prior = posterior_design(scorer, samples, pairs, 2)
+    assert prior[1] > prior[0] > prior[2]  # by variance alone the two near copies come first
+    assert chosen == [(0, 2), (0, 3)]  # once (0, 2) is counted, (0, 1) says little more
+    assert posterior_design(scorer, samples, pairs, 5) == (pairs, prior)  # a budget past the candidates: all
+
+
+def test_posterior_labels_the_budget_on_the_held_out_pairs_random_has(make_cfg):
+    runs = {c: refreshed(make_cfg, f"run_name={c}", f"refresh.choose={c}", "refresh.label_budget=5", "stage=labels")
+            for c in ("random", "posterior")}
+    random_labels, posterior_labels = (_labels(runs[c]) for c in ("random", "posterior"))
+    assert len(posterior_labels["train"]) == 5
+    assert random_labels["test"].to_list() == posterior_labels["test"].to_list()
+    counts = read_meta(runs["posterior"].round_prefs(0))["counts"]
+    assert counts["choose"] == "posterior" and counts["uncertainty_chosen_mean"] > 0.0
 
 
 def refreshed(make_cfg, *overrides: str) -> RunPaths:
@@ -98,7 +136,7 @@ def test_a_changed_choice_or_budget_is_a_changed_artifact_and_first_is_todays_la
 def test_a_budget_without_a_choice_and_a_choice_over_your_own_labels_are_refused(make_cfg, tmp_path):
     from rsft.checks import check_config
 
-    with pytest.raises(ConfigError, match=r"refresh\.label_budget.*refresh\.choose=random or uncertain"):
+    with pytest.raises(ConfigError, match=r"refresh\.label_budget.*refresh\.choose=random, uncertain or posterior"):
         check_config(make_cfg(*REFRESH, "refresh.label_budget=5"))
     with pytest.raises(ConfigError, match=r"refresh\.choose.*refresh\.pairs.*pairs_to_label\.py"):
         check_config(make_cfg(*REFRESH, "refresh.choose=uncertain", f"refresh.pairs={tmp_path}"))
