@@ -78,10 +78,13 @@ def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budg
         if not (alone / "prefs").exists():
             alone.mkdir(parents=True, exist_ok=True)
             shutil.copytree(RunPaths(run_dir).round_prefs(0), alone / "prefs")
-        command = [sys.executable, "-m", "rsft.run", "stage=reward", f"seed={seed}", "logger=none",
-                   f"paths.runs_root={out}", f"run_name={alone.name}"]
-        print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
+        # a rerun keeps a trained model: its copied prefs/ names the run's reward/ (the chooser) as an input, which
+        # the staleness check would take for this folder's newer reward/
+        if not is_complete(RunPaths(alone).reward):
+            command = [sys.executable, "-m", "rsft.run", "stage=reward", f"seed={seed}", "logger=none",
+                       f"paths.runs_root={out}", f"run_name={alone.name}"]
+            print("$", " ".join(command[1:]), flush=True)
+            subprocess.run(command, check=True)
     return run_dir
 
 
