@@ -32,7 +32,8 @@ their held-out accuracies are paired: the script scores those pairs with each re
 prints each accuracy with its 95% bootstrap interval over prompts, and the paired difference of each
 chosen variant against random at B, on the round's held-out pairs, on the initial labels'
 held-out pairs (prefs/), and, since those are few (about 120 on the demo), on every pair of round 1's
-samples whose gold differs (prompts no variant saw: data.rotate), ordered as gold orders them, and on
+samples whose gold differs (prompts no variant saw: data.rotate; `--gold-rounds 1,2` adds round 2's,
+twice the prompts), ordered as gold orders them, and on
 that last measure against random at the same budget; each variant's distinct completions and pairs gold
 calls a tie; the CPU it ran on.
 """
@@ -53,7 +54,6 @@ from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact, read_meta
 
 COPIED = ("prefs", "reward", "round_00/samples")
-NEEDED = COPIED + ("round_01/samples",)  # round 1's samples: prompts no variant trained on, for the gold order
 
 
 def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budget: int | None,
@@ -99,24 +99,26 @@ def accuracy_keys(scorer, pairs) -> dict[tuple[str, int], float]:
             if p != 0.5}
 
 
-def gold_keys(scorer, samples) -> dict[tuple[str, int], float]:
+def gold_keys(scorer, *rounds_samples) -> dict[tuple[str, int], float]:
     """{(prompt_id, pair index): 1.0 when the model orders the pair as gold does, else 0.0} over every pair of
-    a prompt's completions whose gold differs: the agreement with the truth on many pairs no model trained on."""
+    a prompt's completions whose gold differs, in each round's samples given: the agreement with the truth on
+    many pairs no model trained on."""
     from itertools import combinations
 
     from reward.gold import gold_score
 
-    golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
-    rewards = scorer.score(scorer.as_trained(samples["prompt"]), samples["completion"], progress=False)
-    by_prompt: dict[str, list[int]] = {}
-    for i, prompt_id in enumerate(samples["prompt_id"]):
-        by_prompt.setdefault(prompt_id, []).append(i)
-    keys, k = {}, 0
-    for prompt_id, rows in by_prompt.items():
-        for i, j in combinations(rows, 2):
-            if golds[i] != golds[j]:
-                keys[(prompt_id, k)] = float((rewards[i] - rewards[j]) * (golds[i] - golds[j]) > 0)
-                k += 1
+    keys = {}
+    for samples in rounds_samples:
+        golds = [gold_score(t, c, f)
+                 for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
+        rewards = scorer.score(scorer.as_trained(samples["prompt"]), samples["completion"], progress=False)
+        by_prompt: dict[str, list[int]] = {}
+        for i, prompt_id in enumerate(samples["prompt_id"]):
+            by_prompt.setdefault(prompt_id, []).append(i)
+        for prompt_id, rows in by_prompt.items():
+            for i, j in combinations(rows, 2):
+                if golds[i] != golds[j]:
+                    keys[(prompt_id, len(keys))] = float((rewards[i] - rewards[j]) * (golds[i] - golds[j]) > 0)
     return keys
 
 
@@ -131,8 +133,11 @@ def main(argv=None) -> None:
                         help="both choices at each share of B (1.0 included), instead of the four default variants")
     parser.add_argument("--choices", type=choices, default=["uncertain"], metavar="C,C,...",
                         help="the choices measured beside random: uncertain, posterior (default: uncertain)")
+    parser.add_argument("--gold-rounds", type=rounds, default=[1], metavar="R,R,...",
+                        help="whose samples the gold order is measured on (default: 1); 1,2 doubles the prompts")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
     args = parser.parse_args(argv)
+    gold_from = ", ".join(f"round {r}" for r in args.gold_rounds) + "'s samples"
     if args.shares is None:
         variants = (("random", "random", 1.0), *((c, c, 1.0) for c in args.choices),
                     *((f"{c}-60", c, 0.6) for c in args.choices), ("random-60", "random", 0.6))
@@ -146,9 +151,11 @@ def main(argv=None) -> None:
 
     print(describe(machine()))
     for source in args.runs:
-        for rel in NEEDED:
+        needed = COPIED + tuple(f"round_{r:02d}/samples" for r in args.gold_rounds)
+        for rel in needed:
             if not is_complete(source / rel):
-                raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(NEEDED)} (stage=loop makes them)")
+                raise MissingInput(f"{source / rel}: missing; a source run needs {', '.join(needed)} "
+                                   f"(stage=loop makes them)")
         seed = int(read_meta(source / "prefs")["config"]["seed"])
         results = {}
         for name, choose, share in variants:
@@ -170,10 +177,11 @@ def main(argv=None) -> None:
                              "gold_ties": sum(a == b for a, b in zip(train["gold_chosen"], train["gold_rejected"])),
                              "round": accuracy_keys(scorer, labels["test"]),
                              "initial": accuracy_keys(scorer, load_dataset_artifact(paths.prefs)["test"]),
-                             "gold": gold_keys(scorer, load_dataset_artifact(RunPaths(source).samples(1)))}
+                             "gold": gold_keys(scorer, *(load_dataset_artifact(RunPaths(source).samples(r))
+                                                         for r in args.gold_rounds))}
         print(f"\n{source} (seed {seed}): held-out accuracy of round 0's refreshed reward model")
         print("| labels | pairs | distinct completions | gold ties | round 0 held-out | vs random (paired) | "
-              "initial held-out | vs random (paired) | gold order, round 1's samples | vs random (paired) | "
+              f"initial held-out | vs random (paired) | gold order, {gold_from} | vs random (paired) | "
               "vs random at equal labels |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for name, result in results.items():
@@ -193,7 +201,7 @@ def main(argv=None) -> None:
                     **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial", "gold")}}
              for name, r in results.items()}, indent=2))
     if args.plot is not None:
-        plot(curves, args.plot)
+        plot(curves, args.plot, gold_from)
         print(f"\nplot: {args.plot}")
 
 
@@ -201,6 +209,14 @@ def shares(text: str) -> list[float]:
     values = [float(v) for v in text.split(",") if v.strip()]
     if not values or any(not 0.0 < v <= 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: expected shares of the budget in (0, 1], comma-separated")
+    return values
+
+
+def rounds(text: str) -> list[int]:
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected rounds >= 1 (round 0 is the one labelled), "
+                                         f"comma-separated")
     return values
 
 
@@ -214,8 +230,8 @@ def choices(text: str) -> list[str]:
     return values
 
 
-def plot(curves: dict[str, dict], out: Path) -> None:
-    """Gold-order accuracy on round 1's samples against the labels, per choice, one panel per source run."""
+def plot(curves: dict[str, dict], out: Path, gold_from: str) -> None:
+    """Gold-order accuracy on later rounds' samples against the labels, per choice, one panel per source run."""
     from rsft.plotting import finish, interval_errorbar, pyplot
 
     fig, axes = pyplot().subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
@@ -228,7 +244,7 @@ def plot(curves: dict[str, dict], out: Path) -> None:
             xs = [x for x, _ in points]
             shown = [stats.bootstrap(stats.by_prompt([p for p, _ in keys], list(keys.values()))) for _, keys in points]
             interval_errorbar(ax, xs, shown, color=color, label=choose)
-        ax.set(title=title, xlabel="round 0 labels (pairs)", ylabel="gold-order accuracy, round 1's samples")
+        ax.set(title=title, xlabel="round 0 labels (pairs)", ylabel=f"gold-order accuracy, {gold_from}")
     finish(fig, axes[0], out)
 
 
