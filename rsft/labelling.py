@@ -231,8 +231,9 @@ def posterior_design(scorer, samples: Dataset, pairs: list[tuple[int, int]], bud
         k = int(variance.argmax())  # ties: the earlier
         picked.append(k)
         u = covariance @ d[k]  # [features]
-        covariance -= torch.outer(u, u) / (1.0 + float(d[k] @ u))
-        variance = ((d @ covariance) * d).sum(dim=1)
+        scale = 1.0 + float(d[k] @ u)
+        variance -= (d @ u) ** 2 / scale  # each candidate's d' S d after the rank-one update, O(pairs * features)
+        covariance -= torch.outer(u, u) / scale
     keep = set(picked)
     return [pair for k, pair in enumerate(pairs) if k in keep], prior.tolist()
 

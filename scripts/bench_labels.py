@@ -33,9 +33,8 @@ prints each accuracy with its 95% bootstrap interval over prompts, and the paire
 chosen variant against random at B, on the round's held-out pairs, on the initial labels'
 held-out pairs (prefs/), and, since those are few (about 120 on the demo), on every pair of round 1's
 samples whose gold differs (prompts no variant saw: data.rotate; `--gold-rounds 1,2` adds round 2's,
-twice the prompts), ordered as gold orders them, and on
-that last measure against random at the same budget; each variant's distinct completions and pairs gold
-calls a tie; the CPU it ran on.
+twice the prompts), ordered as gold orders them, and on that last measure against random at the same
+budget; each variant's distinct completions and pairs gold calls a tie; the CPU it ran on.
 """
 
 from __future__ import annotations
