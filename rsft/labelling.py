@@ -196,7 +196,7 @@ def head_features(scorer, samples: Dataset, rows: list[int]):
                      progress=False)
     finally:
         hook.remove()
-    return torch.cat(caught).to(torch.float64)  # [rows, features]
+    return torch.cat(caught).to("cpu", torch.float64)  # [rows, features], on the CPU whatever the model is on
 
 
 def posterior_design(scorer, samples: Dataset, pairs: list[tuple[int, int]], budget: int):
@@ -242,6 +242,8 @@ def model_choice(scorer, samples: Dataset, pairs: list[tuple[int, int]], how: st
                  seed: int) -> tuple[list[tuple[int, int]], list[float]]:
     """refresh.choose=uncertain or posterior: (the chosen pairs, each candidate's uncertainty as that choice
     measures it: dropout variance of P(i beats j), or the head's prior variance of r_i - r_j)."""
+    if not pairs:  # nothing to score; the caller says why no pair can be labelled
+        return [], []
     if how == "posterior":
         return posterior_design(scorer, samples, pairs, budget)
     uncertainty = pair_uncertainty(scorer, samples, pairs, passes, seed)

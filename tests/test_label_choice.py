@@ -14,7 +14,12 @@ from datasets import load_from_disk
 
 from reward.scoring import load_scorer
 from rsft.errors import ConfigError
-from rsft.labelling import choose_pairs, pair_uncertainty, posterior_design
+from rsft.labelling import (
+    choose_pairs,
+    model_choice,
+    pair_uncertainty,
+    posterior_design,
+)
 from rsft.paths import RunPaths
 from rsft.run import run_stage
 from rsft.store import read_meta
@@ -59,6 +64,7 @@ def test_the_posterior_design_counts_each_pick_before_the_next_so_a_near_copy_of
     assert prior[1] > prior[0] > prior[2]  # by variance alone the two near copies come first
     assert chosen == [(0, 2), (0, 3)]  # once (0, 2) is counted, (0, 1) says little more
     assert posterior_design(scorer, samples, pairs, 5) == (pairs, prior)  # a budget past the candidates: all
+    assert model_choice(scorer, samples, [], "posterior", 2, passes=2, seed=0) == ([], [])  # no candidates
 
 
 def test_posterior_labels_the_budget_on_the_held_out_pairs_random_has(make_cfg):
