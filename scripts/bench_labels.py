@@ -19,8 +19,8 @@ artifacts:
 `--choices uncertain,posterior` measures each named choice beside random (default: uncertain); posterior
 picks one pair at a time where the head's Bayesian posterior is least sure (rsft.labelling.posterior_design).
 
-With --shares the variants are instead random and each of --choices at each share of B (random at 1.0 is the reference), and
---init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
+With --shares the variants are instead random and each of --choices at each share of B (random at 1.0 is
+the reference), and --init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
 continuing the run's reward/ for one epoch, so that the round's labels weigh as much as the initial ones.
 --init alone trains each variant's model from the backbone (stage=reward, reward.epochs) on the round's chosen
 labels only, without the initial ones: the regime where every label counts (a task with few labels so far);
@@ -129,7 +129,8 @@ def main(argv=None) -> None:
                         help="refresh.init of every variant (default: previous, as the loop); alone: a reward model "
                              "from the backbone on the round's chosen labels only")
     parser.add_argument("--shares", type=shares, default=None, metavar="S,S,...",
-                        help="random and each choice at each share of B (1.0 included), instead of the default variants")
+                        help="random and each choice at each share of B (1.0 included), instead of the default "
+                             "variants")
     parser.add_argument("--choices", type=choices, default=["uncertain"], metavar="C,C,...",
                         help="the choices measured beside random: uncertain, posterior (default: uncertain)")
     parser.add_argument("--gold-rounds", type=rounds, default=[1], metavar="R,R,...",
