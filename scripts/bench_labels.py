@@ -20,8 +20,9 @@ artifacts:
 picks one pair at a time where the head's Bayesian posterior is least sure (rsft.labelling.posterior_design).
 
 With --shares the variants are instead random and each of --choices at each share of B (random at 1.0 is
-the reference), and --init scratch retrains each refreshed model from the backbone (refresh.init=scratch, reward.epochs) instead of
-continuing the run's reward/ for one epoch, so that the round's labels weigh as much as the initial ones.
+the reference), and --init scratch retrains each refreshed model from the backbone (refresh.init=scratch,
+reward.epochs) instead of continuing the run's reward/ for one epoch, so that the round's labels weigh as
+much as the initial ones.
 --init alone trains each variant's model from the backbone (stage=reward, reward.epochs) on the round's chosen
 labels only, without the initial ones: the regime where every label counts (a task with few labels so far);
 the pairs are still chosen by the run's reward/ (uncertain, posterior) or at random.
