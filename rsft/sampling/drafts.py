@@ -28,7 +28,7 @@ own token budget, whatever its neighbours have left):
                                           num [rows] <= gammas), G = max(gammas); row r's draft i
                                           uses only uniforms[r, i]
   after_step(draft_tokens, num_drafts, num_accepted, emitted, rows, fed_last)
-  keep_rows(index)
+  keep_rows(index)                         index: the rows that go on (a list of row numbers)
 `catch_up` exists so that the work of catching up after plain steps is not charged to the step
 that drafts again (rsft.sampling.sampler.GammaController).
 """
@@ -73,9 +73,9 @@ class ModelDraft:
         self.kv.admit(prefixes, copies)
         self.pending.extend([] for _ in range(sum(copies)))
 
-    def keep_rows(self, index: torch.Tensor) -> None:
+    def keep_rows(self, index: list[int]) -> None:
         self.kv.keep_rows(index)
-        self.pending = [self.pending[i] for i in index.tolist()]
+        self.pending = [self.pending[i] for i in index]
 
     @torch.no_grad()
     def catch_up(self) -> None:
@@ -123,6 +123,7 @@ class ModelDraft:
         # row r's cache now holds: the fed tokens (pending + last), then its drafts d1..d(n_r - 1)
         fed_drafts = (num_drafts - 1).clamp(min=0)  # [rows]
         self.kv.commit(self._fed + torch.minimum(num_accepted, fed_drafts))
+        self.kv.refresh_length_bound()  # its cache rows keep what was accepted: the bound is exact again
         all_accepted = (num_drafts > 0) & (num_accepted >= num_drafts)  # [rows] its last draft was never fed
         carried = draft_tokens.gather(1, fed_drafts[:, None])[:, 0].tolist()
         self.pending = [[carried[i]] if bool(a) else [] for i, a in enumerate(all_accepted.tolist())]
@@ -155,7 +156,7 @@ class NgramDraft:
             # a row's own sequence starts with the prompt's tail so boundary n-grams are indexed
             self._extend(row.group, row.member, row.prompt_ids[-(self.max_ngram - 1):] if self.max_ngram > 1 else [])
 
-    def keep_rows(self, index: torch.Tensor) -> None:
+    def keep_rows(self, index: list[int]) -> None:
         pass  # finished rows stay in the index: their completions are good material for siblings
 
     def _lookup(self, row, gamma: int) -> list[int]:
@@ -236,7 +237,7 @@ class FeatureDraft:
 
         self.kv.admit(prefixes, copies, prefill_inputs=prefix_features)
 
-    def keep_rows(self, index: torch.Tensor) -> None:
+    def keep_rows(self, index: list[int]) -> None:
         self.kv.keep_rows(index)
 
     def _entries(self, last: torch.Tensor | None):
@@ -290,3 +291,4 @@ class FeatureDraft:
     def after_step(self, draft_tokens, num_drafts, num_accepted, emitted: list[list[int]], rows, fed_last) -> None:
         if draft_tokens is not None:  # keep the entries built from the policy's features, drop the drafted ones
             self.kv.commit(self._fed)
+            self.kv.refresh_length_bound()

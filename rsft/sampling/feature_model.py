@@ -26,6 +26,7 @@ own LlamaDecoderLayer, so the packed attention of rsft.sampling.kv_batch serves 
 from __future__ import annotations
 
 import copy
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -65,6 +66,9 @@ class FeatureDraftModel(nn.Module):
         self.vocab_size = head_weight.shape[0]
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        # the decoder layer's cache keyword: `cache` where transformers renamed it, `past_key_values` before
+        self.layer_cache_keyword = ("cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters
+                                    else "past_key_values")
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)  # shared, frozen
@@ -90,7 +94,7 @@ class FeatureDraftModel(nn.Module):
         self.load_state_dict(state, strict=False)
 
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
-                past_key_values=None, use_cache: bool = False, logits_to_keep: int | torch.Tensor = 0, **kwargs):
+                cache=None, use_cache: bool = False, logits_to_keep: int | torch.Tensor = 0, **kwargs):
         """input_ids [batch, T] (token t), features [batch, T, hidden] (the feature of position t - 1)
         -> .features [batch, T, hidden] (ĥ_t) and .logits [batch, kept, head] (the head on ĥ_t).
         Without a cache the attention is causal over the T entries (right padding is harmless)."""
@@ -99,8 +103,8 @@ class FeatureDraftModel(nn.Module):
         x = self.fc(torch.cat([features.to(self.fc.weight.dtype), F.embedding(input_ids, self.embed_weight)], -1))
         position_embeddings = self.rotary_emb(x, position_ids)
         for layer in self.layers:
-            x = layer(x, attention_mask=None, position_ids=position_ids, past_key_values=past_key_values,
-                      use_cache=use_cache, position_embeddings=position_embeddings)
+            x = layer(x, attention_mask=None, position_ids=position_ids, use_cache=use_cache,
+                      position_embeddings=position_embeddings, **{self.layer_cache_keyword: cache})
         x = self.norm(x)  # [batch, T, hidden] predicted features
         if isinstance(logits_to_keep, torch.Tensor):
             kept = x[:, logits_to_keep]

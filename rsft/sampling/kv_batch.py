@@ -47,6 +47,7 @@ are not supported (every key before a query's position is visible).
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -57,20 +58,20 @@ ATTENTION_NAME = "rsft_packed"
 
 
 class _Plan:
-    """Where each packed token sits: buffer row, column among its row's new tokens, position."""
+    """Where each packed token sits: buffer row, column among its row's new tokens, position.
 
-    def __init__(self, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor, num_buffer_rows: int,
-                 key_length: int):
+    width (the most new tokens of any row) and rows (the buffer rows taking part, or None when at least
+    half of them do: attention then runs over every buffer row, a view, no copy) come from the caller,
+    who knows them without reading the device (no host round trip inside a step)."""
+
+    def __init__(self, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor, width: int,
+                 rows: torch.Tensor | None, local_row: torch.Tensor | None, num_buffer_rows: int, key_length: int):
         self.buffer_row, self.column, self.position = buffer_row, column, position  # [T] each
-        self.width = int(column.max()) + 1  # [T] is never empty: KVBatch runs nothing without tokens
-        rows = torch.unique(buffer_row)  # [R] buffer rows with tokens in this forward
-        # attend over every buffer row (a view, no copy) unless few rows take part (a prefill)
-        self.rows = None if 2 * rows.numel() >= num_buffer_rows else rows
-        local = buffer_row if self.rows is None else torch.searchsorted(rows, buffer_row)  # [T]
-        self.local_row = local
-        num = num_buffer_rows if self.rows is None else rows.numel()
-        query_position = torch.zeros(num, self.width, dtype=torch.long, device=position.device)  # [R, W]
-        query_position[local, column] = position
+        self.width, self.rows = width, rows  # rows: [R] buffer rows attended, or None: all of them
+        self.local_row = buffer_row if rows is None else local_row  # [T] each token's row among those attended
+        num = num_buffer_rows if rows is None else rows.numel()
+        query_position = torch.zeros(num, width, dtype=torch.long, device=position.device)  # [R, W]
+        query_position[self.local_row, column] = position
         # query (r, i) at position p sees keys 0..p; padding queries see key 0 (finite, discarded)
         slots = torch.arange(key_length, device=position.device)  # [S]
         self.mask = (slots[None, None, :] <= query_position[:, :, None])[:, None]  # [R, 1, W, S]
@@ -164,6 +165,12 @@ def _head_swapped(model, head):
         model.lm_head = original
 
 
+def cache_keyword(model) -> str:
+    """The forward keyword that takes a cache object: `cache` in transformers that renamed it (5.2x; the
+    old `past_key_values` warns there and goes in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class KVBatch:
     def __init__(self, model, keep_features: bool = False, fast_head: bool = True):
         """fast_head: run the output head through oneDNN where that is faster (`onednn_head`); the
@@ -171,18 +178,24 @@ class KVBatch:
         self.model = model
         self.keep_features = keep_features
         self.head = onednn_head(model) if fast_head else None
+        self.cache_keyword = cache_keyword(model)
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
         self.num_layers = config.num_hidden_layers
         self.kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.vocab_size = model.get_output_embeddings().out_features
         self.keys: list[torch.Tensor] = []  # per layer [buffer_rows, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.length = torch.zeros(0, dtype=torch.long, device=self.device)  # [buffer_rows] tokens held
         self.committed = self.length.clone()  # [buffer_rows] tokens held at the last commit
         self.prefix: list[tuple | None] = []  # per buffer row: the prefix it was admitted with
         self.slot = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] caller's row -> buffer row
+        self.slot_list: list[int] = []  # the same on the host (admission and removal are host decisions)
+        # an upper bound on every buffer row's length, kept on the host so that a forward never reads the
+        # device to size its keys: + n per forward of n tokens a row, exact after `note_max_length`
+        self.length_bound = 0
         self.key_length = 0  # keys handed to attention this forward
         self._cache = _BufferCache(self)
         if keep_features:
@@ -197,7 +210,7 @@ class KVBatch:
     # ---- buffers ----
     @property
     def num_rows(self) -> int:
-        return self.slot.numel()
+        return len(self.slot_list)
 
     @property
     def buffer_rows(self) -> int:
@@ -206,6 +219,11 @@ class KVBatch:
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Allocate rows x capacity at once (the sampler knows both: its batch rows, and the longest prompt
+        plus the token budget), so that no step grows or copies the cache."""
+        self._allocate(rows, capacity)
 
     def _allocate(self, rows: int, capacity: int) -> None:
         """Grow the buffers to at least rows x capacity, keeping what they hold."""
@@ -216,6 +234,7 @@ class KVBatch:
         shape = (rows, self.kv_heads, capacity, self.head_dim)
         grown_k, grown_v = [], []
         for layer in range(self.num_layers):
+            # zeros, not empty: attention multiplies masked slots' values by weight 0, and 0 x NaN garbage is NaN
             k = torch.zeros(shape, dtype=self.dtype, device=self.device)
             v = torch.zeros(shape, dtype=self.dtype, device=self.device)
             if self.keys:
@@ -237,19 +256,30 @@ class KVBatch:
         self.prefix.extend([None] * (rows - old_rows))
 
     def _free_rows(self) -> list[int]:
-        used = set(self.slot.tolist())
+        used = set(self.slot_list)
         return [b for b in range(self.buffer_rows) if b not in used]
+
+    def note_max_length(self, length: int) -> None:
+        """The caller read the rows' longest length (its one read of the device a step): the bound is exact again."""
+        self.length_bound = length
+
+    def refresh_length_bound(self) -> None:
+        """Read the rows' longest length from the device (a host sync), for callers that do not track it."""
+        self.length_bound = int(self.length[self.slot].max()) if self.slot_list else 0
 
     # ---- the model ----
     def _run(self, input_ids: torch.Tensor, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor,
-             logits_index: torch.Tensor | None, **inputs: torch.Tensor) -> torch.Tensor:
+             logits_index: torch.Tensor | None, width: int, rows: torch.Tensor | None = None,
+             local_row: torch.Tensor | None = None, **inputs: torch.Tensor) -> torch.Tensor:
         """One packed forward: input_ids [T] for buffer rows [T] at positions [T], extra per-token
-        inputs [T, ...]; logits [T or kept, vocab]."""
-        needed = int(position.max()) + 1
+        inputs [T, ...]; logits [T or kept, vocab]. width: the most tokens of one row (host-known);
+        rows/local_row: the buffer rows attended and each token's index among them (None: all)."""
+        needed = self.length_bound + width  # an upper bound on every position written + 1
         if needed > self.capacity:
             self._allocate(self.buffer_rows, max(needed, 2 * self.capacity, 64))
-        self.key_length = max(needed, int(self.length.max()))
-        _current.append(_Plan(buffer_row, column, position, self.buffer_rows, self.key_length))
+        self.key_length = needed
+        _current.append(_Plan(buffer_row, column, position, width, rows, local_row, self.buffer_rows,
+                              self.key_length))
         hook = None
         if self.keep_features:
             self.tokens[buffer_row, position] = input_ids
@@ -260,13 +290,15 @@ class KVBatch:
             hook = self.final_norm.register_forward_hook(record)
         try:
             with _packed_attention_on(self.model), _head_swapped(self.model, self.head):
-                out = self.model(input_ids=input_ids[None], position_ids=position[None], past_key_values=self._cache,
+                out = self.model(input_ids=input_ids[None], position_ids=position[None],
                                  use_cache=True, logits_to_keep=0 if logits_index is None else logits_index,
+                                 **{self.cache_keyword: self._cache},
                                  **{name: value[None] for name, value in inputs.items()})
         finally:
             _current.pop()
             if hook is not None:
                 hook.remove()
+        self.length_bound = needed
         return out.logits[0]
 
     @torch.no_grad()
@@ -274,27 +306,47 @@ class KVBatch:
                 **inputs: torch.Tensor):
         """Append input_ids [rows, n] (only where valid [rows, n]) to each row; return logits
         [rows, n, vocab] (zeros where not valid), or with logits_to_keep=1 [rows, 1, vocab] at each
-        row's last valid token. inputs: extra per-token model inputs [rows, n, ...], packed alike."""
+        row's last valid token. inputs: extra per-token model inputs [rows, n, ...], packed alike.
+
+        valid=None: every slot is a real token. Then nothing is read back from the device (the packed
+        order is row-major and every row has n tokens), which is the sampler's plain step, and its
+        verification step on an accelerator (rsft.sampling.sampler runs the fixed [rows, 1 + gamma]
+        shape there, padding included, and keeps only what the verifier accepts)."""
         rows, n = input_ids.shape
+        if logits_to_keep not in (0, 1):
+            raise ValueError(f"logits_to_keep={logits_to_keep}: KVBatch.forward supports 0 (all) or 1 (last)")
+        shape = (rows, 1 if logits_to_keep else n, self.vocab_size)
+        if rows == 0 or n == 0:
+            return torch.zeros(shape, device=self.device)
         if valid is None:
-            valid = torch.ones(rows, n, dtype=torch.bool, device=self.device)  # [rows, n]
+            buffer_row = self.slot.repeat_interleave(n)  # [T = rows n]
+            column = torch.arange(n, device=self.device).repeat(rows)  # [T]
+            position = self.length[buffer_row] + column  # [T]
+            attended = 2 * rows < self.buffer_rows  # few rows: attend over theirs only
+            keep_index = torch.arange(rows, device=self.device) * n + n - 1 if logits_to_keep else None  # [rows]
+            logits = self._run(input_ids.reshape(-1), buffer_row, column, position, keep_index, n,
+                               rows=self.slot if attended else None,
+                               local_row=torch.arange(rows, device=self.device).repeat_interleave(n) if attended else None,
+                               **{name: value.flatten(0, 1) for name, value in inputs.items()})
+            self.length[self.slot] += n
+            return logits.to(torch.get_default_dtype()).reshape(shape)  # [rows, n or 1, vocab], no copy
         row, col = valid.nonzero(as_tuple=True)  # [T] each, row-major: a row's tokens in order
+        if row.numel() == 0:  # no real token anywhere: nothing to run
+            return torch.zeros(shape, device=self.device)
         rank = valid.long().cumsum(1) - 1  # [rows, n] index among the row's valid tokens
         buffer_row = self.slot[row]  # [T]
         position = self.length[buffer_row] + rank[row, col]  # [T]
         counts = valid.long().sum(1)  # [rows]
-        if logits_to_keep not in (0, 1):
-            raise ValueError(f"logits_to_keep={logits_to_keep}: KVBatch.forward supports 0 (all) or 1 (last)")
-        vocab = self.model.get_output_embeddings().out_features
-        shape = (rows, 1 if logits_to_keep else n, vocab)
-        if row.numel() == 0:  # no real token anywhere: nothing to run
-            return torch.zeros(shape, device=self.device)
         has_tokens = counts > 0  # [rows]
         keep_index = (counts.cumsum(0) - 1)[has_tokens] if logits_to_keep else None  # each row's last packed token
-        logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index,
+        taking_part = torch.unique(buffer_row)  # [R] (this path packs on the host's terms: a CPU, or a draft)
+        attended = 2 * taking_part.numel() < self.buffer_rows
+        logits = self._run(input_ids[row, col], buffer_row, rank[row, col], position, keep_index, int(counts.max()),
+                           rows=taking_part if attended else None,
+                           local_row=torch.searchsorted(taking_part, buffer_row) if attended else None,
                            **{name: value[row, col] for name, value in inputs.items()})
         self.length[self.slot] += counts
-        if row.numel() == rows * n:  # every slot held a real token (a plain step): packed order is row-major
+        if row.numel() == rows * n:  # every slot held a real token: packed order is row-major
             return logits.to(torch.get_default_dtype()).reshape(shape)  # [rows, n or 1, vocab], no copy
         out = torch.zeros(shape, device=self.device)  # zeros where nothing ran
         if logits_to_keep:
@@ -313,7 +365,7 @@ class KVBatch:
         """A buffer row that holds `prefix` (a row admitted with it), e.g. to read its features."""
         key = tuple(prefix)
         for b, held in enumerate(self.prefix):
-            if held == key and self.length[b] >= len(key):
+            if held == key:
                 return b
         raise KeyError(f"no buffer row holds a prefix of {len(key)} tokens starting {list(key[:5])}")
 
@@ -321,19 +373,24 @@ class KVBatch:
     def admit(self, prefixes: list[list[int]], copies: list[int], prefill_inputs=None) -> None:
         """Add rows after the existing ones: prefix i is held by copies[i] new rows. prefill_inputs:
         prefixes -> {name: [sum of their lengths, ...]}, the extra model inputs of the prefixes this
-        call prefills (packed in order), for a model that takes more than token ids."""
-        live = set(self.slot.tolist())
+        call prefills (packed in order), for a model that takes more than token ids.
+
+        A buffer row admitted with a prefix holds it for as long as it is not given to another row: a
+        row's length never falls below its prefix (commit keeps at least what was committed), so which
+        rows hold what is known on the host, without reading lengths back from the device."""
+        live = set(self.slot_list)
         held = {}  # prefix -> a buffer row holding it, live rows first
         for b in sorted(range(self.buffer_rows), key=lambda b: b not in live):
-            if self.prefix[b] is not None and self.length[b] >= len(self.prefix[b]):
+            if self.prefix[b] is not None:
                 held.setdefault(self.prefix[b], b)
         sources = {tuple(p): held[tuple(p)] for p in prefixes if tuple(p) in held}
         reserved = set(sources.values())
         free = [b for b in self._free_rows() if b not in reserved]
         needed = sum(copies)
-        if needed > len(free):
+        longest = max((len(p) for p in prefixes), default=0)
+        if needed > len(free) or longest > self.capacity:
             start = self.buffer_rows
-            self._allocate(start + needed - len(free), self.capacity)
+            self._allocate(start + max(needed - len(free), 0), max(self.capacity, longest))
             free += list(range(start, self.buffer_rows))
         new_rows, groups = [], []
         for prefix, count in zip(prefixes, copies):
@@ -351,9 +408,19 @@ class KVBatch:
             column = torch.tensor([i for key, _ in fresh for i in range(len(key))], dtype=torch.long, device=self.device)
             last = torch.tensor([len(key) for key, _ in fresh], device=self.device).cumsum(0) - 1
             extra = prefill_inputs([list(key) for key, _ in fresh]) if prefill_inputs is not None else {}
-            self._run(ids, buffer_row, column, column, logits_index=last, **extra)
+            taking_part = sorted(b for _, b in fresh)
+            attended = 2 * len(taking_part) < self.buffer_rows
+            rows_index = torch.tensor(taking_part, dtype=torch.long, device=self.device)
+            local = {b: i for i, b in enumerate(taking_part)}
+            local_row = torch.tensor([local[b] for key, b in fresh for _ in key], dtype=torch.long, device=self.device)
+            bound = self.length_bound
+            self.length_bound = 0  # positions start at 0: the prefill's keys end at its longest prefix
+            self._run(ids, buffer_row, column, column, last, max(len(key) for key, _ in fresh),
+                      rows=rows_index if attended else None, local_row=local_row if attended else None, **extra)
+            self.length_bound = max(bound, self.length_bound)
             for key, b in fresh:
                 sources.setdefault(key, b)
+        targets_all, lengths_all = [], []
         for key, rows in groups:
             length = len(key)
             targets = [b for b in rows if b != sources.get(key)]
@@ -367,11 +434,20 @@ class KVBatch:
                     self.features[index, :length] = self.features[source, :length].clone()
                     self.tokens[index, :length] = self.tokens[source, :length].clone()
             for b in rows:
-                self.length[b] = length
+                targets_all.append(b)
+                lengths_all.append(length)
                 self.prefix[b] = key
+        if targets_all:
+            self.length[torch.tensor(targets_all, dtype=torch.long, device=self.device)] = torch.tensor(
+                lengths_all, dtype=torch.long, device=self.device)
+            self.length_bound = max(self.length_bound, max(lengths_all))
         self.committed = self.length.clone()
-        self.slot = torch.cat([self.slot, torch.tensor(new_rows, dtype=torch.long, device=self.device)])
+        self.slot_list = self.slot_list + new_rows
+        self.slot = torch.tensor(self.slot_list, dtype=torch.long, device=self.device)
 
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Keep only the rows in index [kept] (in that order); the others' buffer rows become free."""
-        self.slot = self.slot[index.to(self.device)]
+    def keep_rows(self, index) -> None:
+        """Keep only the rows in index (a list of row numbers, in that order); the others' buffer rows
+        become free. Its length bound stays an upper bound."""
+        index = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+        self.slot_list = [self.slot_list[i] for i in index]
+        self.slot = torch.tensor(self.slot_list, dtype=torch.long, device=self.device)

@@ -13,9 +13,9 @@ and the verifier only ever sees the resulting probabilities:
   tokens strictly more probable than it already hold >= top_p".
 - greedy decoding is a one-hot at the argmax (temperature 0 is not a distribution).
 
-Sampling is inverse-CDF with uniforms that the caller draws from explicit generators, one
-torch.Generator per row (draw_uniforms), so a row's random numbers depend only on its own seed and
-not on which batch it landed in; no global RNG is touched anywhere.
+Sampling is inverse-CDF with uniforms that the caller passes in (rsft.sampling.keyed_random: a
+function of the completion's seed and position), so a row's random numbers depend only on its own
+seed and not on which batch it landed in; no global RNG is touched anywhere.
 """
 
 import torch
@@ -77,10 +77,18 @@ def check_finite(logits: Tensor, row_ids=None, where: str = "") -> None:
     raise ValueError(f"{prefix}row {name} (batch index {index}) has {problem} in its logits")
 
 
-def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """logits [..., vocab] (any dtype) -> float32 probs [..., vocab] after temperature, top-k, top-p."""
+def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                      in_place: bool = False) -> Tensor:
+    """logits [..., vocab] (any dtype) -> float32 probs [..., vocab] after temperature, top-k, top-p.
+
+    in_place: float32 logits the caller owns become the probabilities (no tensor of the vocabulary's
+    size is allocated: on a CPU, fresh memory of that size costs more than the arithmetic)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 to sample (got {temperature}); greedy decoding: greedy_probs")
+    if in_place and logits.dtype == torch.float32 and top_k == 0 and top_p == 1.0:
+        scores = logits.div_(temperature) if temperature != 1.0 else logits  # [..., vocab]
+        scores.sub_(scores.amax(-1, keepdim=True)).exp_()  # the softmax, step by step, in place
+        return scores.div_(scores.sum(-1, keepdim=True))  # [..., vocab]
     scores = logits.float() / temperature  # [..., vocab]
     vocab = scores.shape[-1]
     if 0 < top_k < vocab:
@@ -103,35 +111,57 @@ def greedy_probs(logits: Tensor) -> Tensor:
     return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, top, 1.0)
 
 
+BLOCK = 64  # tokens per block of the two-level inverse CDF
+
+
 def sample_from_probs(probs: Tensor, uniforms: Tensor) -> Tensor:
     """Inverse-CDF sampling: probs [batch, vocab], uniforms [batch] in [0, 1) -> tokens [batch] (long).
 
     Token i is returned when cdf[i-1] <= u * total < cdf[i], so a token with zero probability is never
     returned. The distribution is probs / probs.sum(-1), i.e. rows need not sum to exactly 1.
-    """
+
+    Two levels, so that nothing of the vocabulary's size is copied or accumulated in float64 (on a CPU,
+    fresh memory of that size costs more than the arithmetic): blocks of BLOCK tokens are summed in
+    float32 and accumulated in float64 across blocks; u * total picks a block by those sums, and the
+    rest of the threshold, rescaled to the block's own float64 running sum, picks the token inside it.
+    So a token's probability is p_i / total times its block's (float32 sum / float64 sum), a factor
+    within a few float32 roundings (~1e-7) of 1, the precision of the float32 probabilities
+    themselves, and the same for every token of a block. (A float32 running sum over a whole 100k+
+    vocabulary would drift by ~1e-4 and move the token boundaries.) Nothing is read back to the
+    host."""
     if probs.dim() != 2 or uniforms.shape != probs.shape[:1]:
         shapes = f"{tuple(probs.shape)} and {tuple(uniforms.shape)}"
         raise ValueError(f"need probs [batch, vocab] and uniforms [batch], got {shapes}")
-    # float64: a float32 running sum over a 100k+ vocabulary drifts by ~1e-4 and moves the token boundaries
-    cdf = probs.double().cumsum(-1)  # [batch, vocab]
+    batch, vocab = probs.shape
+    device = probs.device
+    full = vocab // BLOCK * BLOCK
+    sums = [probs[:, :full].reshape(batch, -1, BLOCK).sum(-1, dtype=torch.float32)]  # [batch, full blocks]
+    if full < vocab:
+        sums.append(probs[:, full:].sum(-1, keepdim=True, dtype=torch.float32))  # [batch, 1] the short tail block
+    block_mass = torch.cat(sums, 1).double() if len(sums) > 1 else sums[0].double()  # [batch, blocks]
+    block_cdf = block_mass.cumsum(-1)  # [batch, blocks]
+    blocks = block_cdf.shape[1]
     # scaling u by the row's own total keeps u * total < total even when rounding left the total at 1 - eps
-    thresholds = uniforms.double()[:, None] * cdf[:, -1:]  # [batch, 1]
-    tokens = torch.searchsorted(cdf, thresholds, right=True).squeeze(-1)  # [batch]
-    # u * total can still round up to total itself (u = 1 - 2^-53); the search then runs past the end,
-    # so clamp to the last token with nonzero probability rather than to a zero-probability tail
-    # (below the end, the first cdf > threshold is always a nonzero-probability token: a zero adds nothing to
-    # the cdf, so only the run past the end needs the clamp, and the scan for it runs only then)
-    vocab = probs.shape[-1]
-    past_end = tokens >= vocab  # [batch]
-    if past_end.any():
-        last_nonzero = vocab - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [batch]
-        tokens = torch.where(past_end, last_nonzero, tokens)  # [batch]
-    return tokens  # [batch]
-
-
-def draw_uniforms(generators: list[torch.Generator], n: int) -> Tensor:
-    """n float64 uniforms in [0, 1) per row -> [batch, n]; row i's numbers come only from generators[i]."""
-    if not generators:
-        raise ValueError("draw_uniforms needs one generator per row, got an empty list")
-    rows = [torch.rand(n, generator=g, dtype=torch.float64, device=g.device) for g in generators]  # [n] each
-    return torch.stack(rows)  # [batch, n]
+    threshold = uniforms.double()[:, None] * block_cdf[:, -1:]  # [batch, 1]
+    block = torch.searchsorted(block_cdf, threshold, right=True)  # [batch, 1]
+    # u * total can still round up to total itself (u = 1 - 2^-53): the search then runs past the end; take the
+    # last block with mass, and inside it its last token with nonzero probability (threshold past its end)
+    past_end = block >= blocks  # [batch, 1]
+    last_block = blocks - 1 - (block_mass > 0).flip(-1).int().argmax(-1, keepdim=True)  # [batch, 1]
+    block = torch.where(past_end, last_block, block)  # [batch, 1]
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)  # [batch, 1] mass before it
+    index = block * BLOCK + torch.arange(BLOCK, device=device)[None, :]  # [batch, BLOCK]
+    in_vocab = index < vocab  # [batch, BLOCK] (the tail block is short)
+    within = torch.where(in_vocab, probs.gather(1, index.clamp(max=vocab - 1)), 0.0)  # [batch, BLOCK]
+    within_cdf = within.double().cumsum(-1)  # [batch, BLOCK]
+    # the threshold's share of the chosen block (>= 0: block_cdf[block - 1] <= threshold), on the block's own
+    # float64 running sum; the chosen block has mass (the search stops at a cdf that grew)
+    share = (threshold - before) / block_mass.gather(1, block)  # [batch, 1]
+    inside = torch.where(past_end, float("inf"), share * within_cdf[:, -1:])  # [batch, 1]
+    offset = torch.searchsorted(within_cdf, inside, right=True)  # [batch, 1]
+    # a share that rounds to the block's whole running sum takes its last token with nonzero probability
+    # (below the end, the first cdf above the threshold is always a nonzero-probability token: a zero adds
+    # nothing to the cdf)
+    last_token = BLOCK - 1 - (within > 0).flip(-1).int().argmax(-1, keepdim=True)  # [batch, 1]
+    offset = torch.where(offset >= BLOCK, last_token, offset)  # [batch, 1]
+    return (block * BLOCK + offset).squeeze(-1)  # [batch]

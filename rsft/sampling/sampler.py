@@ -9,12 +9,26 @@ gamma is 0 and the step is plain sampling: one forward, one token from p.
 
 Batch management (rsft.sampling.kv_batch): at most `batch_rows` rows run at once; a row leaves as
 soon as it emits EOS or reaches max_new_tokens and the next waiting completion takes its place; a
-prompt's rows are admitted together where they fit and share one prefill of the prompt.
+prompt's rows are admitted together where they fit and share one prefill of the prompt. The cache is
+allocated once, for batch_rows rows of the longest prompt plus the budget, and a finished row's cache
+row is handed to the next completion in place.
 
-Randomness: every completion has its own `torch.Generator`, seeded from (seed, prompt index,
-sample index); all the uniforms a row consumes (draft samples, acceptance tests, the emitted token)
-come from it, drawn in a fixed order: each step, row r draws 2 g_r + 1 (`row_uniforms`), where g_r
-is the step's gamma capped by the row's *own* remaining budget (never the batch's longest). So:
+Host and device: every row's state (its key, tokens kept, count, next input, counters) lives in
+tensors on the batch's device (`_RowState`), and a plain step reads the device once, at its end:
+which rows finished, the cache's longest row and the step's counts, packed in one tensor; the
+tokens of the rows that finished come in one more read on the steps where some did. Logits are
+checked (finite) inside that read and rows are named only when the check fails. A speculative step
+reads more: the drafts' own bookkeeping, and on a CPU the widest draft (so that the packed forward
+verifies no empty position); on an accelerator the verification runs the fixed [rows, 1 + gamma]
+shape, padding included.
+
+Randomness: every completion has its own key, its 63-bit seed from (seed, prompt index, sample
+index), and every uniform it consumes is a keyed, counter-based function of (key, tokens it has
+emitted before the step, slot) (rsft.sampling.keyed_random, Philox4x32-10), computed for all rows in
+one vectorised call on the batch's device: slot 0 is the emitted token's draw, slot 1 + 2j draft j's
+sample, slot 2 + 2j its acceptance test. A step emits at least one token, so no uniform is used twice,
+and what a row draws depends only on its own key, position and its own gamma g_r, which is the step's
+gamma capped by the row's *own* remaining budget (never the batch's longest). So:
 - plain sampling, and a model draft (`ModelDraft`, distilled) or a feature draft (`FeatureDraft`)
   at a fixed gamma: a completion's tokens do not depend on which rows share its batch; the same
   seed gives the same completions at any batch_rows (tests: batch_rows 1, 3 and 8). The one caveat
@@ -58,15 +72,10 @@ import torch
 from tqdm.auto import tqdm
 
 from rsft.sampling.budget import PRUNED, PruneSchedule, rows_to_stop, scored_tokens
+from rsft.sampling.keyed_random import key_words, keyed_uniforms
 from rsft.sampling.kv_batch import KVBatch
-from rsft.sampling.processing import (
-    check_finite,
-    check_sampling_settings,
-    draw_uniforms,
-    greedy_probs,
-    probs_from_logits,
-)
-from rsft.sampling.verifier import AcceptanceStats, check_gamma, check_strategy, verify
+from rsft.sampling.processing import check_finite, check_sampling_settings, greedy_probs, probs_from_logits
+from rsft.sampling.verifier import AcceptanceStats, AcceptanceTally, check_gamma, check_strategy, verify
 
 
 @dataclass
@@ -114,23 +123,7 @@ class _Row:
     group: int  # prompt index
     member: int  # sample index within the prompt
     prompt_ids: list[int]
-    generator: torch.Generator
     completion: Completion
-
-
-def row_uniforms(generators: list[torch.Generator], gammas: list[int]):
-    """Row r draws 2 gammas[r] + 1 uniforms from its own generator, in one call: gammas[r] for its
-    drafts, gammas[r] for their acceptance tests, 1 for the token it emits. Returns
-    (draft [rows, G], accept [rows, G], emit [rows]), G = max(gammas); slots past a row's own gamma
-    hold 0.5 and are never used. What a row draws depends only on its own cap."""
-    width = max(gammas) if gammas else 0
-    draft = torch.full((len(gammas), width), 0.5, dtype=torch.float64)  # [rows, G]
-    accept = torch.full((len(gammas), width), 0.5, dtype=torch.float64)  # [rows, G]
-    emit = torch.empty(len(gammas), dtype=torch.float64)  # [rows]
-    for r, (generator, g) in enumerate(zip(generators, gammas)):
-        u = draw_uniforms([generator], 2 * g + 1)[0]  # [2g + 1]
-        draft[r, :g], accept[r, :g], emit[r] = u[:g], u[g:2 * g], u[2 * g]
-    return draft, accept, emit
 
 
 def completion_seed(seed: int, prompt_index: int, sample_idx: int) -> int:
@@ -235,6 +228,7 @@ class Sampler:
         self.prune, self.score = (prune, score) if prune is not None and prune.checkpoints else (None, None)
         self.prune_counts = {"prefixes_scored": 0, "score_calls": 0, "rows_stopped": 0, "finished_then_stopped": 0}
         self.eos = set(int(t) for t in eos_token_ids)
+        self.eos_ids = torch.tensor(sorted(self.eos), dtype=torch.long, device=next(target.parameters()).device)
         self.stats = AcceptanceStats()
         self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
         self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
@@ -276,8 +270,13 @@ class Sampler:
         done: list[Completion] = []
         pruning = None if self.prune is None else _Pruning(self, [len(r) for r in sample_ranges], indices)
         target = KVBatch(self.target, keep_features=getattr(self.draft, "needs_policy_features", False))
+        if waiting:  # the whole cache at once: no step grows or copies it (a row's tokens never pass this)
+            longest = max(len(prompts[p]) for p, _ in waiting)
+            target.reserve(min(self.settings.batch_rows, len(waiting)),
+                           longest + self.settings.max_new_tokens + self.controller.gamma_max + 1)
+        self._tally = AcceptanceTally(self.controller.gamma_max, target.device)
+        state = _RowState(target.device, self.settings.max_new_tokens, self.controller.gamma_max)
         rows: list[_Row] = []
-        last = torch.zeros(0, dtype=torch.long)  # [rows] the token each row feeds next
         with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
             while rows or waiting:
                 free = self.settings.batch_rows - len(rows)
@@ -285,27 +284,30 @@ class Sampler:
                     admitted = [waiting.pop() for _ in range(min(free, len(waiting)))]
                     new_rows = self._admit(target, admitted, prompts, indices, seed)
                     rows.extend(new_rows)
-                    last = torch.cat([last, torch.tensor([r.prompt_ids[-1] for r in new_rows], dtype=torch.long)])
+                    state.add(new_rows)
                     if pruning is not None:
                         pruning.admitted(new_rows)
-                emitted = self._step(target, rows, last.to(target.device))
-                rows, last, finished = self._collect(target, rows, emitted)
+                finished = self._step(target, rows, state, pruning is not None)
+                keep = [i for i in range(len(rows)) if i not in finished]
                 if pruning is not None:
                     started = self.clock()
                     stopped = pruning.decide()
                     self.timings["budget_reward_seconds"] += self.clock() - started
                     if stopped:
-                        keep = [i for i, r in enumerate(rows) if id(r.completion) not in stopped]
-                        finished += [r.completion for r in rows if id(r.completion) in stopped]
-                        rows, last = self._keep(target, rows, last, keep)
-                done.extend(finished)
+                        for i in keep:
+                            if id(rows[i].completion) in stopped:
+                                finished[i] = rows[i].completion
+                        keep = [i for i in keep if id(rows[i].completion) not in stopped]
+                rows = self._keep(target, rows, state, keep)
+                done.extend(finished.values())
                 bar.update(len(finished))
+        self._tally.flush_into(self.stats)
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
 
     def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], indices: list[int],
                seed: int) -> list[_Row]:
-        """New rows for (prompt, sample) pairs, each with its own generator; a prompt's rows share one prefill."""
+        """New rows for (prompt, sample) pairs, each with its own seed; a prompt's rows share one prefill."""
         started = self.clock()
         groups: dict[int, list[int]] = {}
         for p, k in admitted:
@@ -314,8 +316,7 @@ class Sampler:
         for p, members in groups.items():
             for k in members:
                 cseed = completion_seed(seed, indices[p], k)
-                gen = torch.Generator(device="cpu").manual_seed(cseed)
-                new_rows.append(_Row(p, k, prompts[p], gen, Completion(indices[p], k, cseed)))
+                new_rows.append(_Row(p, k, prompts[p], Completion(indices[p], k, cseed)))
         prefixes = [prompts[p][:-1] for p in groups]
         copies = [len(m) for m in groups.values()]
         target.admit(prefixes, copies)
@@ -324,17 +325,22 @@ class Sampler:
         self.timings["prefill_seconds"] += self.clock() - started
         return new_rows
 
-    def _step(self, target: KVBatch, rows: list[_Row], last: torch.Tensor) -> list[list[int]]:
-        """One draft-and-verify step (a plain step when gamma is 0): the tokens each row emits."""
+    def _step(self, target: KVBatch, rows: list[_Row], state: "_RowState", host_tokens: bool) -> dict[int, Completion]:
+        """One draft-and-verify step (a plain step when gamma is 0) for every running row; returns the
+        rows that finished, by index. Everything per row stays on the batch's device: the host reads it
+        once, at the end (which rows finished, the longest cache row, the step's counts), plus the
+        tokens of the rows that finished. host_tokens: also bring every row's tokens so far (pruning
+        reads them)."""
         s, device, clock = self.settings, target.device, self.clock
-        remaining = torch.tensor([s.max_new_tokens - len(r.completion.token_ids) for r in rows])  # [rows]
+        remaining = s.max_new_tokens - state.emitted  # [rows]
         chosen = self.controller.choose()
         # each row's own cap: it never drafts past its own budget, whatever its neighbours have left
         gammas = (remaining - 1).clamp(min=0, max=chosen)  # [rows]
-        gamma = int(gammas.max()) if self.draft is not None else 0  # draft positions any row may use
-        draft_u, accept_u, emit_u = row_uniforms([r.generator for r in rows], gammas.tolist() if gamma else
-                                                 [0] * len(rows))
-        draft_u, accept_u, emit_u = draft_u.to(device), accept_u.to(device), emit_u.to(device)
+        # draft positions any row may use (a speculative step reads the device here; a plain step does not)
+        gamma = int(gammas.max()) if self.draft is not None and chosen else 0
+        # slot 0: the emitted token's draw; slot 1 + 2j: draft j's sample; slot 2 + 2j: its acceptance test
+        uniforms = keyed_uniforms(state.keys, state.emitted, 2 * gamma + 1)  # [rows, 2 gamma + 1]
+        emit_u, draft_u, accept_u = uniforms[:, 0], uniforms[:, 1::2], uniforms[:, 2::2]  # [rows], [rows, gamma] x2
         draft_tokens = draft_probs = None
         num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
         draft_s = 0.0
@@ -346,20 +352,28 @@ class Sampler:
                 self.timings["draft_catch_up_seconds"] += clock() - started
                 self._draft_behind = False
             started = clock()
-            draft_tokens, draft_probs, num_drafts = self.draft.propose(last, gammas.to(device), draft_u, s, rows)
-            num_drafts = torch.minimum(num_drafts, gammas.to(device))  # [rows]
+            draft_tokens, draft_probs, num_drafts = self.draft.propose(state.last, gammas, draft_u, s, rows)
+            num_drafts = torch.minimum(num_drafts, gammas)  # [rows]
             draft_s = clock() - started
             self.timings["draft_seconds"] += draft_s
-            width = int(num_drafts.max())  # no row drafted more: verify only that many positions
+            # no row drafted more: on a CPU (where reading the device is free) verify only that many positions
+            width = int(num_drafts.max()) if device.type == "cpu" else draft_tokens.shape[1]
         elif self.draft is not None:
             self._draft_behind = True
         started = clock()
         verified = None if width == 0 else draft_tokens[:, :width]  # [rows, width]
-        inputs = last[:, None] if width == 0 else torch.cat([last[:, None], verified], 1)  # [rows, 1+w]
-        valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None]  # [rows, 1+w]
+        inputs = state.last[:, None] if width == 0 else torch.cat([state.last[:, None], verified], 1)  # [rows, 1+w]
+        # a CPU packs only the real tokens (a padded slot costs compute there); an accelerator runs the fixed
+        # [rows, 1 + w] shape and reads nothing back: padded slots hold token 0, whose logits the verifier
+        # never reads and whose cache entries the commit below drops
+        packed = width > 0 and device.type == "cpu"
+        valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None] if packed else None
         logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
-        check_finite(logits, row_ids=[f"prompt {r.group} sample {r.member}" for r in rows], where="policy logits")
-        target_probs = self._processed(logits.float())  # [rows, 1+w, vocab]
+        finite = torch.isfinite(logits.sum(dtype=torch.float32))  # [] one reduction; the rows are named only on failure
+        if s.strategy == "greedy":
+            target_probs = greedy_probs(logits)
+        else:  # the logits are this step's own: processed in place, nothing of the vocabulary's size allocated
+            target_probs = probs_from_logits(logits.float(), s.temperature, s.top_k, s.top_p, in_place=True)
         empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # [rows, 0]
         result = verify(
             empty if width == 0 else verified,
@@ -370,56 +384,49 @@ class Sampler:
             num_drafts=num_drafts,
             strategy=s.strategy,
             leniency=s.leniency,
+            checked=False,
         )
         target.commit(1 + result.num_accepted)
+        self._tally.update(result, num_drafts)
+        bad_drafts = torch.zeros((), dtype=torch.bool, device=device) if width == 0 else (
+            ((verified < 0) | (verified >= target.vocab_size))
+            & (torch.arange(width, device=device)[None, :] < num_drafts[:, None])).any()
+        reason = state.append(result, num_drafts, self.eos_ids)  # [rows] 0 running, 1 eos, 2 length
+        # the step's one read of the device
+        summary = torch.cat((reason, torch.stack((target.length[target.slot].max(), num_drafts.sum(),
+                                                  result.num_accepted.sum(), finite.long(), bad_drafts.long())))).tolist()
+        reasons, (longest, drafted, accepted, is_finite, has_bad_draft) = summary[:len(rows)], summary[len(rows):]
+        if not is_finite:  # the probabilities carry the logits' NaN / inf (processed in place): name the row
+            check_finite(logits if s.strategy == "greedy" else target_probs, where="policy logits",
+                         row_ids=[f"prompt {r.group} sample {r.member}" for r in rows])
+            raise ValueError("policy logits: their sum is not finite (an inf that the probabilities absorbed)")
+        if has_bad_draft:
+            raise ValueError(f"a draft proposed a token outside the policy's vocabulary [0, {target.vocab_size})")
+        target.note_max_length(longest)
         target_s = clock() - started
         self.timings["target_seconds"] += target_s
-        self.stats.update(result, num_drafts)
-        self.controller.observe(width, int(num_drafts.sum()), int(result.num_accepted.sum()), target_s, draft_s,
-                                rows=len(rows), asked=gamma, slots=int(gammas.sum()) if gamma else 0)
-        tokens = result.tokens.cpu()
-        emitted = [tokens[i, :int(n)].tolist() for i, n in enumerate(result.num_emitted.cpu())]
+        self.controller.observe(width, drafted, accepted, target_s, draft_s, rows=len(rows), asked=gamma,
+                                slots=int(gammas.sum()) if gamma else 0)
         if self.draft is not None:
+            tokens = result.tokens.tolist()
+            emitted = [tokens[i][:n] for i, n in enumerate(result.num_emitted.tolist())]
             self.draft.after_step(draft_tokens if gamma else None, num_drafts, result.num_accepted, emitted, rows,
-                                  last)
-        for i, row in enumerate(rows):
-            row.completion.num_target_forwards += 1
-            row.completion.num_drafted += int(num_drafts[i])
-            row.completion.num_accepted += int(result.num_accepted[i])
-        return emitted
+                                  state.last_fed)
+        finished_rows = [i for i, r in enumerate(reasons) if r]
+        finished = state.finish(rows, finished_rows, reasons)
+        if host_tokens:
+            state.bring_tokens(rows, [i for i in range(len(rows)) if not reasons[i]])
+        return finished
 
-    def _collect(self, target: KVBatch, rows: list[_Row], emitted: list[list[int]]):
-        """Append each row's emitted tokens up to EOS or the length limit; finished rows leave the
-        batch. Returns (rows still running, their next input token [rows], finished completions)."""
-        keep, new_last, finished = [], [], []
-        for i, row in enumerate(rows):
-            c = row.completion
-            for token in emitted[i]:
-                if token in self.eos:
-                    c.finish_reason = "eos"
-                    break
-                c.token_ids.append(token)
-                if len(c.token_ids) >= self.settings.max_new_tokens:
-                    c.finish_reason = "length"
-                    break
-            if c.finish_reason:
-                finished.append(c)
-            else:
-                keep.append(i)
-                new_last.append(emitted[i][-1])
-        rows, last = self._keep(target, rows, torch.tensor(new_last, dtype=torch.long), keep, last_kept=True)
-        return rows, last, finished
-
-    def _keep(self, target: KVBatch, rows: list[_Row], last: torch.Tensor, keep: list[int], last_kept: bool = False):
-        """Only rows[keep] go on (the policy's and the draft's state of the others is dropped); `last`
-        is either every row's next token or, with last_kept, already only the kept rows'."""
+    def _keep(self, target: KVBatch, rows: list[_Row], state: "_RowState", keep: list[int]) -> list[_Row]:
+        """Only rows[keep] go on (the policy's, the draft's and the row state of the others is dropped)."""
         if len(keep) == len(rows):
-            return rows, last
-        index = torch.tensor(keep, dtype=torch.long, device=target.device)
-        target.keep_rows(index)
+            return rows
+        target.keep_rows(keep)
         if self.draft is not None:
-            self.draft.keep_rows(index)
-        return [rows[i] for i in keep], last if last_kept else last[torch.tensor(keep, dtype=torch.long)]
+            self.draft.keep_rows(keep)
+        state.keep(keep)
+        return [rows[i] for i in keep]
 
     def summary(self) -> dict:
         out = self.stats.summary()
@@ -430,6 +437,88 @@ class Sampler:
         if self.prune is not None:
             out.update({f"prune_{k}": v for k, v in self.prune_counts.items()})
         return out
+
+
+class _RowState:
+    """What each running row carries from step to step, as device tensors aligned with the sampler's
+    rows: its Philox key, the tokens it has kept, how many, the token it feeds next, and its counts.
+    Appending a step's tokens (up to EOS or the budget) is tensor arithmetic; the host reads a row's
+    tokens once, when it finishes (or every step where pruning reads them)."""
+
+    def __init__(self, device: torch.device, max_new_tokens: int, gamma_max: int):
+        self.device, self.max_new_tokens = device, max_new_tokens
+        self.width = max_new_tokens + gamma_max + 1  # a step's tokens fit even when the budget cuts them
+        long = dict(dtype=torch.long, device=device)
+        self.keys = torch.zeros(0, 2, **long)  # [rows, 2] Philox key words (the completion's seed)
+        self.emitted = torch.zeros(0, **long)  # [rows] tokens kept so far: the counter of its uniforms
+        self.tokens = torch.zeros(0, self.width, **long)  # [rows, width] tokens kept (and, past them, scratch)
+        self.last = torch.zeros(0, **long)  # [rows] the token each row feeds next
+        self.last_fed = self.last  # [rows] the token each row fed this step (the draft's after_step reads it)
+        self.counts = torch.zeros(0, 3, **long)  # [rows] forwards, drafted, accepted
+
+    def add(self, rows: list[_Row]) -> None:
+        long = dict(dtype=torch.long, device=self.device)
+        seeds = torch.tensor([r.completion.seed for r in rows], **long)  # [new]
+        self.keys = torch.cat([self.keys, key_words(seeds)])
+        self.emitted = torch.cat([self.emitted, torch.zeros(len(rows), **long)])
+        self.tokens = torch.cat([self.tokens, torch.zeros(len(rows), self.width, **long)])
+        self.last = torch.cat([self.last, torch.tensor([r.prompt_ids[-1] for r in rows], **long)])
+        self.counts = torch.cat([self.counts, torch.zeros(len(rows), 3, **long)])
+
+    def keep(self, keep: list[int]) -> None:
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.keys, self.emitted, self.tokens = self.keys[index], self.emitted[index], self.tokens[index]
+        self.last, self.counts = self.last[index], self.counts[index]
+
+    def append(self, result, num_drafts: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+        """Keep each row's emitted tokens [rows, 1 + w] up to EOS (not kept) or the budget; -> why each
+        row ended this step [rows]: 0 running, 1 eos, 2 length."""
+        tokens, num_emitted = result.tokens, result.num_emitted  # [rows, 1+w], [rows]
+        rows, slots = tokens.shape
+        column = torch.arange(slots, device=self.device)[None, :]  # [1, 1+w]
+        remaining = self.max_new_tokens - self.emitted  # [rows]
+        is_eos = torch.isin(tokens, eos_ids) & (column < num_emitted[:, None])  # [rows, 1+w]
+        first_eos = torch.where(is_eos, column, slots).amin(1)  # [rows] slots: none
+        # EOS ends the row when it comes before the budget does (the tokens before it are kept)
+        ends_at_eos = first_eos < torch.minimum(num_emitted, remaining)  # [rows]
+        take = torch.where(ends_at_eos, first_eos, torch.minimum(num_emitted, remaining))  # [rows]
+        # every emitted token is written; those past `take` land beyond what the row keeps (the buffer has
+        # room for a whole step past the budget), where nothing reads them and the next step overwrites them
+        self.tokens.scatter_(1, self.emitted[:, None] + column, tokens)
+        self.emitted = self.emitted + take
+        self.last_fed = self.last
+        self.last = tokens.gather(1, (num_emitted - 1)[:, None])[:, 0]  # [rows] the last token emitted
+        self.counts = self.counts + torch.stack(
+            (torch.ones_like(take), num_drafts, result.num_accepted), 1)
+        ends_at_length = ~ends_at_eos & (self.emitted >= self.max_new_tokens)  # [rows]
+        return torch.where(ends_at_eos, 1, torch.where(ends_at_length, 2, 0))  # [rows]
+
+    def finish(self, rows: list[_Row], finished: list[int], reasons: list[int]) -> dict[int, Completion]:
+        """Fill the completions of rows[finished] from the device, in one read."""
+        if not finished:
+            return {}
+        index = torch.tensor(finished, dtype=torch.long, device=self.device)
+        packed = torch.cat((self.emitted[index, None], self.counts[index], self.tokens[index]), 1).tolist()
+        out = {}
+        for i, values in zip(finished, packed):
+            c = rows[i].completion
+            n, forwards, drafted, accepted = values[:4]
+            c.token_ids = values[4:4 + n]
+            c.finish_reason = "eos" if reasons[i] == 1 else "length"
+            c.num_target_forwards, c.num_drafted, c.num_accepted = forwards, drafted, accepted
+            out[i] = c
+        return out
+
+    def bring_tokens(self, rows: list[_Row], running: list[int]) -> None:
+        """Copy the tokens so far of rows[running] to their completions (pruning scores prefixes)."""
+        if not running:
+            return
+        index = torch.tensor(running, dtype=torch.long, device=self.device)
+        packed = torch.cat((self.emitted[index, None], self.counts[index], self.tokens[index]), 1).tolist()
+        for i, values in zip(running, packed):
+            c = rows[i].completion
+            c.token_ids = values[4:4 + values[0]]
+            c.num_target_forwards, c.num_drafted, c.num_accepted = values[1:4]
 
 
 class _Pruning:

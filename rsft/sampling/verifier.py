@@ -126,7 +126,7 @@ def replacement_distribution(p: Tensor, q: Tensor | None, drafted: Tensor, strat
 
 
 def _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts,
-                  strategy):
+                  strategy, checked=True):
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [batch, gamma], got shape {tuple(draft_tokens.shape)}")
     batch, gamma = draft_tokens.shape
@@ -150,7 +150,7 @@ def _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, samp
     if num_drafts is not None:
         if num_drafts.shape != (batch,):
             raise ValueError(f"num_drafts must be [batch] = ({batch},), got {tuple(num_drafts.shape)}")
-        if batch and (num_drafts.min() < 0 or num_drafts.max() > gamma):
+        if checked and batch and (num_drafts.min() < 0 or num_drafts.max() > gamma):
             raise ValueError(f"num_drafts must be in [0, gamma={gamma}], got {num_drafts.tolist()}")
 
 
@@ -164,6 +164,7 @@ def verify(
     num_drafts: Tensor | None = None,
     strategy: str = "exact",
     leniency: float = 1.0,
+    checked: bool = True,
 ) -> VerifyResult:
     """Verify a batch of drafts against the target; see the module docstring.
 
@@ -171,10 +172,13 @@ def verify(
     draft_probs [batch, gamma, vocab], or None for a deterministic (one-hot) draft;
     target_probs [batch, gamma + 1, vocab]; accept_uniforms [batch, gamma]; sample_uniforms [batch]
     (both may be None for strategy=greedy); num_drafts [batch] long in 0..gamma, default gamma.
+    checked=False skips the checks of values (num_drafts in range, draft tokens in the vocabulary), which
+    read the device: a caller that checks them itself, in its one read a step (the sampler), passes
+    False; out-of-range drafts are then clamped into the vocabulary, and the caller discards the result.
     """
     check_strategy(strategy, leniency)
     _check_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, num_drafts,
-                  strategy)
+                  strategy, checked)
     batch, gamma = draft_tokens.shape
     device = target_probs.device
     if num_drafts is None:
@@ -183,8 +187,10 @@ def verify(
     # slots past a row's drafts may hold anything; point them at token 0 so every gather stays in range
     drafts = torch.where(is_draft, draft_tokens, 0)  # [batch, gamma]
     vocab = target_probs.shape[-1]
+    if not checked:  # in range for every gather; the caller raises on the original values
+        drafts = drafts.clamp(0, vocab - 1)  # [batch, gamma]
     out_of_range = (drafts < 0) | (drafts >= vocab)  # [batch, gamma]
-    if out_of_range.any():
+    if checked and gamma and out_of_range.any():
         row, slot = out_of_range.nonzero()[0].tolist()
         bad = int(drafts[row, slot])
         raise ValueError(f"draft token {bad} (row {row}, slot {slot}) is not in [0, vocab={vocab})")
@@ -358,6 +364,14 @@ class AcceptanceStats:
             rows_by_num_drafts=dict(zip(values.tolist(), counts.tolist())),
         )
 
+    def add_counts(self, *, gamma: int, num_verify_calls: int, num_target_forwards: int, num_drafted: int,
+                   num_accepted: int, num_emitted: int, reached_at: list[int], accepted_at: list[int],
+                   rows_by_num_drafts: dict[int, int]) -> None:
+        """Counts summed elsewhere (AcceptanceTally, on the device) added in one go."""
+        self._add(gamma=gamma, num_verify_calls=num_verify_calls, num_target_forwards=num_target_forwards,
+                  num_drafted=num_drafted, num_accepted=num_accepted, num_emitted=num_emitted, reached_at=reached_at,
+                  accepted_at=accepted_at, rows_by_num_drafts=rows_by_num_drafts)
+
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
         self._add(**vars(other))
         return self
@@ -419,3 +433,47 @@ class AcceptanceStats:
             "num_accepted": self.num_accepted,
             "num_emitted": self.num_emitted,
         }
+
+
+class AcceptanceTally:
+    """AcceptanceStats' counters summed on the batch's device step after step, and read back to the host
+    only when asked (`flush_into`): AcceptanceStats.update reads every step, a host round trip each on
+    an accelerator. gamma_max: the widest verification the caller will ask for."""
+
+    def __init__(self, gamma_max: int, device: torch.device):
+        self.gamma_max, self.device = gamma_max, device
+        self.counts = torch.zeros(3, dtype=torch.long, device=device)  # drafted, accepted, emitted
+        self.reached_at = torch.zeros(gamma_max, dtype=torch.long, device=device)  # [gamma_max]
+        self.accepted_at = torch.zeros(gamma_max, dtype=torch.long, device=device)  # [gamma_max]
+        self.by_num_drafts = torch.zeros(gamma_max + 1, dtype=torch.long, device=device)  # [gamma_max + 1]
+        self.calls = self.forwards = self.gamma = 0
+
+    def update(self, result: VerifyResult, num_drafts: Tensor) -> None:
+        """result of verify() over [batch] rows, num_drafts [batch] (on the device)."""
+        batch, slots = result.tokens.shape
+        gamma = slots - 1
+        self.calls += 1
+        self.forwards += batch
+        self.gamma = max(self.gamma, gamma)
+        num_accepted = result.num_accepted  # [batch]
+        self.counts += torch.stack((num_drafts.sum(), num_accepted.sum(), result.num_emitted.sum()))
+        if gamma:
+            positions = torch.arange(gamma, device=num_accepted.device)  # [gamma]
+            reached = (positions < num_drafts[:, None]) & (positions <= num_accepted[:, None])  # [batch, gamma]
+            self.reached_at[:gamma] += reached.sum(0)
+            self.accepted_at[:gamma] += (positions < num_accepted[:, None]).sum(0)
+        self.by_num_drafts += torch.bincount(num_drafts, minlength=self.gamma_max + 1)[:self.gamma_max + 1]
+
+    def flush_into(self, stats: AcceptanceStats) -> None:
+        """Add what was counted since the last flush to stats (one read of the device), and start again."""
+        if not self.calls:
+            return
+        counts = torch.cat((self.counts, self.reached_at, self.accepted_at, self.by_num_drafts)).tolist()
+        g = self.gamma_max
+        drafted, accepted, emitted = counts[:3]
+        reached_at, accepted_at, by_num = counts[3:3 + g], counts[3 + g:3 + 2 * g], counts[3 + 2 * g:]
+        stats.add_counts(gamma=self.gamma, num_verify_calls=self.calls, num_target_forwards=self.forwards,
+                         num_drafted=drafted, num_accepted=accepted, num_emitted=emitted,
+                         reached_at=reached_at[:self.gamma], accepted_at=accepted_at[:self.gamma],
+                         rows_by_num_drafts={d: n for d, n in enumerate(by_num) if n})
+        self.__init__(self.gamma_max, self.device)

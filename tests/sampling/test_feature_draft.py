@@ -46,10 +46,15 @@ class RecordingDraft(FeatureDraft):
         super().__init__(model)
         self.records = []
 
+    def admit(self, prefixes, copies, rows, target):
+        super().admit(prefixes, copies, rows, target)
+        self.policy_batch = target
+
     def propose(self, last, gammas, uniforms, sampling, rows):
         tokens, probs, num = super().propose(last, gammas, uniforms, sampling, rows)
-        for i, row in enumerate(rows):
-            context = row.prompt_ids + row.completion.token_ids
+        batch = self.policy_batch
+        for i, buffer_row in enumerate(batch.slot_list):  # the context: what the policy's cache holds, then last
+            context = batch.tokens[buffer_row, :int(batch.length[buffer_row])].tolist() + [int(last[i])]
             self.records.append((context, probs[i, 0].clone()))
         return tokens, probs, num
 

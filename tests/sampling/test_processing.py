@@ -1,4 +1,4 @@
-"""Logits processing, inverse-CDF sampling and per-row uniforms: hand computations, no statistics."""
+"""Logits processing and inverse-CDF sampling: hand computations, no statistics."""
 
 import math
 
@@ -8,7 +8,6 @@ import torch
 from rsft.sampling.processing import (
     check_finite,
     check_sampling_settings,
-    draw_uniforms,
     greedy_probs,
     probs_from_logits,
     sample_from_probs,
@@ -176,21 +175,41 @@ def test_inverse_cdf_on_a_uniform_grid_reproduces_the_distribution():
     torch.testing.assert_close(frequencies, probs.double(), atol=2.0 / n, rtol=0)
 
 
-def test_draw_uniforms_one_generator_per_row():
-    def generators(seeds):
-        return [torch.Generator().manual_seed(s) for s in seeds]
+def test_inverse_cdf_agrees_with_a_float64_running_sum_over_a_large_vocabulary():
+    """The two-level search (float32 block sums of 64, float64 across and inside blocks) returns the
+    token a float64 running sum over the whole vocabulary returns, a short tail block included, except
+    where a uniform falls within float32 rounding (1e-6 of the mass) of a boundary: then a neighbour."""
+    g = torch.Generator().manual_seed(3)
+    probs = (torch.randn(64, 49_157, generator=g) * 3).softmax(-1)  # 49157 = 768 blocks of 64 and a tail of 5
+    probs[:, 1000:3000] = 0.0  # whole blocks without mass are skipped
+    cdf = probs.double().cumsum(-1)
+    differ = 0
+    for _ in range(64):
+        u = torch.rand(64, generator=g, dtype=torch.float64)
+        threshold = u * cdf[:, -1]
+        reference = torch.searchsorted(cdf, threshold[:, None], right=True).squeeze(-1)
+        tokens = sample_from_probs(probs, u)
+        for row in (tokens != reference).nonzero().flatten().tolist():
+            differ += 1
+            low, high = sorted((int(tokens[row]), int(reference[row])))
+            boundary = cdf[row, high - 1]  # between the two tokens (zero-mass tokens between them add nothing)
+            assert abs(float(boundary - threshold[row])) < 1e-6 * float(cdf[row, -1]), (row, low, high)
+    assert differ <= 8  # of 4096 draws
 
-    uniforms = draw_uniforms(generators([10, 11, 12]), 5)
-    assert uniforms.shape == (3, 5) and uniforms.dtype == torch.float64
-    assert ((uniforms >= 0) & (uniforms < 1)).all()
-    # row 1's numbers depend on its own seed only, not on the other rows or on the batch size
-    alone = draw_uniforms(generators([11]), 5)
-    others_changed = draw_uniforms(generators([99, 11, 7, 8]), 5)
-    torch.testing.assert_close(uniforms[1], alone[0], rtol=0, atol=0)
-    torch.testing.assert_close(uniforms[1], others_changed[1], rtol=0, atol=0)
-    # and the global RNG is not consumed
-    torch.manual_seed(0)
-    before = torch.rand(1)
-    torch.manual_seed(0)
-    draw_uniforms(generators([1, 2]), 3)
-    assert torch.rand(1) == before
+
+def test_inverse_cdf_past_the_end_takes_the_last_token_with_mass():
+    """u * total can round up to the total: the last token with nonzero probability, whatever its block."""
+    probs = torch.zeros(2, 200)
+    probs[0, 5], probs[0, 70] = 0.5, 0.5  # mass in blocks 0 and 1 only; blocks 2 and 3 (the tail) are empty
+    probs[1, 199] = 1.0  # mass only in the short tail block
+    u = torch.full((2,), 1.0, dtype=torch.float64)  # beyond [0, 1): the worst rounding can do
+    assert sample_from_probs(probs, u).tolist() == [70, 199]
+
+
+def test_in_place_probabilities_equal_the_allocating_ones():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 2, 50, generator=g) * 4
+    logits[0, 0, :10] = float("-inf")
+    expected = probs_from_logits(logits, 0.7)
+    torch.testing.assert_close(probs_from_logits(logits.clone(), 0.7, in_place=True), expected, rtol=1e-6, atol=1e-7)
+
