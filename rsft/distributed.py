@@ -18,6 +18,7 @@ TRL's trainers use the same (singleton) state, so the reward and SFT stages trai
 from __future__ import annotations
 
 import hashlib
+import os
 from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -37,7 +38,22 @@ def init(device: str) -> None:
     from accelerate import PartialState
 
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    check_devices_per_process(device, wants_cuda)
     _STATE = PartialState(cpu=not wants_cuda)
+
+
+def check_devices_per_process(device: str, wants_cuda: bool) -> None:
+    """One GPU per process: a launcher that starts more processes on a machine than it has GPUs would
+    have process i ask for cuda:i, which does not exist, and hang or fail at the first collective. Refused
+    before the process group starts, naming both counts."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not wants_cuda or processes <= 1:
+        return
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise ConfigError(f"device={device}: {processes} processes on this machine but {gpus} CUDA device(s); "
+                          f"rsft gives each process its own GPU: launch at most {gpus} process(es) "
+                          f"(--nproc-per-node {gpus}), or set device=cpu for CPU processes")
 
 
 def world_size() -> int:

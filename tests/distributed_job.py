@@ -78,7 +78,10 @@ def main() -> None:
     if kill and int(os.environ.get("RANK", 0)) == kill["rank"]:
         _kill_mid_stage(kill)
     for overrides in job["stages"]:
-        run_stage(compose_cfg(Path(job["runs_root"]), *overrides))
+        # CPU processes (gloo) unless a stage names its device: on a machine with one GPU, two processes
+        # would each ask for a GPU of their own (rsft.distributed refuses that, test_distributed checks it)
+        cpu = [] if any(o.startswith("device=") for o in overrides) else ["device=cpu"]
+        run_stage(compose_cfg(Path(job["runs_root"]), *cpu, *overrides))
 
 
 if __name__ == "__main__":

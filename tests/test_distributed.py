@@ -4,6 +4,7 @@ saves one model; a loop that loses a rank resumes; mismatched ranks and idle ran
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -23,9 +24,12 @@ BUDGET = ["sample.prune.at=[2,4]", "sample.adaptive_k.k0=2", "sample.adaptive_k.
 def launch(tmp_path, stages: list[list[str]], kill: dict | None = None, processes: int = 2):
     job = tmp_path / f"job-{len(list(tmp_path.glob('job-*.json')))}.json"
     job.write_text(json.dumps({"runs_root": str(tmp_path), "stages": stages, "kill": kill}))
+    # gloo over the loopback interface: by default it binds to the address the hostname resolves to, which on a
+    # machine without a network (a lent GPU box) need not be reachable, and the first barrier then fails
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
                            "--standalone", str(JOB), str(job)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
 
 
 def rows(path, *columns):
@@ -126,3 +130,19 @@ def test_a_rank_killed_mid_sample_and_mid_sft_resumes_to_the_uninterrupted_two_p
     b = load_saved_causal_lm(done.policy(0), torch.device("cpu"))[0].state_dict()
     assert all(torch.equal(a[name], b[name]) for name in a), "resumed SFT weights differ from the uninterrupted run's"
     assert read_meta(paths.policy(0))["stats"]["world_size"] == 2
+
+
+def test_more_processes_than_gpus_is_refused_before_the_process_group_starts(monkeypatch):
+    """torchrun --nproc-per-node 2 on a machine with one GPU: process 1 would ask for cuda:1. rsft gives each
+    process its own GPU, so it refuses and names both counts (the multi-process tests here run CPU processes,
+    device=cpu, which any machine can)."""
+    from rsft import distributed
+    from rsft.errors import ConfigError
+
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"device=auto: 2 processes on this machine but 1 CUDA device"):
+        distributed.check_devices_per_process("auto", wants_cuda=True)
+    distributed.check_devices_per_process("cpu", wants_cuda=False)  # CPU processes: any number
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    distributed.check_devices_per_process("cuda", wants_cuda=True)  # one process, one GPU

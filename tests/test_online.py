@@ -197,7 +197,8 @@ def test_bad_settings_are_refused_naming_the_setting(make_cfg, override, named):
 
 
 def test_two_processes_train_data_parallel_as_one_process_and_a_killed_rank_resumes_bit_identical(make_cfg, tmp_path):
-    """torchrun, 2 CPU processes (gloo). Each samples its share of a mini-batch and all get every row, so the
+    """torchrun, 2 CPU processes (gloo, device=cpu: on a machine with one GPU two GPU processes are refused,
+    test_distributed.py::test_more_processes_than_gpus_is_refused_before_the_process_group_starts). Each samples its share of a mini-batch and all get every row, so the
     completions are one process's; with the gradients summed over the processes the steps are one process's (to
     float rounding: the sums' order differs). Process 1 is killed (SIGKILL) as it starts mini-batch 3, after the
     checkpoint of mini-batch 2; the same command resumes there and ends bit for bit as an uninterrupted
