@@ -161,7 +161,7 @@ def sample_in_shards(sampler: Sampler, prompt_ids: list[list[int]], indices: lis
     `store` and each shard found there reused; (shards, reused). The completions stay in the store, not
     here: the caller reads them back a shard at a time (own_completions, sampled_blocks).
 
-    Every completion has its own generator, seeded by its prompt's index in the whole set, so a shard
+    Every completion has its own random stream (its key), seeded by its prompt's index in the whole set, so a shard
     sampled in an earlier, killed run is the shard an uninterrupted run samples: the artifact is the
     same, row for row (an adaptive draft, which reads the clock, is exact in distribution only).
     ranges: prompt index -> the sample indices to draw (adaptive K's second pass), else num_samples

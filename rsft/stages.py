@@ -57,7 +57,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "sample.adaptive_k.": lambda cfg: cfg.sample.get("adaptive_k") is None or int(cfg.sample.adaptive_k.k0) == 0,
     "sample.backend": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     "sample.vllm.": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
-    # each completion has its own generator and a packed forward gives every row a plain forward's logits:
+    # each completion has its own random stream (its key) and a packed forward gives every row a plain forward's logits:
     # the rows per forward change nothing while sampling plainly
     "sample.batch_rows": lambda cfg: cfg.get("stage") == "sample" and cfg.draft.kind == "none",
     "prefs.batch_rows": lambda cfg: True,  # prefs samples plainly, always

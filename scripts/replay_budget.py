@@ -10,7 +10,7 @@ run's own samples, completion for completion) and caches them in runs/<run>/repl
 more sampling, it scores every completion's prefix at every candidate checkpoint with the reward
 model pruning would use (RunPaths.budget_reward), and every completion with the one select uses
 (RunPaths.scoring_reward), and replays each schedule with the sampler's own rules
-(rsft.sampling.budget.rows_to_stop, adaptive_counts). Every completion has its own generator, so a replay
+(rsft.sampling.budget.rows_to_stop, adaptive_counts). Every completion has its own random stream, so a replay
 keeps exactly what sampling with the schedule keeps (tests/sampling/test_budget.py checks that).
 
 Per schedule and round, against exhaustive best-of-`sample.num_samples` (the reference):
