@@ -28,6 +28,8 @@ own token budget, whatever its neighbours have left):
                                           num [rows] <= gammas), G = max(gammas); row r's draft i
                                           uses only uniforms[r, i]
   after_step(draft_tokens, num_drafts, num_accepted, emitted, rows, fed_last)
+                                          emitted: each row's tokens as host lists for a draft whose
+                                          `reads_emitted` is True, else None (no host read)
   keep_rows(index)                         index: the rows that go on (a list of row numbers)
 `catch_up` exists so that the work of catching up after plain steps is not charged to the step
 that drafts again (rsft.sampling.sampler.GammaController).
@@ -130,6 +132,8 @@ class ModelDraft:
 
 
 class NgramDraft:
+    reads_emitted = True  # after_step indexes the tokens each row emitted (the sampler brings them to the host)
+
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"draft.min_ngram={min_ngram}, draft.max_ngram={max_ngram}: need 1 <= min <= max")

@@ -408,8 +408,10 @@ class Sampler:
         self.controller.observe(width, drafted, accepted, target_s, draft_s, rows=len(rows), asked=gamma,
                                 slots=int(gammas.sum()) if gamma else 0)
         if self.draft is not None:
-            tokens = result.tokens.tolist()
-            emitted = [tokens[i][:n] for i, n in enumerate(result.num_emitted.tolist())]
+            emitted = None  # the tokens each row emitted, on the host, only for a draft that reads them (n-gram)
+            if getattr(self.draft, "reads_emitted", False):
+                tokens = result.tokens.tolist()
+                emitted = [tokens[i][:n] for i, n in enumerate(result.num_emitted.tolist())]
             self.draft.after_step(draft_tokens if gamma else None, num_drafts, result.num_accepted, emitted, rows,
                                   state.last_fed)
         finished_rows = [i for i, r in enumerate(reasons) if r]
