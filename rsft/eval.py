@@ -29,6 +29,10 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
                                         of completions that open with them: collapse across prompts
                                         ("I'm sorry, but as an AI ..." to everything) that per-prompt
                                         distinct-n cannot see
+  alike_share, distinct_answers         the share of prompts whose samples are all the same text, and the
+                                        distinct texts per prompt (rsft.metrics.range_metrics), with intervals
+  pass_at_<k>, <column>_pass_at_<k>     for a verifier's column (every value 0 or 1): the unbiased pass@k,
+                                        k = 1, 2, 4, 8 up to eval.num_samples (Chen et al. 2021)
   mean_tokens, mean_words, eos_fraction
   best_of_n                             from round r's scored samples (the K completions per train
                                         prompt that this policy was trained from): for N = 1..K the

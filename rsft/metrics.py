@@ -248,6 +248,7 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         metrics[f"distinct_{n}"] = statistics.fmean(values) if values else 0.0
         metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n) or 0.0
     metrics["top_opening"], metrics["top_opening_share"] = stats.top_opening(completions)
+    range_metrics(ds, texts, metrics, intervals)
     if baseline is not None:
         metrics["vs_initial"] = {}
         for column in score_columns(ds):
@@ -266,6 +267,40 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
             intervals[name] = [win["low"], win["high"]]
     metrics["intervals"] = intervals
     return metrics
+
+
+PASS_AT = (1, 2, 4, 8)  # the k of pass@k, where a prompt has at least k samples
+
+
+def range_metrics(ds: Dataset, rows_by_prompt: dict, metrics: dict, intervals: dict) -> None:
+    """How much range the policy keeps (the collapse that training on its own best answers causes), each
+    with its 95% bootstrap interval over prompts:
+      alike_share          share of prompts whose samples are all the same text (case and spacing aside):
+                           best-of-N has nothing left to choose from there
+      distinct_answers     distinct texts per prompt, averaged
+      <column>_pass_at_<k> for a verifier's column (every value 0 or 1), k = 1, 2, 4, 8 up to the samples per
+                           prompt: the unbiased pass@k from n samples, 1 - C(n - c, k) / C(n, k) (pass_at_<k>
+                           for the reward column); pass@1 is the column's mean, pass@k > pass@1 is range"""
+    completions = ds["completion"]
+    answers = {p: [stats.normalised_answer(completions[i]) for i in rows] for p, rows in rows_by_prompt.items()}
+    for name, per_prompt in (("alike_share", {p: [float(len(set(a)) == 1)] for p, a in answers.items() if len(a) > 1}),
+                             ("distinct_answers", {p: [float(len(set(a)))] for p, a in answers.items()})):
+        if per_prompt:
+            interval = stats.bootstrap(per_prompt)
+            metrics[name] = interval["mean"]
+            intervals[name] = [interval["low"], interval["high"]]
+    for column in score_columns(ds):
+        values = ds[column]
+        if not stats.is_verifier(values):
+            continue
+        verdicts = {p: [values[i] for i in rows if values[i] is not None] for p, rows in rows_by_prompt.items()}
+        verdicts = {p: v for p, v in verdicts.items() if v}
+        fewest = min(len(v) for v in verdicts.values())
+        for k in (k for k in PASS_AT if k <= fewest):
+            name = f"pass_at_{k}" if column == "reward" else f"{column}_pass_at_{k}"
+            interval = stats.bootstrap({p: [stats.pass_at_k(len(v), int(sum(v)), k)] for p, v in verdicts.items()})
+            metrics[name] = interval["mean"]
+            intervals[name] = [interval["low"], interval["high"]]
 
 
 def flat_metrics(metrics: dict) -> dict[str, float]:

@@ -238,8 +238,10 @@ def plot_collapse(paths: RunPaths, rounds: int, out: Path, records: Records) -> 
     names = [name for name, _ in points]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key, label in (("distinct_2", "distinct-2 within a prompt"), ("distinct_2_all", "distinct-2 across prompts"),
-                       ("top_opening_share", "share opening with the top 5 words")):
-        ax.plot(range(len(names)), [m[key] for _, m in points], marker="o", label=label)
+                       ("top_opening_share", "share opening with the top 5 words"),
+                       ("alike_share", "share of prompts answered alike every time")):
+        if all(key in m for _, m in points):  # evaluations made before a measure existed lack it
+            ax.plot(range(len(names)), [m[key] for _, m in points], marker="o", label=label)
     ax.set_xticks(range(len(names)), names)
     ax.set(ylim=(0, 1.02), ylabel="fraction", title="diversity on held-out prompts")
     ax.grid(alpha=0.3)
@@ -248,6 +250,25 @@ def plot_collapse(paths: RunPaths, rounds: int, out: Path, records: Records) -> 
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_pass_at_k(paths: RunPaths, rounds: int, out: Path, records: Records) -> Path | None:
+    """pass@k per policy for each k, with 95% intervals, where a verifier scored the evaluations: pass@1
+    rising while pass@8 stays is a policy narrowing onto answers it already had (collapse)."""
+    from rsft.plotting import finish, interval_errorbar, pyplot
+
+    points = [(name, records.metrics(path)) for name, path in evaluations(paths, rounds)]
+    keys = [k for k in (points[0][1] if points else {}) if "pass_at_" in k and all(k in m for _, m in points)]
+    if not keys:
+        return None
+    fig, ax = pyplot().subplots(figsize=(5.5, 3.8))
+    names = [name for name, _ in points]
+    for key in sorted(keys, key=lambda k: int(k.split("pass_at_")[1])):
+        shown = [{"mean": m[key], "low": m["intervals"][key][0], "high": m["intervals"][key][1]} for _, m in points]
+        interval_errorbar(ax, range(len(names)), shown, label=f"{key.split('pass_at_')[0]}pass@{key.split('pass_at_')[1]}")
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylim=(0, 1.02), ylabel="pass@k (95% CI over prompts)", title="pass@k on held-out prompts")
+    return finish(fig, [ax], out)
 
 
 def paired_vs(mine: Path, theirs: Path, column: str) -> dict | None:
@@ -291,8 +312,12 @@ def evaluation_table(paths: RunPaths, rounds: int, records: Records | None = Non
             row[f"{column} vs previous"] = _diff(paired_vs(path, points[i - 1][1], column)) if i else ""
             row[f"{column} win rate vs initial"] = _interval(m, "win_rate_vs_initial" if column == "reward"
                                                             else f"{column}_win_rate_vs_initial")
+        for key in sorted((k for k in m if "pass_at_" in k), key=lambda k: (k.split("pass_at_")[0],
+                                                                          int(k.split("pass_at_")[1]))):
+            row[f"{key.split('pass_at_')[0]}pass@{key.split('pass_at_')[1]} [95% CI]"] = _interval(m, key)
         row.update({"distinct-2": m.get("distinct_2"), "distinct-2 (all)": m.get("distinct_2_all"),
-                    "top opening share": m.get("top_opening_share"), "mean tokens": m.get("mean_tokens")})
+                    "top opening share": m.get("top_opening_share"), "all alike [95% CI]": _interval(m, "alike_share"),
+                    "distinct answers": m.get("distinct_answers"), "mean tokens": m.get("mean_tokens")})
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))  # a judge may score only later policies
     return [{c: row.get(c, "") for c in columns} for row in rows]
@@ -332,6 +357,7 @@ def write_plots(paths: RunPaths, rounds: int, records: Records | None = None) ->
         "best_of_n": plot_best_of_n(paths, rounds, paths.plots / "best_of_n.png", records),
         "gold_vs_proxy": plot_gold_vs_proxy(paths, rounds, paths.plots / "gold_vs_proxy.png", records),
         "diversity": plot_collapse(paths, rounds, paths.plots / "diversity.png", records),
+        "pass_at_k": plot_pass_at_k(paths, rounds, paths.plots / "pass_at_k.png", records),
         "acceptance": plot_acceptance(paths, rounds, paths.plots / "acceptance.png", records),
         "online": plot_online(paths, paths.plots / "online.png"),
     }

@@ -21,6 +21,7 @@ prompts.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter, defaultdict
 
@@ -140,3 +141,22 @@ def distinct_n(texts: list[str], n: int) -> float | None:
     """Distinct word n-grams / all word n-grams over the texts (None when there are none)."""
     grams = [g for t in texts for g in ngrams(t, n)]
     return len(set(grams)) / len(grams) if grams else None
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """P(at least one of k samples drawn without replacement from n, `correct` of them right, is right):
+    1 - C(n - c, k) / C(n, k), the unbiased estimator of pass@k from n >= k samples (Chen et al. 2021)."""
+    if not 1 <= k <= n or not 0 <= correct <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n={n} and 0 <= correct <= n, got correct={correct}")
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def is_verifier(values) -> bool:
+    """A score column whose every scored value is 0 or 1: a checker's verdict, where pass@k means something."""
+    scored = [v for v in values if v is not None]
+    return bool(scored) and all(v in (0, 1, 0.0, 1.0) for v in scored)
+
+
+def normalised_answer(text: str) -> str:
+    """A completion's text as compared for "alike": case, surrounding and repeated whitespace ignored."""
+    return " ".join(text.lower().split())

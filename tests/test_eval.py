@@ -154,3 +154,22 @@ def test_judge_must_be_a_reward_model_and_independent(make_cfg, monkeypatch, tmp
     assert "1 of the judge's 2 training pairs" in judge_warnings(overlapping, proxy)[0]
     disjoint = make_reward_folder(make_cfg(), "disjoint", weights=b"other2", train_pairs=("d", "e"))
     assert judge_warnings(disjoint, proxy) == [] and judge_model(make_cfg("eval.judge=disjoint")) == disjoint
+
+
+def test_range_metrics_pass_at_k_alike_share_and_distinct_answers_with_intervals():
+    """A verifier's 0/1 column gets pass@k for k up to the samples per prompt; texts alike up to case and
+    spacing count as one answer; a continuous column gets no pass@k."""
+    from datasets import Dataset
+
+    from rsft.metrics import policy_metrics
+
+    ds = Dataset.from_dict({
+        "prompt_id": ["a"] * 4 + ["b"] * 4, "sample_idx": [0, 1, 2, 3] * 2,
+        "completion": ["x", "x", " X ", "x", "1", "2", "3", "3"], "reward": [1, 0, 0, 0, 1, 1, 0, 1],
+        "gold": [0.5] * 8, "reward_normalised": [0.0] * 8, "num_tokens": [1] * 8, "finish_reason": ["eos"] * 8})
+    m = policy_metrics(ds)
+    # prompt a: 1 right of 4 (pass@2 = 1 - C(3,2)/C(4,2) = 0.5); prompt b: 3 of 4 (pass@2 = 1)
+    assert (m["pass_at_1"], m["pass_at_2"], m["pass_at_4"]) == pytest.approx((0.5, 0.75, 1.0))
+    assert "pass_at_8" not in m and not any(k.startswith("gold_pass_at") for k in m)
+    assert m["alike_share"] == 0.5 and m["distinct_answers"] == 2.0
+    assert m["intervals"]["pass_at_1"] == pytest.approx([0.25, 0.75]) and "alike_share" in m["intervals"]

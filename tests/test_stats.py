@@ -64,3 +64,25 @@ def test_mid_sentence_share_counts_visible_texts_that_stop_without_closing_punct
 
     assert mid_sentence_share(["Hello.", "I am", "ok!\n", "", 'He said "hi"', "list:"]) == pytest.approx(1 / 5)
     assert mid_sentence_share([]) == 0.0 and mid_sentence_share(["  "]) == 0.0
+
+
+def test_pass_at_k_is_the_share_of_k_subsets_with_a_right_answer():
+    """The unbiased estimator against brute force over every k-subset of n samples."""
+    from itertools import combinations
+
+    from rsft.stats import pass_at_k
+
+    for n, correct in ((8, 0), (8, 1), (8, 3), (6, 6), (5, 2)):
+        verdicts = [1] * correct + [0] * (n - correct)
+        for k in range(1, n + 1):
+            subsets = list(combinations(verdicts, k))
+            assert pass_at_k(n, correct, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError, match="pass@9 needs"):
+        pass_at_k(8, 1, 9)
+
+
+def test_only_zero_one_columns_count_as_a_verifier():
+    from rsft.stats import is_verifier
+
+    assert is_verifier([1.0, 0.0, None, 1])
+    assert not is_verifier([1.0, 0.5]) and not is_verifier([None, None]) and not is_verifier([])
