@@ -33,6 +33,9 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
                                         distinct texts per prompt (rsft.metrics.range_metrics), with intervals
   pass_at_<k>, <column>_pass_at_<k>     for a verifier's column (every value 0 or 1): the unbiased pass@k,
                                         k = 1, 2, 4, 8 up to eval.num_samples (Chen et al. 2021)
+  mean_entropy                          the entropy (nats) of the distribution each token was drawn from
+                                        (after temperature, top-k, top-p), per completion, averaged; with
+                                        its interval (rsft's sampler; absent with sample.backend=vllm)
   mean_tokens, mean_words, eos_fraction
   best_of_n                             from round r's scored samples (the K completions per train
                                         prompt that this policy was trained from): for N = 1..K the
@@ -121,7 +124,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
     # a killed evaluation resumes at its first unfinished shard of prompts
     ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
                                   int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance,
-                                  shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine)
+                                  shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine,
+                                  entropy=True)
     if engine is not None:
         engine.close()
     del model

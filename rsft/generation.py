@@ -275,7 +275,8 @@ def second_pass(first: list[Completion], score, tokenizer, k0: int, budget: floa
 def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: SamplingSettings, num_samples: int,
                    seed: int, system_prompt: str | None, provenance: dict, progress: bool = True,
                    shard_prompts: int = 0, store: ShardStore | None = None, scorer=None,
-                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None, engine=None):
+                   prune: PruneSchedule | None = None, adaptive: tuple[int, float] | None = None, engine=None,
+                   entropy: bool = False):
     """Sample and assemble the samples dataset; returns (dataset, sampler summary).
 
     Under a launcher each process samples its shard of the prompts (rsft.distributed.shard) with the
@@ -292,7 +293,8 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     finish_reason "pruned", the tokens they had and `pruned_at`) and `adaptive` = (k0, mean) draws
     k0 per prompt and then spends the rest of budget x prompts completions (second_pass), no prompt
     past num_samples. With an `engine` (open_policy's vLLM engine) it samples instead of rsft's
-    Sampler, and `model` is open_policy's stand-in."""
+    Sampler, and `model` is open_policy's stand-in. entropy: a `mean_entropy` column, the mean entropy of the
+    distribution each kept token was drawn from (rsft's Sampler only; an evaluation's measure of range)."""
     room = prompt_room(model.config, settings.max_new_tokens)  # prompt + completion must fit the context
     encoded = [prompt_token_ids(tokenizer, p, system_prompt, room) for p in prompts["prompt"]]
     prompt_ids = [ids for ids, _ in encoded]
@@ -308,7 +310,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     if engine is not None and (draft is not None or prune is not None):
         raise ValueError("the vLLM backend samples without rsft's drafts and pruning")
     sampler = engine or Sampler(model, settings, eos_token_ids(model, tokenizer), draft=draft, prune=prune,
-                                score=score)
+                                score=score, record_entropy=entropy)
     mine = distributed.shard(len(prompt_ids))
     store = store if store is not None else MemoryShards()
     started = time.perf_counter()
@@ -332,7 +334,7 @@ def sample_dataset(model, tokenizer, draft, prompts: Dataset, settings: Sampling
     # every process's pruning counts, summed (prune is the same on every process: all reach the collective)
     budget_counts = {} if prune is None else {
         k: sum(part[k] for part in distributed.gather_each(sampler.prune_counts)) for k in sampler.prune_counts}
-    columns = SampleColumns(prompts, tokenizer, provenance, prune is not None)
+    columns = SampleColumns(prompts, tokenizer, provenance, prune is not None, entropy and engine is None)
     ds, counts, own = assemble_samples(store, shards, second_shards, columns)
     per_rank = distributed.gather_each({"rank": distributed.rank(), "completions": own.completions,
                                         "tokens": own.tokens, "seconds": round(seconds, 2),
@@ -388,6 +390,7 @@ class SampleColumns:
     tokenizer: object
     provenance: dict
     pruning: bool
+    entropy: bool = False
 
     def rows(self, completions: list[Completion]) -> list[dict]:
         """The rows of a block of completions (prompt order); its prompts are read as one slice."""
@@ -412,6 +415,9 @@ class SampleColumns:
                 "num_accepted": c.num_accepted,
                 "num_target_forwards": c.num_target_forwards,
                 **({"pruned_at": c.pruned_at} if self.pruning else {}),
+                # a shard sampled before entropy was recorded has none: null, not a wrong number
+                **({"mean_entropy": None if c.entropy_sum is None else c.entropy_sum / max(len(c.token_ids), 1)}
+                   if self.entropy else {}),
                 **{k: source[k] for k in extra_columns},
             })
         return rows

@@ -278,10 +278,18 @@ def range_metrics(ds: Dataset, rows_by_prompt: dict, metrics: dict, intervals: d
       alike_share          share of prompts whose samples are all the same text (case and spacing aside):
                            best-of-N has nothing left to choose from there
       distinct_answers     distinct texts per prompt, averaged
+      mean_entropy         where the samples carry `mean_entropy`: the policy's token entropy, per completion
       <column>_pass_at_<k> for a verifier's column (every value 0 or 1), k = 1, 2, 4, 8 up to the samples per
                            prompt: the unbiased pass@k from n samples, 1 - C(n - c, k) / C(n, k) (pass_at_<k>
                            for the reward column); pass@1 is the column's mean, pass@k > pass@1 is range"""
     completions = ds["completion"]
+    if "mean_entropy" in ds.column_names:  # the policy's token entropy on these prompts, per completion
+        values = ds["mean_entropy"]
+        per_prompt = {p: [values[i] for i in rows if values[i] is not None] for p, rows in rows_by_prompt.items()}
+        if any(per_prompt.values()):
+            interval = stats.bootstrap({p: v for p, v in per_prompt.items() if v})
+            metrics["mean_entropy"] = interval["mean"]
+            intervals["mean_entropy"] = [interval["low"], interval["high"]]
     answers = {p: [stats.normalised_answer(completions[i]) for i in rows] for p, rows in rows_by_prompt.items()}
     for name, per_prompt in (("alike_share", {p: [float(len(set(a)) == 1)] for p, a in answers.items() if len(a) > 1}),
                              ("distinct_answers", {p: [float(len(set(a)))] for p, a in answers.items()})):

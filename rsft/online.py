@@ -549,7 +549,7 @@ def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
     ctx.policy.model.eval()
     with torch.no_grad():
         ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, int(cfg.eval.num_samples),
-                               int(cfg.eval.seed), ctx.system_prompt, provenance, progress=False)
+                               int(cfg.eval.seed), ctx.system_prompt, provenance, progress=False, entropy=True)
     rows = ds.remove_columns(["prompt", "completion"]).to_list()
     scorer = ctx.eval_scorer or ctx.scorer
     raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)

@@ -317,7 +317,8 @@ def evaluation_table(paths: RunPaths, rounds: int, records: Records | None = Non
             row[f"{key.split('pass_at_')[0]}pass@{key.split('pass_at_')[1]} [95% CI]"] = _interval(m, key)
         row.update({"distinct-2": m.get("distinct_2"), "distinct-2 (all)": m.get("distinct_2_all"),
                     "top opening share": m.get("top_opening_share"), "all alike [95% CI]": _interval(m, "alike_share"),
-                    "distinct answers": m.get("distinct_answers"), "mean tokens": m.get("mean_tokens")})
+                    "distinct answers": m.get("distinct_answers"), "token entropy [95% CI]": _interval(m, "mean_entropy"),
+                    "mean tokens": m.get("mean_tokens")})
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))  # a judge may score only later policies
     return [{c: row.get(c, "") for c in columns} for row in rows]

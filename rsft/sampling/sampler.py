@@ -116,6 +116,8 @@ class Completion:
     num_accepted: int = 0
     num_target_forwards: int = 0
     pruned_at: int = 0  # the checkpoint where pruning stopped it (finish_reason "pruned"); 0: not pruned
+    # with record_entropy: the entropy (nats) of the distribution each kept token was drawn from, summed
+    entropy_sum: float | None = None
 
 
 @dataclass
@@ -212,11 +214,15 @@ class Sampler:
 
     def __init__(self, target, settings: SamplingSettings, eos_token_ids: list[int], draft=None,
                  clock: Callable[[], float] = time.perf_counter, prune: PruneSchedule | None = None,
-                 score: Callable[[list[tuple[int, list[int]]]], list[float]] | None = None):
+                 score: Callable[[list[tuple[int, list[int]]]], list[float]] | None = None,
+                 record_entropy: bool = False):
         """clock: what the controller's costs are measured with (tests inject a simulated one).
         prune and score: stop the lowest-ranked rows of each prompt at prune.checkpoints (see
         _Pruning); score([(prompt_index, token_ids), ...]) gives the reward of each, the tokens read
-        as a finished answer, prompt_index being the prompt's index in the whole set."""
+        as a finished answer, prompt_index being the prompt's index in the whole set.
+        record_entropy: each completion's `entropy_sum`, the entropy of the processed distribution (after
+        temperature, top-k, top-p) at every token it kept, summed (an evaluation's measure of range; one
+        more pass over the vocabulary a step)."""
         settings.check()
         if draft is not None:
             check_gamma(settings.gamma)
@@ -225,6 +231,7 @@ class Sampler:
             if score is None:
                 raise ValueError("pruning needs a score function (a reward model)")
         self.target, self.settings, self.draft, self.clock = target, settings, draft, clock
+        self.record_entropy = record_entropy
         self.prune, self.score = (prune, score) if prune is not None and prune.checkpoints else (None, None)
         self.prune_counts = {"prefixes_scored": 0, "score_calls": 0, "rows_stopped": 0, "finished_then_stopped": 0}
         self.eos = set(int(t) for t in eos_token_ids)
@@ -276,6 +283,7 @@ class Sampler:
                            longest + self.settings.max_new_tokens + self.controller.gamma_max + 1)
         self._tally = AcceptanceTally(self.controller.gamma_max, target.device)
         state = _RowState(target.device, self.settings.max_new_tokens, self.controller.gamma_max)
+        state.records_entropy = self.record_entropy
         rows: list[_Row] = []
         with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
             while rows or waiting:
@@ -391,7 +399,9 @@ class Sampler:
         bad_drafts = torch.zeros((), dtype=torch.bool, device=device) if width == 0 else (
             ((verified < 0) | (verified >= target.vocab_size))
             & (torch.arange(width, device=device)[None, :] < num_drafts[:, None])).any()
-        reason = state.append(result, num_drafts, self.eos_ids)  # [rows] 0 running, 1 eos, 2 length
+        # the entropy of each verified position's distribution [rows, 1+w] (xlogy: 0 log 0 = 0)
+        entropy = -torch.special.xlogy(target_probs, target_probs).sum(-1) if self.record_entropy else None
+        reason = state.append(result, num_drafts, self.eos_ids, entropy)  # [rows] 0 running, 1 eos, 2 length
         # the step's one read of the device
         summary = torch.cat((reason, torch.stack((target.length[target.slot].max(), num_drafts.sum(),
                                                   result.num_accepted.sum(), finite.long(), bad_drafts.long())))).tolist()
@@ -457,6 +467,8 @@ class _RowState:
         self.last = torch.zeros(0, **long)  # [rows] the token each row feeds next
         self.last_fed = self.last  # [rows] the token each row fed this step (the draft's after_step reads it)
         self.counts = torch.zeros(0, 3, **long)  # [rows] forwards, drafted, accepted
+        self.entropy = torch.zeros(0, dtype=torch.float64, device=device)  # [rows] summed (record_entropy)
+        self.records_entropy = False
 
     def add(self, rows: list[_Row]) -> None:
         long = dict(dtype=torch.long, device=self.device)
@@ -466,13 +478,15 @@ class _RowState:
         self.tokens = torch.cat([self.tokens, torch.zeros(len(rows), self.width, **long)])
         self.last = torch.cat([self.last, torch.tensor([r.prompt_ids[-1] for r in rows], **long)])
         self.counts = torch.cat([self.counts, torch.zeros(len(rows), 3, **long)])
+        self.entropy = torch.cat([self.entropy, torch.zeros(len(rows), dtype=torch.float64, device=self.device)])
 
     def keep(self, keep: list[int]) -> None:
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.keys, self.emitted, self.tokens = self.keys[index], self.emitted[index], self.tokens[index]
-        self.last, self.counts = self.last[index], self.counts[index]
+        self.last, self.counts, self.entropy = self.last[index], self.counts[index], self.entropy[index]
 
-    def append(self, result, num_drafts: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    def append(self, result, num_drafts: torch.Tensor, eos_ids: torch.Tensor,
+               entropy: torch.Tensor | None = None) -> torch.Tensor:
         """Keep each row's emitted tokens [rows, 1 + w] up to EOS (not kept) or the budget; -> why each
         row ended this step [rows]: 0 running, 1 eos, 2 length."""
         tokens, num_emitted = result.tokens, result.num_emitted  # [rows, 1+w], [rows]
@@ -488,6 +502,8 @@ class _RowState:
         # room for a whole step past the budget), where nothing reads them and the next step overwrites them
         self.tokens.scatter_(1, self.emitted[:, None] + column, tokens)
         self.emitted = self.emitted + take
+        if entropy is not None:  # [rows, 1+w]: summed over the positions each row keeps
+            self.entropy = self.entropy + torch.where(column < take[:, None], entropy.double(), 0.0).sum(1)
         self.last_fed = self.last
         self.last = tokens.gather(1, (num_emitted - 1)[:, None])[:, 0]  # [rows] the last token emitted
         self.counts = self.counts + torch.stack(
@@ -501,9 +517,12 @@ class _RowState:
             return {}
         index = torch.tensor(finished, dtype=torch.long, device=self.device)
         packed = torch.cat((self.emitted[index, None], self.counts[index], self.tokens[index]), 1).tolist()
+        entropy = self.entropy[index].tolist() if self.records_entropy else None
         out = {}
-        for i, values in zip(finished, packed):
+        for j, (i, values) in enumerate(zip(finished, packed)):
             c = rows[i].completion
+            if entropy is not None:
+                c.entropy_sum = entropy[j]
             n, forwards, drafted, accepted = values[:4]
             c.token_ids = values[4:4 + n]
             c.finish_reason = "eos" if reasons[i] == 1 else "length"

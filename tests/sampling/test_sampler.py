@@ -225,6 +225,26 @@ def test_a_completion_sampled_alone_equals_itself_inside_a_refilling_batch_of_64
         assert (alone[0].token_ids, alone[0].finish_reason) == (c.token_ids, c.finish_reason), (c.prompt_index, c.sample_idx)
 
 
+@pytest.mark.parametrize("draft_kind", ["none", "model"])
+def test_recorded_entropy_is_the_entropy_of_each_kept_tokens_distribution(draft_kind):
+    """record_entropy sums, over the tokens a completion keeps (not its EOS), the entropy of the processed
+    distribution each was drawn from: a full forward of the completion's context gives the same, plain or
+    speculative (an accepted draft is distributed as p at its position)."""
+    target = tiny_lm(9, seed=0)
+    draft = ModelDraft(tiny_lm(9, seed=5, layers=1)) if draft_kind == "model" else None
+    settings = SamplingSettings(max_new_tokens=7, temperature=0.8, top_k=5, batch_rows=4, gamma=2 if draft else 0)
+    completions = Sampler(target, settings, eos_token_ids=[2], draft=draft, record_entropy=True).generate(
+        PROMPTS, num_samples=3, seed=1, progress=False)
+    for c in completions:
+        context = PROMPTS[c.prompt_index] + c.token_ids
+        with torch.no_grad():
+            logits = target(torch.tensor([context])).logits[0, len(PROMPTS[c.prompt_index]) - 1:len(context) - 1]
+        p = probs_from_logits(logits, 0.8, 5)  # [kept tokens, vocab]
+        assert c.entropy_sum == pytest.approx(float(-torch.special.xlogy(p, p).sum()), rel=1e-4, abs=1e-5)
+    assert Sampler(target, settings, eos_token_ids=[2], draft=draft).generate(
+        PROMPTS, num_samples=1, seed=1, progress=False)[0].entropy_sum is None  # not recorded unless asked
+
+
 def test_ngram_proposals_depend_on_the_batch_but_the_distribution_does_not():
     """The n-gram draft looks up the sibling completions sampled so far, and how far a sibling has
     got depends on which rows ran together: the same seed gives other proposals (hence other
