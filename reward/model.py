@@ -27,10 +27,17 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification
 
 from rsft.errors import ConfigError, InputError
-from rsft.models import build_byte_tokenizer, model_source, seeded
+from rsft.models import (
+    build_byte_tokenizer,
+    load_pretrained,
+    load_reward_classifier,
+    load_tokenizer,
+    model_source,
+    seeded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +74,14 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
         from trl.trainer.reward_trainer import suppress_seqcls_warning
 
         source = model_source(cfg, cache_dir)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        what = f"reward backbone {cfg.name_or_path!r}"
+        tokenizer = load_tokenizer(source, what)
         # The new scalar head is initialised from the global RNG: seed it, or the same pairs train a
         # different reward model in every process (held-out accuracy 0.61 vs 0.65 in two default runs).
+        # new_weights: the head is new on purpose, and trained; a damaged file is still refused.
         with suppress_seqcls_warning(), seeded(seed):
-            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
+            model, _ = load_pretrained(AutoModelForSequenceClassification, source, what, new_weights=True,
+                                       expected="model to put a scalar head on", num_labels=1, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise InputError(f"reward backbone {cfg.name_or_path!r}: its tokenizer has neither a pad nor an eos token; "
@@ -89,8 +99,9 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
 def load_trained_reward_model(path: str | Path):
     """(model, tokenizer) of a reward model stage=reward or stage=refresh saved, to train it further
     (stage=refresh with refresh.init=previous); its pooling comes with its config.json."""
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    what = f"trained reward model {path}"
+    tokenizer = load_tokenizer(path, what)
+    model = load_reward_classifier(path, what, dtype=torch.float32)  # damaged files, missing weights: refused
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(model.config, "reward_pooling", None) == "mean" and getattr(model.base_model, "pooler", None) is not None:

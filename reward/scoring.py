@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from reward.encoding import encode_pair, pad_right
 from reward.model import reward_forward
 from rsft.errors import MissingInput
+from rsft.models import load_reward_classifier, load_tokenizer
 
 STATS_FILE = "reward_stats.json"
 PLAIN_PROMPT = "{prompt}"
@@ -93,8 +93,9 @@ def load_scorer(path: str | Path, device: str | torch.device = "cpu") -> RewardS
         raise MissingInput(f"{path} is not a trained reward model (no {STATS_FILE}); run "
                            f"`python -m rsft.run stage=reward` first")
     stats = json.loads(stats_file.read_text())
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    what = f"trained reward model {path}"
+    tokenizer = load_tokenizer(path, what)
+    model = load_reward_classifier(path, what, dtype=torch.float32)  # damaged files, missing weights: refused
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if str(device) == "auto":

@@ -42,6 +42,7 @@ def check_config(cfg: DictConfig) -> None:
                    if OmegaConf.is_dict(cfg.get(g)))  # the groups; top-level keys are checked with the run
     if cfg.stage == "loop" and cfg.loop.dpo is False:  # a loop without DPO never reads dpo.*
         groups = tuple(g for g in groups if g != "dpo")
+    _check_command_line()
     _check_required(cfg, groups)
     config.check_run_dir(cfg)
     _as_config_error("", config.check_top_level, cfg)
@@ -55,6 +56,15 @@ def check_config(cfg: DictConfig) -> None:
     _check_round_labels(cfg)
     _check_packages(cfg, groups)
     _check_reward_sources(cfg, groups)
+
+
+def _check_command_line() -> None:
+    """The command line's overrides, read for a name given twice (rsft.config.check_override_names: a
+    combination's component that would vanish), when Hydra runs the command (a composed config has none)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        config.check_override_names(list(HydraConfig.get().overrides.task))
 
 
 def _check_round_labels(cfg: DictConfig) -> None:

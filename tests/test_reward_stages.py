@@ -45,6 +45,69 @@ def test_a_changed_function_file_makes_the_scores_stale(make_cfg, tmp_path):
         run_stage(make_cfg("stage=score", *spec))
 
 
+def test_an_edited_helper_module_makes_the_scores_stale_and_overwrite_rescores(make_cfg, tmp_path, monkeypatch):
+    """A function reward's fingerprint digests the local modules it imports, not its own file only: an edited
+    helper beside it makes the next run refuse the old scores as stale (naming the reward source), and
+    overwrite=true scores again with the new helper."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m rsft.run` run from the folder puts it on sys.path
+    monkeypatch.delitem(sys.modules, "stage_helper", raising=False)
+    (tmp_path / "stage_helper.py").write_text("POINTS = 1.0\n")
+    module = tmp_path / "graded.py"
+    module.write_text("from stage_helper import POINTS\n\n"
+                      "def score(prompts, completions):\n    return [POINTS] * len(completions)\n")
+    run_stage(make_cfg("stage=sample"))
+    spec = ["reward_source=function", f"reward_source.spec={module}:score"]
+    first = run_stage(make_cfg("stage=score", *spec)).path
+    assert set(load_from_disk(str(first))["reward"]) == {1.0}
+    imports = read_meta(first)["fingerprint"]["sources"]["reward_source"]["imports"]
+    assert list(imports) == ["stage_helper.py"]  # which files were digested, in the artifact's meta.json
+    assert run_stage(make_cfg("stage=score", *spec)).path == first  # unchanged: reused
+    (tmp_path / "stage_helper.py").write_text("POINTS = 2.0\n")
+    with pytest.raises(StaleArtifact, match="reward source reward_source"):
+        run_stage(make_cfg("stage=score", *spec))
+    again = run_stage(make_cfg("stage=score", *spec, "overwrite=true")).path
+    assert set(load_from_disk(str(again))["reward"]) == {2.0}
+    assert read_meta(again)["fingerprint"]["sources"]["reward_source"]["imports"] != imports
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "causal LM", "no head"])
+def test_a_broken_pretrained_reward_is_one_line_before_any_work(make_cfg, tmp_path, damage):
+    """The pre-flight opens a pretrained reward: a truncated model.safetensors, a language model's folder and a
+    checkpoint without its head are refused there, as rsft's errors naming the folder, not as a traceback."""
+    from rsft.checks import check_config
+    from rsft.errors import InputError
+
+    folder = save_tiny_classifier(tmp_path / "classifier")
+    if damage == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "no head":
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(folder / "model.safetensors"))
+        del state["score.weight"]
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        from transformers import LlamaForCausalLM
+
+        causal = LlamaForCausalLM.from_pretrained(folder)
+        for name in folder.iterdir():
+            name.unlink()
+        causal.save_pretrained(folder)
+        from rsft.models import build_byte_tokenizer
+
+        build_byte_tokenizer().save_pretrained(folder)
+    expected = {"truncated weights": f"{folder / 'model.safetensors'} is damaged",
+                "causal LM": "a language model, not a reward", "no head": "score.weight"}[damage]
+    with pytest.raises(InputError) as refused:
+        check_config(make_cfg("stage=score", "reward_source=pretrained", f"reward_source.spec={folder}"))
+    message = str(refused.value)
+    assert message.startswith("reward_source=pretrained: pretrained reward model") and expected in message
+    assert "\n" not in message and not (tmp_path / "runs").exists()
+
+
 def test_a_verifier_none_is_never_kept_and_a_threshold_keeps_only_correct_answers(make_cfg, tmp_path):
     module = tmp_path / "verify.py"
     module.write_text("def check(prompts, completions):\n"
