@@ -160,3 +160,32 @@ def is_verifier(values) -> bool:
 def normalised_answer(text: str) -> str:
     """A completion's text as compared for "alike": case, surrounding and repeated whitespace ignored."""
     return " ".join(text.lower().split())
+
+
+VERDICTS = ("better", "not worse", "worse", "undecided")
+
+
+def verdict(difference: dict, margin: float) -> str:
+    """The one rule every comparison in rsft's docs uses, on a paired difference A - B with its 95% interval
+    ({mean, low, high}, rsft.stats.paired_difference) and a margin m >= 0 stated before the run:
+      better      the interval lies above zero (low > 0);
+      not worse   not better, but A is not worse than B by more than m: low > -m (non-inferiority);
+      worse       the interval lies below zero (high < 0) and reaches past -m;
+      undecided   anything else: the interval spans both -m and 0.
+    With m = 0 only better, worse and undecided can come out. "Reaches" and "matches" in the docs mean
+    "not worse, within m", with m and the seeds named beside it."""
+    if not margin >= 0:  # `not >=` also catches NaN
+        raise ValueError(f"margin={margin!r}: expected a number >= 0, stated before the comparison is run")
+    low, high = difference["low"], difference["high"]
+    if low > 0:
+        return "better"
+    if low > -margin:
+        return "not worse"
+    if high < 0:
+        return "worse"
+    return "undecided"
+
+
+def verdict_shown(difference: dict, margin: float) -> str:
+    """The verdict with its margin, as a table cell: `not worse (m = 0.03)`."""
+    return f"{verdict(difference, margin)} (m = {margin:g})"

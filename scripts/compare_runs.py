@@ -9,7 +9,8 @@ loop does: common random numbers), so completion (prompt_id, sample_idx) of one 
 the same key of the other. For each policy both runs evaluated (the initial one, then each round's)
 it prints a markdown table row: each run's mean with its 95% bootstrap interval over prompts, the
 paired difference A - B and the paired win rate P(A's completion beats B's), each with its interval
-(rsft.stats). The default column is the judge's score where both runs have one, else gold, else the
+(rsft.stats), and the verdict of rsft.stats.verdict on the difference with --margin m (better, not worse
+within m, worse, undecided). The default column is the judge's score where both runs have one, else gold, else the
 proxy reward.
 
 --kept REWARD_MODEL judges what each run kept instead (round_XX/selected, the SFT data) with that reward
@@ -106,7 +107,12 @@ def main(argv=None) -> None:
     parser.add_argument("--column", choices=["judge", "gold", "reward"], default=None)
     parser.add_argument("--kept", type=str, default=None, metavar="REWARD_MODEL",
                         help="judge the runs' kept sets (round_XX/selected) with this reward model instead")
+    parser.add_argument("--margin", type=float, default=0.0,
+                        help="m >= 0, stated before the comparison: A is 'not worse' than B when the paired interval's "
+                             "low end is above -m (rsft.stats.verdict); 0 (the default) decides only better / worse")
     args = parser.parse_args(argv)
+    if not args.margin >= 0:
+        raise InputError(f"--margin {args.margin}: expected a number >= 0 (the non-inferiority margin, set before the run)")
     for run in (args.run_a, args.run_b):
         if not run.is_dir():
             raise MissingInput(f"run {run}: no such folder; give two run directories (runs/<run_name>)")
@@ -123,16 +129,18 @@ def main(argv=None) -> None:
         a, b = load_dataset_artifact(a_evals[name]), load_dataset_artifact(b_evals[name])
         if column is None:
             column = pick_column(a, b, args.column)
-            print(f"\n| policy | A {column} [95% CI] | B {column} [95% CI] | A - B (paired) | P(A beats B) |")
-            print("|---|---|---|---|---|")
+            print(f"\n| policy | A {column} [95% CI] | B {column} [95% CI] | A - B (paired) | P(A beats B) | A vs B |")
+            print("|---|---|---|---|---|---|")
         elif column not in a.column_names or column not in b.column_names:
-            print(f"| {name} | (no {column} column in both) | | | |")
+            print(f"| {name} | (no {column} column in both) | | | | |")
             continue
         mine = stats.keyed(a["prompt_id"], a["sample_idx"], a[column])
         theirs = stats.keyed(b["prompt_id"], b["sample_idx"], b[column])
+        difference = stats.paired_difference(mine, theirs)
         print(f"| {name} | {stats.shown(stats.bootstrap(stats.by_prompt(a['prompt_id'], a[column])))} | "
               f"{stats.shown(stats.bootstrap(stats.by_prompt(b['prompt_id'], b[column])))} | "
-              f"{stats.shown(stats.paired_difference(mine, theirs), signed=True)} | {stats.shown(stats.paired_win_rate(mine, theirs))} |")
+              f"{stats.shown(difference, signed=True)} | {stats.shown(stats.paired_win_rate(mine, theirs))} | "
+              f"{stats.verdict_shown(difference, args.margin)} |")
 
 
 if __name__ == "__main__":

@@ -86,3 +86,21 @@ def test_only_zero_one_columns_count_as_a_verifier():
 
     assert is_verifier([1.0, 0.0, None, 1])
     assert not is_verifier([1.0, 0.5]) and not is_verifier([None, None]) and not is_verifier([])
+
+
+@pytest.mark.parametrize("low,high,margin,word", [
+    (0.01, 0.05, 0.0, "better"), (-0.02, 0.03, 0.03, "not worse"), (-0.02, 0.03, 0.0, "undecided"),
+    (-0.05, 0.01, 0.03, "undecided"), (-0.08, -0.01, 0.03, "worse"), (-0.02, -0.01, 0.03, "not worse"),
+    (0.0, 0.02, 0.01, "not worse")])
+def test_one_rule_decides_every_comparison(low, high, margin, word):
+    """better above zero; not worse when the low end clears -m; worse below zero past -m; else undecided."""
+    from rsft.stats import verdict
+
+    assert verdict({"mean": (low + high) / 2, "low": low, "high": high}, margin) == word
+
+
+def test_a_margin_must_be_stated_and_non_negative():
+    from rsft.stats import verdict
+
+    with pytest.raises(ValueError, match="margin=-0.1: expected a number >= 0"):
+        verdict({"low": 0.0, "high": 0.1}, -0.1)
