@@ -46,11 +46,20 @@ def _mulhilo(a: torch.Tensor, multiplier: torch.Tensor):
     return (high_part >> 16) + (middle >> 32), middle & MASK32
 
 
+_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The round multipliers and key increments on `device`, made once (no host-to-device copy a step)."""
+    if device not in _CONSTANTS:
+        _CONSTANTS[device] = (torch.tensor(MULTIPLIERS, dtype=torch.long, device=device),
+                              torch.tensor(KEY_STEPS, dtype=torch.long, device=device))
+    return _CONSTANTS[device]
+
+
 def philox4x32(counter: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """counter [..., 4], key [..., 2] (int64 holding 32-bit words, broadcastable) -> [..., 4] words."""
-    device = counter.device
-    multipliers = torch.tensor(MULTIPLIERS, dtype=torch.long, device=device)  # [2]
-    steps = torch.tensor(KEY_STEPS, dtype=torch.long, device=device)  # [2]
+    multipliers, steps = _constants(counter.device)  # [2] each
     even, odd = counter[..., 0::2], counter[..., 1::2]  # [..., 2] each: (c0, c2), (c1, c3)
     key = key.expand(*even.shape[:-1], 2)  # [..., 2]
     for round_index in range(ROUNDS):

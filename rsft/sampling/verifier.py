@@ -462,7 +462,9 @@ class AcceptanceTally:
             reached = (positions < num_drafts[:, None]) & (positions <= num_accepted[:, None])  # [batch, gamma]
             self.reached_at[:gamma] += reached.sum(0)
             self.accepted_at[:gamma] += (positions < num_accepted[:, None]).sum(0)
-        self.by_num_drafts += torch.bincount(num_drafts, minlength=self.gamma_max + 1)[:self.gamma_max + 1]
+        # a histogram by comparison, not torch.bincount: on CUDA bincount reads the maximum back to size its output
+        values = torch.arange(self.gamma_max + 1, device=num_drafts.device)  # [gamma_max + 1]
+        self.by_num_drafts += (num_drafts[:, None] == values[None, :]).sum(0)
 
     def flush_into(self, stats: AcceptanceStats) -> None:
         """Add what was counted since the last flush to stats (one read of the device), and start again."""
