@@ -41,3 +41,70 @@ def anchors(page) -> set[str]:
             title = line.lstrip("#").strip().lower()
             found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
     return found
+
+
+# Issue 47: a comparison between two results is decided by one rule, rsft.stats.verdict, on the paired
+# interval and a margin stated before the run: better / not worse / worse / undecided. "Reaches",
+# "matches" or "beats" beside a difference or a share of tokens, without the rule's word, is the claim a
+# skeptic does not accept (a result 0.02 worse "reaching" another because its interval includes zero).
+COMPARISON_VERB = re.compile(r"\b(reach(es|ed|ing)?|match(es|ed|ing)?|beat(s|en|ing)?|level with|as good as|tied)\b",
+                             re.IGNORECASE)
+NOT_A_COMPARISON = re.compile(r"\b(\d+-)?token match(es)?\b|\bshortest match\b", re.IGNORECASE)  # the n-gram draft's
+# a signed difference (-0.018, +0.06), not the second end of a range (0.58-0.67), or a share (37-41%)
+RESULT_NUMBER = re.compile(r"(?<![\d.])[+-]0\.\d{2,}|\d%")
+RULE_WORD = re.compile(r"\b(better|not worse|worse|undecided)\b|no paired interval", re.IGNORECASE)
+
+
+def sentences(text: str) -> list[str]:
+    """The prose of a Markdown page, one sentence a string: code blocks, tables and images left out, link
+    targets and inline code dropped, a paragraph's or list item's lines joined before it is split."""
+    blocks, current, fenced = [], [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+            continue
+        starts_block = not stripped or stripped.startswith(("|", "#", "![", "- ", "* ")) or re.match(r"\d+\. ", stripped)
+        if fenced or starts_block:
+            blocks.append(" ".join(current))
+            current = []
+        if fenced or not stripped or stripped.startswith(("|", "![")):
+            continue
+        current.append(stripped)
+    blocks.append(" ".join(current))
+    found = []
+    for block in blocks:
+        block = re.sub(r"\]\([^)\s]*\)", "]", block)  # [text](target) -> [text]
+        block = re.sub(r"`[^`]*`", "`code`", block)
+        found += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[`\"])", block) if s]
+    return found
+
+
+def unruled_comparisons(text: str) -> list[str]:
+    """The sentences that compare two results with a comparison verb and a number, without the rule's word."""
+    return [s for s in sentences(text)
+            if COMPARISON_VERB.search(NOT_A_COMPARISON.sub("", s)) and RESULT_NUMBER.search(s)
+            and not RULE_WORD.search(s)]
+
+
+def test_every_comparison_claim_in_the_docs_names_the_rules_verdict():
+    """README.md and docs/*.md: a sentence that says one result reaches, matches, beats, ties or is level with
+    another, beside a difference or a share, says which verdict the rule gives (or that no paired interval
+    was recorded)."""
+    failures = [f"{page.relative_to(REPO)}: {sentence}" for page in [README, *sorted((REPO / "docs").glob("*.md"))]
+                for sentence in unruled_comparisons(page.read_text())]
+    assert not failures, ("comparison claims without better / not worse / worse / undecided "
+                          "(rsft.stats.verdict, with the margin and seeds):\n" + "\n".join(failures))
+
+
+def test_the_comparison_check_reads_a_claim_as_the_rule_asks():
+    reaching = "Online at K=4 reaches the rounds' final gold at 37-41% of their tokens on both seeds."
+    ruled = ("Online at K=4 ends undecided at m = 0 against the rounds' final gold on seed 1 (-0.018 [-0.055, "
+             "+0.018]), so 'reaches' is not shown.")
+    assert unruled_comparisons(reaching) == [reaching]
+    assert unruled_comparisons(ruled) == []
+    assert unruled_comparisons("A completion that reaches max_new_tokens is cut.") == []  # no result compared
+    assert unruled_comparisons("A 2-4 token match exists at 15% of positions.") == []     # the n-gram draft
+    assert unruled_comparisons("Published reward models reach 0.65-0.72 on HH.") == []    # a range, not a difference
+    assert unruled_comparisons("It beat random (+0.17; no paired interval recorded).") == []
+    assert unruled_comparisons("```\nit reaches +0.034\n```\n| reaches | +0.034 |") == []   # code and tables
