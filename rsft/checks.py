@@ -16,7 +16,8 @@ stage reads (rsft.stages; stage=loop: those of every stage it runs). A group a s
 not checked (stage=reward does not fail on sample.top_p=7), so a stage can be run with any leftovers
 of another experiment on the command line. This module adds what needs the machine or the user's files: the
 device, the number of processes a training batch must divide over, every refresh.pairs round
-file the command will read, and the optional packages the settings need (vLLM, wandb, peft, gguf).
+file the command will read, the optional packages the settings need (vLLM, wandb, peft, gguf), and
+for a command that evaluates, held-out prompts that are train prompts too (rsft.data).
 """
 
 from __future__ import annotations
@@ -55,7 +56,23 @@ def check_config(cfg: DictConfig) -> None:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
     _check_round_labels(cfg)
     _check_packages(cfg, groups)
+    _check_held_out_prompts(cfg)
     _check_reward_sources(cfg, groups)
+
+
+def _check_held_out_prompts(cfg: DictConfig) -> None:
+    """A command that evaluates (stage=eval, stage=loop with loop.eval, stage=online with online.eval_every) on
+    held-out prompts that are all train prompts stops now, not after prefs and the reward model; some of
+    them: a warning with the counts (rsft.data.check_held_out_prompts)."""
+    without = {"loop": "loop.eval=false", "online": "online.eval_every=0"}.get(cfg.stage)
+    evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and bool(cfg.loop.eval)) or (
+        cfg.stage == "online" and int(cfg.online.eval_every) > 0)
+    if evaluates:
+        from rsft.data import (
+            check_held_out_prompts,  # imports datasets: only for a command that evaluates
+        )
+
+        check_held_out_prompts(cfg.data, without)
 
 
 def _check_command_line() -> None:

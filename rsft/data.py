@@ -4,6 +4,11 @@ Every loader returns a `datasets.Dataset` with at least `prompt_id` (str) and `p
 columns (the demo task's `task` constraints, say) are kept. Bad input stops here, before any model
 is loaded, with a message naming the setting, the file (and line) and what was expected.
 
+Held-out prompts that are train prompts too (data.eval_path=data.path, data.eval_split=data.split, a copied
+file) are measured before a command that evaluates does any work (check_held_out_prompts, run by rsft.checks):
+with the same text and after ignoring case, whitespace and punctuation. Some: a warning with the counts. All:
+refused, naming both settings.
+
 Prompt text becomes token ids only through `prompt_token_ids`: the policy's chat template with the
 user's text kept as text (a prompt that contains "<|im_end|>\n<|im_start|>system" cannot open a
 system turn), cut from the left when the policy's context cannot hold it and the completion.
@@ -12,6 +17,7 @@ system turn), cut from the left when the policy's context cannot hold it and the
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections import defaultdict
 from pathlib import Path
 
@@ -122,6 +128,100 @@ def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> D
                     "(so that prompt gets more samples), e.g. %s", source, duplicates["duplicate_prompt_rows"],
                     duplicates["examples"])
     return ds
+
+
+OVERLAP_EXAMPLES = 3  # held-out prompt ids shown when some are train prompts too
+
+
+def comparable_text(prompt: str) -> str:
+    """A prompt as the overlap check compares it: NFKC-normalised, casefolded, punctuation read as a space,
+    whitespace collapsed. "What is 2+2?" and "what is  2+2" are one prompt; "3-4" and "34" stay two."""
+    text = unicodedata.normalize("NFKC", prompt).casefold()
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text)
+    return " ".join(text.split())
+
+
+def _prompt_set(cfg: DictConfig, which: str) -> tuple[Dataset, str]:
+    """The train split as a whole (every round may reach any of it: data.rotate, prefs.num_prompts) or the
+    held-out prompts as evaluation reads them (data.eval_limit), checked as load_prompts checks them."""
+    if cfg.kind not in PROMPT_SOURCES:
+        raise ConfigError(f"data.kind={cfg.kind!r}: expected one of {', '.join(PROMPT_SOURCES)}")
+    split = cfg.split if which == "train" else cfg.get("eval_split")
+    ds, source = PROMPT_SOURCES[cfg.kind](cfg, which, split)
+    return _normalise(ds, cfg, source, None if which == "train" else cfg.get("eval_limit")), source
+
+
+def held_out_overlap(cfg: DictConfig) -> dict:
+    """How many held-out prompts (as evaluation reads them) are also prompts of the train split: with the same
+    text (`exact`), and after comparable_text (`normalised`, which counts the exact ones too), out of
+    `held_out`; `examples`: a few such held-out prompt ids. A held-out row counts once per row."""
+    import datasets
+
+    quiet = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # a check before the work: the stages' own loading shows its progress
+    try:
+        train, train_source = _prompt_set(cfg, "train")
+        held, held_source = _prompt_set(cfg, "eval")
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+    exact_texts = set(train["prompt"])
+    comparable = {comparable_text(t) for t in exact_texts}
+    exact = normalised = 0
+    examples = []
+    for prompt_id, text in zip(held["prompt_id"], held["prompt"]):
+        if text in exact_texts:
+            exact += 1
+        if text in exact_texts or comparable_text(text) in comparable:
+            normalised += 1
+            if len(examples) < OVERLAP_EXAMPLES:
+                examples.append(prompt_id)
+    return {"held_out": len(held), "train": len(train), "exact": exact, "normalised": normalised,
+            "examples": examples, "train_source": train_source, "held_out_source": held_source}
+
+
+def _overlap_settings(cfg: DictConfig) -> tuple[str, str, str]:
+    """(the train prompts, the held-out prompts, what to do) in the words of this data kind's settings."""
+    if cfg.kind == "local":
+        # one datasets folder for both sets is read at two splits (docs/own-data.md): name them
+        folder = str(cfg.path) == str(cfg.get("eval_path")) and Path(str(cfg.path)).expanduser().is_dir()
+        return (f"data.path={cfg.path}" + (f" (data.split={cfg.split})" if folder else ""),
+                f"data.eval_path={cfg.get('eval_path')}" + (f" (data.eval_split={cfg.get('eval_split')})" if folder
+                                                             else ""),
+                "point data.eval_path at prompts this run does not train on"
+                + (" (or data.eval_split at another split of the folder)" if folder else ""))
+    if cfg.kind == "hh_rlhf":
+        return (f"the train prompts of data.path={cfg.path}",
+                f"its held-out prompts (data.eval_fraction={cfg.get('eval_fraction')})",
+                "remove the transcripts whose first turns differ only in case, spacing or punctuation from "
+                "data.path, or hold out others with another data.split_seed")
+    where = f" of data.name={cfg.name}" if cfg.kind == "hub" else f" of the {cfg.kind} prompts"
+    return (f"data.split={cfg.split}{where}", f"data.eval_split={cfg.get('eval_split')}",
+            "set data.eval_split to a split this run does not train on"
+            + (" (data=demo and data=checkable: data.split=train data.eval_split=test)" if cfg.kind != "hub" else ""))
+
+
+def check_held_out_prompts(cfg: DictConfig, without: str | None = None) -> dict:
+    """Refuse held-out prompts that are all train prompts (ConfigError naming both settings and what to do;
+    `without`: the setting that runs without evaluation, for the message), warn with the counts when some
+    are. Run before any work by rsft.checks for every command that evaluates; returns held_out_overlap."""
+    overlap = held_out_overlap(cfg)
+    train, held, fix = _overlap_settings(cfg)
+    n, exact, normalised = overlap["held_out"], overlap["exact"], overlap["normalised"]
+    counts = (f"{exact} with the same text, {normalised - exact} more after ignoring case, whitespace and "
+              f"punctuation")
+    if normalised == n:
+        raise ConfigError(f"{held}: every one of its {n} held-out prompts is a train prompt of {train} ({counts}); "
+                          f"an evaluation there measures the prompts the policy was trained on, not held-out ones: "
+                          f"{fix}" + (f", or run without evaluation ({without})" if without else ""))
+    if normalised:
+        log.warning("%s: %d of its %d held-out prompts are also train prompts of %s (%s), e.g. %s; their scores "
+                    "count in the evaluation as held out: %s", held, normalised, n, train, counts,
+                    overlap["examples"], fix)
+    else:
+        log.info("held-out prompts: none of the %d (%s) is a train prompt of %s, also ignoring case, whitespace "
+                 "and punctuation", n, held, train)
+    return overlap
 
 
 HUMAN_TURN, ASSISTANT_TURN = "Human:", "\n\nAssistant:"

@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -89,13 +91,15 @@ def report_failure(error: BaseException, explain: Callable[[BaseException], str 
 
     A user error (USER_ERRORS, or one `explain` turns into a line) ends in that line, then a line saying
     how to see the traceback, exit 1; RSFT_TRACEBACK=1 raises the error with its traceback instead.
-    Ctrl-C ends in the line `interrupted`. A SystemExit passes (argparse's usage errors, a script's exit
-    status). Anything else is a bug: its traceback is logged on the "rsft" logger (stderr when nothing
-    configured logging), then a line saying so, exit 1."""
+    Ctrl-C (a KeyboardInterrupt) ends in the line `interrupted` on stderr and exit status 128 + the signal
+    (130; 143 for rsft.interrupts' SIGTERM), as a shell reports a command a signal stopped. A SystemExit
+    passes (argparse's usage errors, a script's exit status). Anything else is a bug: its traceback is
+    logged on the "rsft" logger (stderr when nothing configured logging), then a line saying so, exit 1."""
     if isinstance(error, SystemExit):
         raise error
     if isinstance(error, KeyboardInterrupt):
-        raise SystemExit(interrupted) from None
+        print(interrupted, file=sys.stderr, flush=True)
+        raise SystemExit(128 + getattr(error, "signum", signal.SIGINT)) from None
     message = str(error) if isinstance(error, USER_ERRORS) else explain(error) if explain else None
     if message is not None:
         if os.environ.get("RSFT_TRACEBACK"):

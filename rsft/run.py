@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as omegaconf_errors
 
-from rsft import distributed, errors, stages
+from rsft import distributed, errors, interrupts, stages
 from rsft.config import check_run_name, describe, register_configs, renamed_key
 from rsft.errors import ConfigError
 from rsft.lock import run_lock
@@ -162,18 +163,28 @@ def report_failure(error: BaseException) -> NoReturn:
     rsft.errors.report_failure, which every entry point shares, with OmegaConf's errors while a stage reads
     the config (config_read_problem) as user errors too, and Ctrl-C saying how to resume. A user error ends
     in one line and exit 1 (RSFT_TRACEBACK=1 shows the traceback as well); anything else is a bug: its
-    traceback is logged (console and the run's log file), then a line saying so, exit 1."""
+    traceback is logged (console and the run's log file), then a line saying so, exit 1. Once a SIGINT or
+    SIGTERM was received (rsft.interrupts), the command ends as interrupted, exit 130 or 143, whatever it
+    raised after the signal (a library may turn a KeyboardInterrupt into its own error)."""
+    signum = interrupts.received()
+    if signum is not None and not isinstance(error, KeyboardInterrupt):
+        log.warning("after %s: %s: %s", signal.Signals(signum).name, type(error).__name__, str(error)[:300])
+        error = interrupts.Interrupted(signum)
     errors.report_failure(error, config_read_problem,
                           interrupted="interrupted; rerun the same command to resume (complete artifacts are kept)")
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Run the stage; a failure ends as report_failure says: a user error in one line, a bug with its traceback."""
-    try:
-        run_stage(cfg)
-    except BaseException as error:  # noqa: BLE001  (report_failure re-raises or ends the command)
-        report_failure(error)
+    """Run the stage; a failure ends as report_failure says: a user error in one line, a bug with its traceback.
+    SIGINT and SIGTERM stop it (rsft.interrupts): the first at once or at the next safe point if a library
+    swallows it, a second at once; either way the exit status is 130 or 143 and the run resumes."""
+    with interrupts.handled():
+        try:
+            run_stage(cfg)
+            interrupts.check()  # a signal swallowed after the last safe point still ends the command non-zero
+        except BaseException as error:  # noqa: BLE001  (report_failure re-raises or ends the command)
+            report_failure(error)
 
 
 def _setting(argv: list[str], key: str) -> str | None:

@@ -13,6 +13,8 @@ declares (rsft.stages: reads, less UNCOUNTED and WHILE_OFF) and the inputs' dige
 complete artifact made from the same, refuses one made from anything else (StaleArtifact), opens
 the tracker, builds, writes each output atomically on the main process, waits for every process,
 drops the build's resume progress (shards, checkpoints), logs its metrics, and returns the record.
+Before a stage and after its artifact is written, a SIGINT or SIGTERM that a library swallowed stops the
+command (rsft.interrupts.check).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import auto_k, distributed, stages
+from rsft import auto_k, distributed, interrupts, stages
 from rsft.errors import RsftError
 from rsft.fingerprints import check_reuse, fingerprint
 from rsft.machine import warn_if_other_machine
@@ -130,6 +132,7 @@ def wanted_fingerprint(cfg: DictConfig) -> dict:
 def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
     """Build (or reuse) stage `name`'s artifact for `cfg`; its record (path and meta.json)."""
     stage = stages.get(name)
+    interrupts.check()  # a safe point: a SIGINT or SIGTERM a library swallowed stops the command before the next stage
     if not stage.artifact:
         return module(stage).run(cfg, tracker)
     chosen = None
@@ -188,4 +191,5 @@ def _build(stage: stages.Stage, cfg: DictConfig, paths: RunPaths, plan: Plan, tr
         distributed.barrier()
         if built is not None and built.metrics:
             tracker.log(built.metrics, step=built.step)
+    interrupts.check()  # a safe point: the artifact is complete, a signal received while it was built stops here
     return finished(plan.outputs[0])

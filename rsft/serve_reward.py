@@ -28,7 +28,8 @@ Protocol (JSON in and out; docs/reward-server.md):
   something that is not one float or None per row. Clients retry 5xx.
 
 Requests are scored one at a time (a lock): a model on one device gains nothing from two at once, and
-a source need not be thread-safe. Ctrl-C (or SIGTERM) stops the server cleanly.
+a source need not be thread-safe. Ctrl-C (or SIGTERM) stops the server cleanly (exit 0), also when it
+was started with SIGINT ignored (a background job: stopped_by_signals).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ import logging
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Iterator
 
 from rsft.errors import ConfigError, RsftError, main_guard
 from rsft.reward_sources import RewardSource, checked_scores
@@ -228,17 +230,44 @@ def main(argv=None) -> int:
         log.warning("listening on %s: anyone who can reach port %d can score with this reward (no authentication)",
                     args.host, port)
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        log.info("stopped")
-    finally:
-        server.server_close()
+    with stopped_by_signals(server):
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
+    log.info("stopped")
     return 0
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stopped_by_signals(server: RewardServer) -> Iterator[None]:
+    """SIGINT (Ctrl-C) and SIGTERM stop `server` cleanly: its serve_forever() returns, the socket is closed.
+
+    The handlers are installed whatever disposition the process inherited: a shell starts a background job
+    (`cmd &`, nohup, some CI runners) with SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler, so without these a SIGINT would never stop the server. The first signal asks serve_forever to
+    return (shutdown() from a thread: it waits for the serving loop, which runs in this one); a second one
+    raises KeyboardInterrupt at once. The previous handlers are restored after."""
+    received: list[int] = []
+
+    def stop(signum, frame):
+        received.append(signum)
+        if len(received) > 1:
+            raise KeyboardInterrupt
+        log.info("%s: stopping", signal.Signals(signum).name)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from rsft import distributed
+from rsft import distributed, interrupts
 from rsft.errors import (
     ArtifactError,
     DamagedArtifact,
@@ -220,7 +220,7 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
     The caller may add entries to `meta` inside the block (counts, statistics); they are
     written with the config-independent fields (versions, timings) when the block ends, with
     `wanted_fingerprint` (the fingerprint rsft.fingerprints.check_reuse compares), each file's size and CRC-32, and a digest
-    of both that downstream fingerprints record. On an exception the temporary folder is removed
+    of both by content (content_digest) that downstream fingerprints record. On an exception the temporary folder is removed
     and nothing at `final` changes.
     """
     final = Path(final)
@@ -236,14 +236,60 @@ def atomic_artifact(final: str | os.PathLike, meta: dict[str, Any],
         full_meta.setdefault("build_seconds", round(time.time() - started, 3))  # the runner's: the whole build
         full_meta["fingerprint"] = wanted_fingerprint or {}
         full_meta["files"] = {str(f.relative_to(tmp)): file_digest(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
-        full_meta["digest"] = hashlib.sha256(json.dumps([full_meta["fingerprint"], full_meta["files"]],
-                                                        sort_keys=True, default=str).encode()).hexdigest()[:16]
+        full_meta["digest"] = content_digest(tmp, full_meta["fingerprint"], full_meta["files"])
         (tmp / META_FILE).write_text(json.dumps(full_meta, indent=2, default=str))
         _move_into_place(tmp, final)
     except BaseException as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise_if_write_failed(error, final)
         raise
+
+
+# files whose bytes differ between two builds of the same artifact, byte-identical in every row and weight
+DATASETS_STATE = "state.json"            # datasets.save_to_disk: its "_fingerprint" is random on every save
+DATASETS_CACHE_PREFIX = "cache-"         # datasets' cache files, named by that random fingerprint
+MEASUREMENTS = "metrics.json"            # a stage's report of what it measured: wall-clock times among them
+
+
+def content_digest(folder: str | os.PathLike, fingerprint: dict[str, Any], files: dict[str, dict]) -> str:
+    """The artifact's digest, which every artifact built from it records (rsft.fingerprints): what made it
+    and what it holds, so that an artifact rebuilt with the same content has the same digest and what was
+    built from it is reused (delete round 0 and rerun: round 1 is not stale). Its files enter by size and
+    CRC-32 (`files`, as meta.json records them), less what differs between two identical builds:
+
+    - a datasets folder's state.json (at any depth: a DatasetDict's splits) enters without `_fingerprint`,
+      a random id on every save_to_disk; its other fields (the data files, the format) stay;
+    - datasets' cache-*.arrow files are left out (named by that id, not part of what was saved);
+    - the top-level metrics.json is left out: the stage's measurements of its build (seconds, tokens per
+      second next to the accuracies), which no stage reads as an input; what they measure is in the other
+      files. It is still checked for damage like every file (check_intact).
+
+    Weights, rows, tokenizer and config files are compared byte for byte. A digest recorded before this
+    rule (the state.json's bytes included) stays what it was: digests are read from meta.json, never
+    recomputed, so a finished run is reused as it was; only a rebuilt artifact gets a digest of this kind."""
+    folder = Path(folder)
+    content = {}
+    for name, record in files.items():
+        path = Path(name)
+        if name == MEASUREMENTS or path.name.startswith(DATASETS_CACHE_PREFIX):
+            continue
+        if path.name == DATASETS_STATE:
+            state = _datasets_state(folder / name)
+            if state is not None:
+                record = {"datasets_state": state}
+        content[name] = record
+    return hashlib.sha256(json.dumps([fingerprint, content], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _datasets_state(file: Path) -> dict | None:
+    """A datasets state.json without its random `_fingerprint`; None for a file of that name that is not one."""
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(state, dict) or "_fingerprint" not in state or "_data_files" not in state:
+        return None
+    return {key: value for key, value in state.items() if key != "_fingerprint"}
 
 
 def write_failed(error: BaseException) -> bool:
@@ -421,6 +467,7 @@ class ShardStore(ProgressFolder):
         tmp = final.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, final)
+        interrupts.check()  # a safe point: the shard is kept, a signal a library swallowed stops the build here
 
 
 def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:

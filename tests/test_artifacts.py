@@ -5,6 +5,7 @@ Each case is what a hostile but realistic user did on the tiny models."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -27,7 +28,8 @@ from rsft.models import load_causal_lm, load_saved_causal_lm
 from rsft.paths import RunPaths
 from rsft.run import run_stage
 from rsft.store import atomic_artifact
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY
+from tests.pipe_lines import PipeLines
 
 
 def paths_of(cfg) -> RunPaths:
@@ -202,11 +204,11 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(make_cfg, tmp_path):
         "import sys, time\nfrom rsft.lock import run_lock\n"
         f"with run_lock({cfg.paths.run_dir!r}, 'stage=loop'):\n    print('held', flush=True)\n    time.sleep(60)\n")],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert holder.stdout.readline().strip() == "held"
+    PipeLines(holder.stdout).until("held", timeout=120)
     with pytest.raises(RunDirectoryBusy, match=f"pid {holder.pid}"):
         run_stage(cfg)
     os.kill(holder.pid, signal.SIGKILL)
-    holder.wait()
+    holder.wait(30)
     assert "pid" in (tmp_path / "runs" / "demo" / ".lock").read_text()  # the dead holder's record is still there
     assert run_stage(cfg).path.exists()
 
@@ -223,9 +225,125 @@ def run_module_script(setup: str, *args: str) -> str:
 def test_ctrl_c_says_how_to_resume(tmp_path):
     setup = "import rsft.checks\ndef interrupted(cfg):\n    raise KeyboardInterrupt\nrsft.checks.check_config = interrupted"
     done = subprocess.run([sys.executable, "-c", run_module_script(setup, "stage=sample", f"paths.runs_root={tmp_path}")],
-                          capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip() == "interrupted; rerun the same command to resume (complete artifacts are kept)"
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 130 and "Traceback" not in done.stderr  # 128 + SIGINT, as a shell reports Ctrl-C
+    assert done.stderr.strip() == INTERRUPTED
+
+
+INTERRUPTED = "interrupted; rerun the same command to resume (complete artifacts are kept)"
+# stage=sample, with its dataset's write (rsft.sample.save_dataset, after every shard was sampled and kept) made slow:
+# the test sends its signals while the command waits there, so nothing depends on how fast the machine samples
+SLOW_WRITE = ("import time\nimport rsft.sample\nreal = rsft.sample.save_dataset\n"
+              "def slow_save(ds, path):\n    real(ds, path)\n    print('writing', flush=True)\n{wait}\n"
+              "rsft.sample.save_dataset = slow_save")
+TINY_SAMPLE = ["stage=sample", *TINY]  # what make_cfg composes: the rerun in this process asks for the same artifact
+
+
+def start_command(setup: str, tmp_path, *args: str) -> tuple[subprocess.Popen, PipeLines]:
+    """`python -m rsft.run` with `setup` run first, its stdout and stderr read together with deadlines."""
+    script = run_module_script(setup, *TINY_SAMPLE, f"paths.runs_root={tmp_path}/runs", *args)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, cwd=REPO)
+    return process, PipeLines(process.stdout)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_signal_mid_stage_stops_the_command_non_zero_and_the_rerun_resumes(make_cfg, tmp_path, caplog, stop):
+    """Ctrl-C or SIGTERM while the stage writes: exit 130 / 143 with one line, nothing half-written left as
+    complete (the temporary folder is removed, the lock released), the sampled shards kept; the same command
+    resumes from them without sampling again and writes what an uninterrupted run writes."""
+    process, output = start_command(SLOW_WRITE.format(wait="    time.sleep(120)"), tmp_path, "run_name=stopped")
+    try:
+        output.until("writing", timeout=300)
+        process.send_signal(stop)
+        text = output.rest(timeout=120)
+        assert process.wait(30) == 128 + stop, text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert text.strip().splitlines()[-1] == INTERRUPTED and "Traceback" not in text, text
+    stopped = RunPaths(tmp_path / "runs" / "stopped")
+    round_dir = stopped.round_dir(0)
+    assert not stopped.samples(0).exists() and not list(round_dir.glob(".samples.tmp-*"))
+    assert list(round_dir.glob(".samples.shards/*.json"))
+    assert (stopped.root / ".lock").read_text() == ""  # released: the holder's record is cleared on the way out
+    with caplog.at_level(logging.INFO, logger="rsft.generation"):
+        resumed = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=stopped")).path))
+    assert "resumed: 1 of 1 shard(s)" in caplog.text  # not sampled again
+    straight = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=straight")).path))
+    assert resumed["completion_ids"] == straight["completion_ids"] and resumed["seed"] == straight["seed"]
+
+
+def test_a_ctrl_c_a_finaliser_swallows_still_stops_the_command_non_zero(make_cfg, tmp_path):
+    """The report: a SIGINT during SFT landed in datasets' Dataset.__del__, Python printed "Exception ignored in
+    ... KeyboardInterrupt", and the loop went on to exit 0. Here it lands in a finaliser too; the stage finishes
+    its write (a complete artifact is kept), and the runner's next safe point stops the command: exit 130."""
+    finaliser = ("    class Finaliser:\n        def __del__(self):\n            print('finalising', flush=True)\n"
+                 "            time.sleep(120)\n    Finaliser()")
+    process, output = start_command(SLOW_WRITE.format(wait=finaliser), tmp_path, "run_name=swallowed")
+    try:
+        output.until("finalising", timeout=300)
+        process.send_signal(signal.SIGINT)
+        text = output.rest(timeout=120)
+        assert process.wait(30) == 130, text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert "Exception ignored in" in text and "Interrupted: interrupted by SIGINT" in text  # swallowed, as reported
+    assert text.strip().splitlines()[-1] == INTERRUPTED, text
+    samples = RunPaths(tmp_path / "runs" / "swallowed").samples(0)
+    stamp = (samples / "meta.json").stat().st_mtime
+    assert run_stage(make_cfg("stage=sample", "run_name=swallowed")).path == samples  # complete: reused
+    assert (samples / "meta.json").stat().st_mtime == stamp
+
+
+def test_a_second_signal_stops_the_command_at_once(tmp_path):
+    """A stage that swallows every KeyboardInterrupt (a library's `except BaseException` in a retry loop) would
+    keep a user waiting for the next safe point: the second Ctrl-C ends the process at once, still exit 130."""
+    swallow = ("    for _ in range(3):\n        try:\n            time.sleep(60)\n"
+               "        except KeyboardInterrupt:\n            print('swallowed', flush=True)")
+    process, output = start_command(SLOW_WRITE.format(wait=swallow), tmp_path)
+    try:
+        output.until("writing", timeout=300)
+        process.send_signal(signal.SIGINT)
+        output.until("swallowed", timeout=60)
+        process.send_signal(signal.SIGINT)
+        text = output.rest(timeout=60)
+        assert process.wait(30) == 130, text
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    assert "SIGINT again: stopping at once" in text
+
+
+def test_a_swallowed_signal_is_raised_at_the_next_safe_point_and_decides_the_exit_status(make_cfg):
+    """In process: the handler records the signal before it raises; once a finaliser swallowed the
+    KeyboardInterrupt, rsft.interrupts.check raises it again, the runner stops before a stage does any work,
+    and the command ends as interrupted (143 for SIGTERM) whatever a library raised after the signal."""
+    from rsft import interrupts
+    from rsft.run import report_failure
+
+    with interrupts.handled():
+        assert interrupts.received() is None
+        interrupts.check()  # nothing received: a no-op
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            pass  # what Dataset.__del__ did with it
+        assert interrupts.received() == signal.SIGTERM and interrupts.exit_status() == 143
+        with pytest.raises(interrupts.Interrupted, match="SIGTERM"):
+            interrupts.check()
+        cfg = make_cfg("stage=sample")
+        with pytest.raises(interrupts.Interrupted):
+            run_stage(cfg)
+        assert not paths_of(cfg).samples(0).exists()  # stopped before the stage did any work
+        with pytest.raises(SystemExit) as stop:
+            report_failure(RuntimeError("DataLoader worker exited unexpectedly"))
+        assert stop.value.code == 143
+    assert interrupts.received() is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 # ---- kill -9 mid-write: the resumed artifact equals an uninterrupted one ----
@@ -240,11 +358,9 @@ def test_kill_minus_nine_while_writing_samples_then_resume_gives_the_same_rows(m
              "rsft.sample.save_dataset = slow_save")
     script = run_module_script(setup, "stage=sample", "run_name=killed", *common)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    for line in proc.stdout:  # Hydra's log lines come first
-        if line.strip() == "writing":
-            break
+    PipeLines(proc.stdout).until("writing", timeout=300)  # Hydra's log lines come first
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(30)
     killed = RunPaths(tmp_path / "runs" / "killed")
     assert not killed.samples(0).exists()  # only a temporary folder was left
     resumed = load_from_disk(str(run_stage(make_cfg("stage=sample", "run_name=killed")).path))
@@ -264,6 +380,97 @@ def test_samples_rebuilt_stop_select_too_not_only_score(make_cfg, monkeypatch):
     run_stage(make_cfg("stage=sample", "sample.temperature=0.9", "overwrite=true"))
     with pytest.raises(StaleArtifact, match=r"round_00/scored was built from round_00/samples before .*stage=score"):
         run_stage(make_cfg("stage=select", "select.drop_truncated=false"))
+
+
+def test_an_artifact_deleted_and_rebuilt_identically_is_the_same_input_downstream(make_cfg, monkeypatch):
+    """Delete round 0's samples and rerun: they are rebuilt byte-identical in every row, only datasets' random
+    state.json `_fingerprint` differs, so their digest is the same and the scores built from them are reused,
+    not refused as "rebuilt or replaced". Samples rebuilt with other rows (the same settings) are refused."""
+    import shutil
+
+    from rsft.rows import save_dataset
+    from rsft.store import read_meta
+
+    cfg = make_cfg("stage=score")
+    install_fake_reward(monkeypatch, cfg)
+    samples = run_stage(make_cfg("stage=sample")).path
+    scored = run_stage(cfg).path
+    digest, state = read_meta(samples)["digest"], (samples / "state.json").read_text()
+    stamp = (scored / "meta.json").stat().st_mtime
+    shutil.rmtree(samples)
+    run_stage(make_cfg("stage=sample"))
+    assert (samples / "state.json").read_text() != state  # the random fingerprint: new on every save
+    assert read_meta(samples)["digest"] == digest
+    assert run_stage(cfg).path == scored and (scored / "meta.json").stat().st_mtime == stamp  # reused
+
+    def other_rows(ds, folder):  # a sampler that did not reproduce: the same settings, another completion
+        save_dataset(ds.map(lambda row, i: {"completion": row["completion"] + "!" * (i == 0)}, with_indices=True),
+                     folder)
+
+    monkeypatch.setattr("rsft.sample.save_dataset", other_rows)
+    shutil.rmtree(samples)
+    run_stage(make_cfg("stage=sample"))
+    assert read_meta(samples)["digest"] != digest
+    with pytest.raises(StaleArtifact, match=r"input artifact round_00/samples: rebuilt or replaced"):
+        run_stage(cfg)
+
+
+def test_the_digest_is_of_content_not_of_metadata(make_cfg, tmp_path):
+    """content_digest: two saves of the same rows (a Dataset, a DatasetDict), of the same model (save_pretrained)
+    and a metrics.json with other timings have one digest; another row, another format or another weight do
+    not. A digest recorded before this rule is read from meta.json as it is, so a finished run stays reusable."""
+    from datasets import Dataset, DatasetDict
+
+    from rsft.store import check_fresh, read_meta
+
+    def saved(name, write, measured=None):
+        with atomic_artifact(tmp_path / name, {"stage": "test"}, {"config": {"k": 1}, "inputs": {}, "user_files": {}}) \
+                as tmp:
+            write(tmp)
+            if measured is not None:
+                (tmp / "metrics.json").write_text(json.dumps({"accuracy": 0.5, "train_seconds": measured}))
+        return read_meta(tmp_path / name)["digest"]
+
+    rows = [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}]
+
+    def save_rows(i):  # what two processes' save_to_disk of the same rows write: another random _fingerprint
+        def write(tmp):
+            Dataset.from_list(rows).save_to_disk(str(tmp))
+            state = json.loads((tmp / "state.json").read_text())
+            (tmp / "state.json").write_text(json.dumps({**state, "_fingerprint": f"{i:016x}"}, indent=2))
+        return write
+
+    same_rows = {saved(f"rows{i}", save_rows(i), measured=0.1 * i) for i in range(2)}
+    assert len(same_rows) == 1
+    assert (tmp_path / "rows0" / "state.json").read_text() != (tmp_path / "rows1" / "state.json").read_text()
+    assert saved("other_row", lambda tmp: Dataset.from_list(rows[:1]).save_to_disk(str(tmp)), 0.0) not in same_rows
+    assert saved("other_format", lambda tmp: Dataset.from_list(rows).with_format("numpy").save_to_disk(str(tmp)),
+                 0.0) not in same_rows
+    splits = lambda tmp: DatasetDict({"train": Dataset.from_list(rows), "test": Dataset.from_list(rows[:1])}) \
+        .save_to_disk(str(tmp))  # noqa: E731
+    assert saved("splits0", splits) == saved("splits1", splits)
+
+    cfg = make_cfg("stage=sample")
+    model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, torch.device("cpu"))
+
+    def pretrained(tmp):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    first = saved("model0", pretrained)
+    assert saved("model1", pretrained) == first  # save_pretrained writes no random bits
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    assert saved("model2", pretrained) != first
+
+    # a run made before: its digests (of state.json's bytes) are read as recorded, never recomputed
+    old = tmp_path / "rows0"
+    meta = read_meta(old)
+    (old / "meta.json").write_text(json.dumps({**meta, "digest": "0123456789abcdef"}))
+    with atomic_artifact(tmp_path / "downstream", {"stage": "test"},
+                         {"config": {}, "inputs": {"rows0": "0123456789abcdef"}, "user_files": {}}):
+        pass
+    assert check_fresh(tmp_path / "downstream", tmp_path)["fingerprint"]["inputs"] == {"rows0": "0123456789abcdef"}
 
 
 def test_bytes_overwritten_in_place_are_damage_even_at_the_same_size(make_cfg, monkeypatch):
@@ -319,14 +526,14 @@ def test_a_read_only_or_unwritable_runs_root_is_one_line_before_hydra_starts(tmp
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", f"paths.runs_root={blocker}"],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith(f"cannot create the run folder {blocker}/demo: {blocker} is not a folder")
 
 
 def test_a_unicode_run_name_is_accepted(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=nope", "run_name=résumé-été",
-                           f"paths.runs_root={tmp_path}"], capture_output=True, text=True, cwd=REPO)
+                           f"paths.runs_root={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert "stage='nope' is not a stage" in done.stderr  # parsed: Hydra's lexer did not stop it
     assert (tmp_path / "résumé-été").is_dir()  # Hydra's log folder, under the name as typed
 
@@ -335,10 +542,10 @@ def test_a_lock_that_is_a_folder_and_the_last_of_repeated_settings_are_one_line(
     run = tmp_path / "runs" / "demo"
     (run / ".lock").mkdir(parents=True)
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", "policy=tiny", "logger=none",
-                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO)
+                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert f"{run / '.lock'} is not a file" in done.stderr
     # Hydra takes the last of repeated overrides; so do the checks made before it starts
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=sample", "run_name=ok", "run_name=../../x",
-                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO)
+                           f"paths.runs_root={tmp_path}/runs"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode != 0 and "run_name='../../x'" in done.stderr and not (tmp_path / "x").exists()

@@ -18,7 +18,7 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = [sys.executable, str(REPO / "scripts" / "bench_grpo.py")]
     subprocess.run([*script, "train", "--out", str(tmp_path / "grpo"), "--completions", "16", "--points", "2",
-                    "--threads", "1", "--override", *TINY], check=True, cwd=REPO, env=env)
+                    "--threads", "1", "--override", *TINY], check=True, cwd=REPO, env=env, timeout=600)
     run = tmp_path / "grpo" / "grpo-s0-lr1e-06"
     record = json.loads((run / "grpo.json").read_text())
     assert record["steps"] == 2 and record["completions_per_step"] == 8 and record["points"] == [1, 2]
@@ -26,9 +26,9 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
     assert all((run / f"point_{s:04d}" / "eval_initial" / "meta.json").is_file() for s in (1, 2))
     subprocess.run([sys.executable, "-m", "rsft.run", "stage=loop", "+experiment=verifiable", "logger=none", *TINY,
                     "data.limit=2", "loop.rounds=1", "select.min_reward=null", "run_name=v", "threads=1",
-                    f"paths.runs_root={tmp_path}"], check=True, cwd=REPO, env=env)
+                    f"paths.runs_root={tmp_path}"], check=True, cwd=REPO, env=env, timeout=600)
     out = subprocess.run([*script, "compare", str(tmp_path / "v"), str(run), "--override", *TINY], check=True,
-                         cwd=REPO, capture_output=True, text=True, env=env).stdout
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600).stdout
     rows = [line for line in out.splitlines() if line.startswith("| grpo-s0-lr1e-06 | step") and line.count("|") == 8]
     assert [r.split(" | ")[2] for r in rows] == ["8", "16"]  # completions sampled at each point
     assert "| v | round 0 |" in out and "token entropy" in out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from omegaconf import OmegaConf
 
 from rsft.data import chat_text, load_prompts, prompt_token_ids
@@ -143,3 +145,100 @@ def test_hh_rlhf_prompts_need_transcripts(tmp_path):
     path = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "hi"}])
     with pytest.raises(InputError, match="missing column 'chosen'"):
         load_prompts(hh_cfg(path), "train")
+
+
+# ---- held-out prompts that are train prompts: measured before any work, refused when all are ----
+
+def demo_cfg(kind="demo", **extra):
+    return OmegaConf.create({"kind": kind, "split": "train", "eval_split": "test", "prompt_column": "prompt",
+                             "id_column": None, "limit": None, "eval_limit": None, "seed": 0, **extra})
+
+
+@pytest.mark.parametrize("kind", ["demo", "checkable"])
+def test_the_built_in_prompt_sets_hold_out_prompts_no_train_prompt_matches(kind):
+    from rsft.data import held_out_overlap
+
+    overlap = held_out_overlap(demo_cfg(kind))
+    assert overlap["held_out"] == 64 and overlap["train"] > 0
+    assert overlap["exact"] == overlap["normalised"] == 0, overlap["examples"]
+
+
+def test_the_normalised_comparison_ignores_case_whitespace_and_punctuation_only():
+    from rsft.data import comparable_text
+
+    assert comparable_text("  What is 2+2?  ") == comparable_text("what is\t2+2") == "what is 2+2"
+    assert comparable_text("Ｈｅｌｌｏ, World!") == comparable_text("hello world")  # NFKC: full-width letters
+    assert comparable_text("3-4") != comparable_text("34") and comparable_text("2+2") != comparable_text("2-2")
+
+
+def test_held_out_prompts_that_are_all_train_prompts_are_refused_naming_both_settings(tmp_path, caplog):
+    from rsft.data import check_held_out_prompts
+    from rsft.errors import ConfigError
+
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"Tell me about topic {i}."} for i in range(6)])
+    # the same file: the reported case
+    with pytest.raises(ConfigError, match=rf"^data\.eval_path={train}: every one of "
+                                          rf"its 6 held-out prompts is a train prompt of data\.path={train} \(6 with "
+                                          rf"the same text, 0 more.*data\.eval_path at prompts.*\(loop\.eval=false\)$"):
+        check_held_out_prompts(local_cfg(train, eval_path=str(train)), "loop.eval=false")
+    # another file, the same prompts but for case, spacing and punctuation
+    copied = write_jsonl(tmp_path / "copy.jsonl", [{"prompt": "tell me about  TOPIC 1"}, {"prompt": "Tell me about topic 2."}])
+    with pytest.raises(ConfigError, match=r"every one of its 2 held-out prompts .*\(1 with the same text, 1 more "
+                                          r"after ignoring case, whitespace and punctuation\)"):
+        check_held_out_prompts(local_cfg(train, eval_path=str(copied)))
+    # some: a warning with the counts and a few ids; the run goes on
+    partly = write_jsonl(tmp_path / "partly.jsonl", [{"prompt": "Tell me about topic 3."}, {"prompt": "TELL me about topic 4"},
+                                                     {"prompt": "Name a river."}, {"prompt": "Name a tree."}])
+    with caplog.at_level(logging.WARNING, logger="rsft.data"):
+        overlap = check_held_out_prompts(local_cfg(train, eval_path=str(partly)))
+    assert (overlap["held_out"], overlap["exact"], overlap["normalised"]) == (4, 1, 2)
+    assert re.search(r"data\.eval_path=.*partly\.jsonl: 2 of its 4 held-out prompts are also train prompts of "
+                     r"data\.path=.*\(1 with the same text, 1 more .*\['p000000', 'p000001'\]", caplog.text)
+    caplog.clear()
+    disjoint = write_jsonl(tmp_path / "held.jsonl", [{"prompt": "Name a river."}])
+    with caplog.at_level(logging.WARNING, logger="rsft.data"):
+        assert check_held_out_prompts(local_cfg(train, eval_path=str(disjoint)))["normalised"] == 0
+    assert not caplog.records
+    # the held-out prompts as evaluation reads them (data.eval_limit): the first of partly.jsonl is a train prompt
+    with pytest.raises(ConfigError, match=r"every one of its 1 held-out prompts"):
+        check_held_out_prompts(local_cfg(train, eval_path=str(partly), eval_limit=1))
+    # a DatasetDict folder read at two splits (docs/own-data.md: data.path=my_prompts data.eval_path=my_prompts)
+    folder = tmp_path / "both"
+    DatasetDict({"train": Dataset.from_list([{"prompt": "a cat"}]), "test": Dataset.from_list([{"prompt": "a dog"}])}) \
+        .save_to_disk(str(folder))
+    assert check_held_out_prompts(local_cfg(folder, eval_path=str(folder)))["normalised"] == 0
+    with pytest.raises(ConfigError, match=r"^data\.eval_path=.*both \(data\.eval_split=train\): every one .*of data\.path=.*both "
+                                          r"\(data\.split=train\).*another split of the folder"):
+        check_held_out_prompts(local_cfg(folder, eval_path=str(folder), eval_split="train"))
+
+
+@pytest.mark.parametrize("kind", ["demo", "checkable"])
+def test_a_built_in_set_evaluated_on_its_train_split_is_refused(kind):
+    from rsft.data import check_held_out_prompts
+    from rsft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^data\.eval_split=train: every one of its \d+ held-out prompts is a train "
+                                          rf"prompt of data\.split=train of the {kind} prompts .*data\.eval_split=test"):
+        check_held_out_prompts(demo_cfg(kind, eval_split="train"))
+
+
+def test_a_command_that_evaluates_on_its_train_prompts_stops_before_any_work(make_cfg, tmp_path):
+    """The pre-flight (rsft.checks) runs the check for stage=eval, stage=loop with loop.eval and stage=online
+    with eval snapshots, before prefs, the reward model or anything else; a command that does not evaluate
+    is not stopped by it."""
+    from rsft.checks import check_config
+    from rsft.errors import ConfigError
+
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": "Say bye."}])
+    same = ["data=local", f"data.path={prompts}", f"data.eval_path={prompts}"]
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Say hi.", "chosen": "hi", "rejected": "no"}])
+    for stage in (["stage=eval"], ["stage=loop", f"reward.data.path={pairs}", "loop.refresh_reward=false"],
+                  ["stage=online", "online.eval_every=1"]):
+        with pytest.raises(ConfigError, match=r"^data\.eval_path=.*every one of its 2 held-out prompts"):
+            check_config(make_cfg(*stage, *same))
+    check_config(make_cfg("stage=sample", *same))  # does not evaluate
+    check_config(make_cfg("stage=loop", f"reward.data.path={pairs}", "loop.refresh_reward=false", "loop.eval=false",
+                          *same))
+    with pytest.raises(ConfigError, match=r"data\.eval_split=train"):
+        check_config(make_cfg("stage=eval", "data.eval_split=train"))
+    check_config(make_cfg("stage=eval"))  # the default job's data: disjoint splits

@@ -12,7 +12,8 @@ README = REPO / "README.md"
 
 
 def test_config_reference_and_stage_table_are_up_to_date():
-    done = subprocess.run([sys.executable, "scripts/gen_docs.py", "--check"], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "scripts/gen_docs.py", "--check"], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
 
 

@@ -75,9 +75,11 @@ def test_anything_else_is_a_bug_with_its_traceback(error, caplog):
     assert record.exc_info[1] is error and type(error).__name__ in record.getMessage()
 
 
-def test_ctrl_c_says_how_to_resume_and_system_exit_passes():
-    with pytest.raises(SystemExit, match="interrupted; rerun the same command"):
+def test_ctrl_c_says_how_to_resume_and_system_exit_passes(capsys):
+    with pytest.raises(SystemExit) as stop:
         report_failure(KeyboardInterrupt())
+    assert stop.value.code == 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+    assert capsys.readouterr().err.startswith("interrupted; rerun the same command")
     with pytest.raises(SystemExit, match="no stage given"):
         report_failure(SystemExit("no stage given"))
 
@@ -156,7 +158,7 @@ def test_the_command_ends_in_one_line_or_with_the_traceback_of_a_bug(tmp_path, s
 # -- every other entry point: scripts/ and `python -m rsft.serve_reward` end through errors.main_guard -----------
 
 
-def test_main_guard_ends_a_script_as_the_entry_point_ends_a_stage(caplog, monkeypatch):
+def test_main_guard_ends_a_script_as_the_entry_point_ends_a_stage(caplog, monkeypatch, capsys):
     monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
 
     def refuse(run):
@@ -177,8 +179,9 @@ def test_main_guard_ends_a_script_as_the_entry_point_ends_a_stage(caplog, monkey
     assert stop.value.code == BUG_REPORT
     [record] = caplog.records
     assert isinstance(record.exc_info[1], KeyError)
-    with pytest.raises(SystemExit, match="^interrupted$"):
+    with pytest.raises(SystemExit) as stop:
         errors.main_guard(interrupted)()
+    assert stop.value.code == 130 and capsys.readouterr().err == "interrupted\n"
     monkeypatch.setenv("RSFT_TRACEBACK", "1")
     with pytest.raises(MissingInput):
         errors.main_guard(refuse)("runs/x")

@@ -12,6 +12,7 @@ PACKAGES = ("rsft", "reward")
 # modules every other may import: they import nothing of rsft or reward but what is listed here
 GROUND_FLOOR = {
     "rsft.errors": set(),
+    "rsft.interrupts": set(),
     "rsft.stages": set(),
     "rsft.tables": {"rsft.errors"},
     "rsft.config": {"rsft.errors", "rsft.sampling"},

@@ -42,7 +42,7 @@ def test_the_shipped_config_passes_for_every_stage(make_cfg, stage, tiny):
 def test_missing_or_unknown_stage_is_one_line_from_the_command(tmp_path):
     for args in ([], ["stage=nope"]):
         done = subprocess.run([sys.executable, "-m", "rsft.run", *args, f"paths.runs_root={tmp_path}"],
-                              capture_output=True, text=True, cwd=REPO)
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith(("no stage given", "stage='nope' is not a stage"))
 
@@ -53,7 +53,7 @@ def test_missing_or_unknown_stage_is_one_line_from_the_command(tmp_path):
 def test_a_wrong_typed_or_unknown_override_names_the_key_before_any_work(tmp_path, override, key):
     """The typed config (rsft.config) refuses it while Hydra composes: nothing is written, not even a log folder."""
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=loop", override, f"paths.runs_root={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert key in done.stderr
     assert not any(tmp_path.iterdir())  # not even the run folder: Hydra stopped while composing

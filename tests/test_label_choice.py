@@ -173,7 +173,7 @@ def test_pairs_to_label_exports_the_chosen_pairs_and_refresh_pairs_reads_the_ans
     paths = refreshed(make_cfg, "run_name=x", "stage=sample")
     out = tmp_path / "labels" / "round_00.todo.jsonl"
     subprocess.run([sys.executable, "scripts/pairs_to_label.py", str(paths.root), "--round", "0", "--budget", "4",
-                    "--out", str(out), "--passes", "2"], check=True, capture_output=True)
+                    "--out", str(out), "--passes", "2"], check=True, capture_output=True, timeout=300)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and all(r["label_prob"] is None and r["chosen"] != r["rejected"] for r in rows)
     for r in rows:  # a person's answers
@@ -185,5 +185,5 @@ def test_pairs_to_label_exports_the_chosen_pairs_and_refresh_pairs_reads_the_ans
     labels = load_from_disk(str(RunPaths.from_config(user).round_prefs(0)))
     assert len(labels["train"]) + len(labels["test"]) == 4
     bad = subprocess.run([sys.executable, "scripts/pairs_to_label.py", str(tmp_path / "nothing"), "--round", "0",
-                          "--budget", "4", "--out", str(out)], capture_output=True, text=True)
+                          "--budget", "4", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "no such folder" in bad.stderr and "Traceback" not in bad.stderr

@@ -13,6 +13,7 @@ from rsft.errors import StaleArtifact
 from rsft.fingerprints import check_reuse
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact, is_complete, read_meta
+from tests.pipe_lines import PipeLines
 
 
 def test_artifact_appears_only_complete(tmp_path):
@@ -58,9 +59,9 @@ def test_kill_minus_nine_mid_write_leaves_no_trusted_artifact(tmp_path):
         "    time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "writing"
+    PipeLines(proc.stdout).until("writing", timeout=120)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.wait(30)
     assert not is_complete(final) and not final.exists()
     assert any(p.name.startswith(".samples.tmp-") for p in tmp_path.iterdir())  # the debris of the kill
     with atomic_artifact(final, {}) as tmp:  # the next write sweeps it

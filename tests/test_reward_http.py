@@ -31,6 +31,7 @@ from rsft.reward_http import HttpReward, ServerUnreachable, base_url, vllm_rewar
 from rsft.reward_sources import RewardSource
 from rsft.serve_reward import identity_digest, make_server
 from tests.conftest import REPO
+from tests.pipe_lines import PipeLines
 
 PROMPTS = [f"question {i}" for i in range(11)]
 COMPLETIONS = ["a", "bb", "", "cccc", "?", "dd dd", "e", "ffffff", "?", "gg", "hhh"]
@@ -532,24 +533,32 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_the_command_serves_on_loopback_logs_where_and_stops_cleanly_on_ctrl_c():
+def ignore_sigint() -> None:
+    """What a shell does to a background job (`cmd &`, nohup, some CI runners): SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop,inherited", [(signal.SIGINT, "default"), (signal.SIGINT, "ignored"),
+                                            (signal.SIGTERM, "default")], ids=["ctrl-c", "ctrl-c-background", "term"])
+def test_the_command_serves_on_loopback_logs_where_and_stops_cleanly_on_ctrl_c(stop, inherited):
+    """Ctrl-C or SIGTERM stops the server (exit 0), also one started with SIGINT ignored: Python installs no
+    KeyboardInterrupt handler there, and before the server installed its own it served on forever (and this
+    test, reading its stderr without a deadline, never ended)."""
     process = subprocess.Popen([sys.executable, "-c", SERVE_TOY, "toy:spec", "--port", "0", "--name", "toy-rm"],
                                cwd=REPO, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+                               env={**os.environ, "PYTHONPATH": str(REPO)},
+                               preexec_fn=ignore_sigint if inherited == "ignored" else None)
     try:
-        lines = []
-        for line in process.stderr:
-            lines.append(line)
-            if "serving" in line:
-                break
-        log_text = "".join(lines)
+        lines = PipeLines(process.stderr)
+        log_text = lines.until("serving", timeout=120)
         assert "loaded toy reward toy:spec on cpu" in log_text, log_text
         url = re.search(r"at (http://127\.0\.0\.1:\d+)", log_text).group(1)
         reward = HttpReward(url, model="toy-rm", sleep=no_sleep)
         assert reward.score(["p", "q"], ["abc", ""], progress=False) == [3.0, 0.0]
-        process.send_signal(signal.SIGINT)
-        rest = process.stderr.read()
-        assert process.wait(30) == 0 and "stopped" in rest, rest
+        process.send_signal(stop)
+        rest = lines.rest(timeout=60)
+        assert process.wait(30) == 0 and f"{signal.Signals(stop).name}: stopping" in rest and "stopped" in rest, rest
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait(30)

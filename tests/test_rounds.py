@@ -70,9 +70,10 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
     assert refresh_reward_on(demo) and round_stages(demo) == ["sample", "labels", "refresh", "score", "select", "sft"]
     random = make_cfg("stage=loop", "loop.refresh_reward=auto", "select.strategy=random")
     assert not refresh_reward_on(random) and "refresh" not in round_stages(random)
-    prompts = tmp_path / "prompts.jsonl"
+    prompts, held_out = tmp_path / "prompts.jsonl", tmp_path / "held_out.jsonl"
     prompts.write_text('{"prompt": "Say hi."}\n')
-    local = ["stage=loop", "data=local", f"data.path={prompts}", f"data.eval_path={prompts}", "loop.reward_from=base"]
+    held_out.write_text('{"prompt": "Say bye."}\n')
+    local = ["stage=loop", "data=local", f"data.path={prompts}", f"data.eval_path={held_out}", "loop.reward_from=base"]
     check_config(make_cfg(*local, "loop.refresh_reward=auto"))  # no labels: off, not an error
     assert not RunPaths.from_config(make_cfg(*local, "loop.refresh_reward=auto")).refresh_reward
     assert refresh_reward_on(make_cfg(*local, "loop.refresh_reward=auto", f"refresh.pairs={tmp_path}"))

@@ -79,13 +79,14 @@ def test_stage_table_names_only_importable_stages():
 
 def test_command_line_reports_a_bad_stage(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rsft.run", "stage=nope", f"paths.runs_root={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO)
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode != 0
     assert "valid stages" in done.stderr + done.stdout
 
 
 def test_help_lists_every_stage_and_no_private_config(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rsft.run", "--help"], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "rsft.run", "--help"], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     stages = done.stdout.split("Stages:")[1].split("Config groups")[0]
     assert [line.split()[0] for line in stages.strip().splitlines()] == [stage.name for stage in STAGES]
