@@ -76,13 +76,23 @@ def handled() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.getsignal(signum) for signum in HANDLED}
     _received = None
+    try:
+        with installed(_handle):
+            yield
+    finally:
+        _received = None
+
+
+@contextmanager
+def installed(handler) -> Iterator[None]:
+    """`handler` for SIGINT and SIGTERM inside the block, whatever disposition the process inherited (a
+    background job starts with SIGINT ignored); the previous handlers are restored after. Main thread only."""
+    previous = {signum: signal.getsignal(signum) for signum in HANDLED}
     for signum in HANDLED:
-        signal.signal(signum, _handle)
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        _received = None
+        for signum, before in previous.items():
+            signal.signal(signum, before if before is not None else signal.SIG_DFL)

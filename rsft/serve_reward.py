@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
+from rsft import interrupts
 from rsft.errors import ConfigError, RsftError, main_guard
 from rsft.reward_sources import RewardSource, checked_scores
 
@@ -239,9 +240,6 @@ def main(argv=None) -> int:
     return 0
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @contextmanager
 def stopped_by_signals(server: RewardServer) -> Iterator[None]:
     """SIGINT (Ctrl-C) and SIGTERM stop `server` cleanly: its serve_forever() returns, the socket is closed.
@@ -260,14 +258,8 @@ def stopped_by_signals(server: RewardServer) -> Iterator[None]:
         log.info("%s: stopping", signal.Signals(signum).name)
         threading.Thread(target=server.shutdown, daemon=True).start()
 
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, stop)
-    try:
+    with interrupts.installed(stop):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":
