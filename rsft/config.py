@@ -785,8 +785,7 @@ class AutoKConfig(Checked):
     else gold), within [floor, cap]; a curve still rising at its last N doubles K instead."""
 
     cap: int = setting(8, "The most completions per prompt a round samples.", check=at_least(2))
-    # at 2 a round of the demo lost gold to K=8 on one seed of two (-0.047, decided); at 3 neither did
-    # (-0.021, -0.024, intervals across zero) at 66-68% of the tokens (docs/when-to-stop.md)
+    # why 3: docs/when-to-stop.md measures the floors against K=8
     floor: int = setting(3, "The fewest completions per prompt a round samples.", check=at_least(1))
     start: Optional[int] = setting(None, "Round 0's K, before any curve exists (null = cap).",
                                    check=optional(at_least(1)))

@@ -43,9 +43,6 @@ from rsft.training import check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 
-MODES = ("full", "lora")
-
-
 def margin_filter(pairs, min_margin: float):
     """The pairs whose normalised reward gap (chosen - rejected) is at least min_margin."""
     return pairs.filter(lambda p: p["chosen_reward_normalised"] - p["rejected_reward_normalised"] >= min_margin)

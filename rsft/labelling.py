@@ -108,8 +108,7 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
     return splits, counts
 
 
-# how stage=labels picks the pairs of a round to label (refresh.choose); MODEL_CHOICES ask a reward model
-CHOICES = ("first", "random", "uncertain", "posterior")
+# the refresh.choose values (rsft.config.RefreshConfig lists them all) that ask a reward model which pairs to label
 MODEL_CHOICES = ("uncertain", "posterior")
 
 

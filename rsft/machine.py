@@ -2,8 +2,8 @@
 a run directory holds work from another machine.
 
 The same command gives different numbers on different CPUs: matrix kernels round differently with AVX2,
-AVX-512 (with or without BF16/VNNI) or AMX, so the default job's round-0 gold is 0.808 on an AMD EPYC
-with AVX2 only and 0.834 on one with AVX-512. A run directory therefore says which machine made each
+AVX-512 (with or without BF16/VNNI) or AMX, so the default job's round-0 gold differs in the second decimal
+between them (docs/results.md). A run directory therefore says which machine made each
 artifact, and a command that reuses, reads or resumes work made on another machine says so, naming both
 (rsft.runner). Nothing here changes a fingerprint: the same settings on another machine still reuse
 the artifact, as a user who moves a run expects; the warning is what keeps the mix from being silent.

@@ -5,8 +5,7 @@
 
 Why: a reward model trained once, on the initial policy's samples, is asked to rank what later
 policies write, a distribution it never saw, and the policy learns exactly where it is wrong (the
-rounds of the demo stalled after round 0: gold +0.005, -0.040, +0.056 in round 1 across three reward
-models). Llama 2 (Touvron et al. 2023, section 3.2.2) retrained its reward model every round on new
+demo's rounds stalled after round 0 without it: docs/results.md). Llama 2 (Touvron et al. 2023, section 3.2.2) retrained its reward model every round on new
 comparisons of the current policy's samples. With loop.refresh_reward, stage=loop runs this stage
 after round r's sampling and round r is scored by the model it writes (RunPaths.scoring_reward).
 
