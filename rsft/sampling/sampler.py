@@ -282,8 +282,7 @@ class Sampler:
             target.reserve(min(self.settings.batch_rows, len(waiting)),
                            longest + self.settings.max_new_tokens + self.controller.gamma_max + 1)
         self._tally = AcceptanceTally(self.controller.gamma_max, target.device)
-        state = _RowState(target.device, self.settings.max_new_tokens, self.controller.gamma_max)
-        state.records_entropy = self.record_entropy
+        state = _RowState(target.device, self.settings.max_new_tokens, self.controller.gamma_max, self.record_entropy)
         rows: list[_Row] = []
         with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
             while rows or waiting:
@@ -457,8 +456,8 @@ class _RowState:
     Appending a step's tokens (up to EOS or the budget) is tensor arithmetic; the host reads a row's
     tokens once, when it finishes (or every step where pruning reads them)."""
 
-    def __init__(self, device: torch.device, max_new_tokens: int, gamma_max: int):
-        self.device, self.max_new_tokens = device, max_new_tokens
+    def __init__(self, device: torch.device, max_new_tokens: int, gamma_max: int, records_entropy: bool):
+        self.device, self.max_new_tokens, self.records_entropy = device, max_new_tokens, records_entropy
         self.width = max_new_tokens + gamma_max + 1  # a step's tokens fit even when the budget cuts them
         long = dict(dtype=torch.long, device=device)
         self.keys = torch.zeros(0, 2, **long)  # [rows, 2] Philox key words (the completion's seed)
@@ -468,7 +467,6 @@ class _RowState:
         self.last_fed = self.last  # [rows] the token each row fed this step (the draft's after_step reads it)
         self.counts = torch.zeros(0, 3, **long)  # [rows] forwards, drafted, accepted
         self.entropy = torch.zeros(0, dtype=torch.float64, device=device)  # [rows] summed (record_entropy)
-        self.records_entropy = False
 
     def add(self, rows: list[_Row]) -> None:
         long = dict(dtype=torch.long, device=self.device)
@@ -512,34 +510,25 @@ class _RowState:
         return torch.where(ends_at_eos, 1, torch.where(ends_at_length, 2, 0))  # [rows]
 
     def finish(self, rows: list[_Row], finished: list[int], reasons: list[int]) -> dict[int, Completion]:
-        """Fill the completions of rows[finished] from the device, in one read."""
-        if not finished:
-            return {}
-        index = torch.tensor(finished, dtype=torch.long, device=self.device)
-        packed = torch.cat((self.emitted[index, None], self.counts[index], self.tokens[index]), 1).tolist()
-        entropy = self.entropy[index].tolist() if self.records_entropy else None
-        out = {}
-        for j, (i, values) in enumerate(zip(finished, packed)):
-            c = rows[i].completion
-            if entropy is not None:
-                c.entropy_sum = entropy[j]
-            n, forwards, drafted, accepted = values[:4]
-            c.token_ids = values[4:4 + n]
-            c.finish_reason = "eos" if reasons[i] == 1 else "length"
-            c.num_target_forwards, c.num_drafted, c.num_accepted = forwards, drafted, accepted
-            out[i] = c
-        return out
+        """Fill the completions of rows[finished] from the device, in one read, with why each ended."""
+        self.bring_tokens(rows, finished)
+        for i in finished:
+            rows[i].completion.finish_reason = "eos" if reasons[i] == 1 else "length"
+        return {i: rows[i].completion for i in finished}
 
-    def bring_tokens(self, rows: list[_Row], running: list[int]) -> None:
-        """Copy the tokens so far of rows[running] to their completions (pruning scores prefixes)."""
-        if not running:
+    def bring_tokens(self, rows: list[_Row], indices: list[int]) -> None:
+        """Copy the tokens so far, the counts (and the entropy, when recorded) of rows[indices] to their
+        completions, in one read of the device (pruning scores running rows' prefixes with them)."""
+        if not indices:
             return
-        index = torch.tensor(running, dtype=torch.long, device=self.device)
+        index = torch.tensor(indices, dtype=torch.long, device=self.device)
         packed = torch.cat((self.emitted[index, None], self.counts[index], self.tokens[index]), 1).tolist()
-        for i, values in zip(running, packed):
+        entropy = self.entropy[index].tolist() if self.records_entropy else [None] * len(indices)
+        for i, values, entropy_sum in zip(indices, packed, entropy):
             c = rows[i].completion
             c.token_ids = values[4:4 + values[0]]
             c.num_target_forwards, c.num_drafted, c.num_accepted = values[1:4]
+            c.entropy_sum = entropy_sum
 
 
 class _Pruning:

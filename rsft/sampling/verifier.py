@@ -343,48 +343,28 @@ class AcceptanceStats:
         self.rows_by_num_drafts: dict[int, int] = {}  # num_drafts -> rows verified with that many drafts
 
     def update(self, result: VerifyResult, num_drafts: Tensor | int) -> None:
-        """num_drafts: the [batch] tensor given to verify(), or an int when every row had that many."""
-        batch, slots = result.tokens.shape  # slots = gamma + 1
-        num_accepted = result.num_accepted.cpu()  # [batch]
-        num_drafts = torch.as_tensor(num_drafts).cpu().expand(batch)  # [batch]
-        positions = torch.arange(slots - 1)  # [gamma]
-        # draft i was looked at iff it is a real draft and every draft before it was accepted
-        reached = (positions < num_drafts[:, None]) & (positions <= num_accepted[:, None])  # [batch, gamma]
-        accepted = positions < num_accepted[:, None]  # [batch, gamma]
-        values, counts = num_drafts.unique(return_counts=True)  # [distinct], [distinct]
-        self._add(
-            gamma=slots - 1,
-            num_verify_calls=1,
-            num_target_forwards=batch,
-            num_drafted=int(num_drafts.sum()),
-            num_accepted=int(num_accepted.sum()),
-            num_emitted=int(result.num_emitted.sum()),
-            reached_at=reached.sum(0).tolist(),
-            accepted_at=accepted.sum(0).tolist(),
-            rows_by_num_drafts=dict(zip(values.tolist(), counts.tolist())),
-        )
-
-    def add_counts(self, *, gamma: int, num_verify_calls: int, num_target_forwards: int, num_drafted: int,
-                   num_accepted: int, num_emitted: int, reached_at: list[int], accepted_at: list[int],
-                   rows_by_num_drafts: dict[int, int]) -> None:
-        """Counts summed elsewhere (AcceptanceTally, on the device) added in one go."""
-        self._add(gamma=gamma, num_verify_calls=num_verify_calls, num_target_forwards=num_target_forwards,
-                  num_drafted=num_drafted, num_accepted=num_accepted, num_emitted=num_emitted, reached_at=reached_at,
-                  accepted_at=accepted_at, rows_by_num_drafts=rows_by_num_drafts)
+        """num_drafts: the [batch] tensor given to verify(), or an int when every row had that many.
+        Counted as AcceptanceTally counts (one rule for both), then read back at once."""
+        batch, slots = result.tokens.shape
+        num_drafts = torch.as_tensor(num_drafts, device=result.tokens.device).expand(batch)  # [batch]
+        tally = AcceptanceTally(slots - 1, result.tokens.device)
+        tally.update(result, num_drafts)
+        tally.flush_into(self)
 
     def merge(self, other: "AcceptanceStats") -> "AcceptanceStats":
-        self._add(**vars(other))
+        self.add_counts(**vars(other))
         return self
 
     @classmethod
     def from_dict(cls, counters: dict) -> "AcceptanceStats":
         """The counters as vars() gave them, back from JSON (whose object keys are strings)."""
         stats = cls()
-        stats._add(**{**counters, "rows_by_num_drafts": {int(k): v for k, v in counters["rows_by_num_drafts"].items()}})
+        stats.add_counts(**{**counters, "rows_by_num_drafts": {int(k): v for k, v in counters["rows_by_num_drafts"].items()}})
         return stats
 
-    def _add(self, *, gamma, num_verify_calls, num_target_forwards, num_drafted, num_accepted, num_emitted,
-             reached_at, accepted_at, rows_by_num_drafts):
+    def add_counts(self, *, gamma, num_verify_calls, num_target_forwards, num_drafted, num_accepted, num_emitted,
+                   reached_at, accepted_at, rows_by_num_drafts):
+        """Add counts summed elsewhere (another AcceptanceStats, JSON, an AcceptanceTally)."""
         self.gamma = max(self.gamma, gamma)
         self.num_verify_calls += num_verify_calls
         self.num_target_forwards += num_target_forwards
