@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import torch
@@ -239,12 +241,19 @@ SLOW_WRITE = ("import time\nimport rsft.sample\nreal = rsft.sample.save_dataset\
 TINY_SAMPLE = ["stage=sample", *TINY]  # what make_cfg composes: the rerun in this process asks for the same artifact
 
 
-def start_command(setup: str, tmp_path, *args: str) -> tuple[subprocess.Popen, PipeLines]:
-    """`python -m rsft.run` with `setup` run first, its stdout and stderr read together with deadlines."""
+@contextmanager
+def running_command(setup: str, tmp_path, *args: str) -> Iterator[tuple[subprocess.Popen, PipeLines]]:
+    """`python -m rsft.run` with `setup` run first, its stdout and stderr read together with deadlines;
+    killed on the way out if it is still running (a failed assertion leaves no process behind)."""
     script = run_module_script(setup, *TINY_SAMPLE, f"paths.runs_root={tmp_path}/runs", *args)
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, cwd=REPO)
-    return process, PipeLines(process.stdout)
+    try:
+        yield process, PipeLines(process.stdout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
@@ -252,16 +261,12 @@ def test_a_signal_mid_stage_stops_the_command_non_zero_and_the_rerun_resumes(mak
     """Ctrl-C or SIGTERM while the stage writes: exit 130 / 143 with one line, nothing half-written left as
     complete (the temporary folder is removed, the lock released), the sampled shards kept; the same command
     resumes from them without sampling again and writes what an uninterrupted run writes."""
-    process, output = start_command(SLOW_WRITE.format(wait="    time.sleep(120)"), tmp_path, "run_name=stopped")
-    try:
+    slow = SLOW_WRITE.format(wait="    time.sleep(120)")
+    with running_command(slow, tmp_path, "run_name=stopped") as (process, output):
         output.until("writing", timeout=300)
         process.send_signal(stop)
         text = output.rest(timeout=120)
         assert process.wait(30) == 128 + stop, text
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
     assert text.strip().splitlines()[-1] == INTERRUPTED and "Traceback" not in text, text
     stopped = RunPaths(tmp_path / "runs" / "stopped")
     round_dir = stopped.round_dir(0)
@@ -281,16 +286,11 @@ def test_a_ctrl_c_a_finaliser_swallows_still_stops_the_command_non_zero(make_cfg
     its write (a complete artifact is kept), and the runner's next safe point stops the command: exit 130."""
     finaliser = ("    class Finaliser:\n        def __del__(self):\n            print('finalising', flush=True)\n"
                  "            time.sleep(120)\n    Finaliser()")
-    process, output = start_command(SLOW_WRITE.format(wait=finaliser), tmp_path, "run_name=swallowed")
-    try:
+    with running_command(SLOW_WRITE.format(wait=finaliser), tmp_path, "run_name=swallowed") as (process, output):
         output.until("finalising", timeout=300)
         process.send_signal(signal.SIGINT)
         text = output.rest(timeout=120)
         assert process.wait(30) == 130, text
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
     assert "Exception ignored in" in text and "Interrupted: interrupted by SIGINT" in text  # swallowed, as reported
     assert text.strip().splitlines()[-1] == INTERRUPTED, text
     samples = RunPaths(tmp_path / "runs" / "swallowed").samples(0)
@@ -304,18 +304,13 @@ def test_a_second_signal_stops_the_command_at_once(tmp_path):
     keep a user waiting for the next safe point: the second Ctrl-C ends the process at once, still exit 130."""
     swallow = ("    for _ in range(3):\n        try:\n            time.sleep(60)\n"
                "        except KeyboardInterrupt:\n            print('swallowed', flush=True)")
-    process, output = start_command(SLOW_WRITE.format(wait=swallow), tmp_path)
-    try:
+    with running_command(SLOW_WRITE.format(wait=swallow), tmp_path) as (process, output):
         output.until("writing", timeout=300)
         process.send_signal(signal.SIGINT)
         output.until("swallowed", timeout=60)
         process.send_signal(signal.SIGINT)
         text = output.rest(timeout=60)
         assert process.wait(30) == 130, text
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
     assert "SIGINT again: stopping at once" in text
 
 
