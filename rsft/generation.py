@@ -54,6 +54,7 @@ def sampling_settings(sample: DictConfig, draft: DictConfig | None = None) -> Sa
         top_p=float(sample.top_p), strategy=str(sample.strategy), leniency=float(sample.leniency),
         batch_rows=int(sample.batch_rows), gamma=int(draft.gamma) if speculative else 0,
         adaptive=bool(draft.get("adaptive", False)) if speculative else False,
+        cuda_graphs=str(sample.cuda_graphs),
     )
     settings.check()
     return settings

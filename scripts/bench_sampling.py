@@ -5,7 +5,9 @@
 Every method samples K completions for the same demo prompts with the same temperature and
 max_new_tokens, from the default policy (SmolLM2-135M-Instruct, provisioned offline). Methods:
 - `hf`: `model.generate(do_sample=True, num_return_sequences=K)`, batch_rows / K prompts at a time;
-- `plain`: rsft's sampler without a draft (one policy forward per token);
+- `plain`: rsft's sampler without a draft (one policy forward per token), as a stage runs it (sample.cuda_graphs=auto:
+  on CUDA each step a replayed CUDA graph over every cache row, rsft.sampling.graphed);
+- `packed`: the same without the graph (sample.cuda_graphs=off: the packed step, the only one on a CPU);
 - `ngram`: the model-free n-gram draft at a fixed gamma (`--gammas`), and `ngram-adaptive`;
 - `model`: a distilled draft folder (`--draft PATH`: runs/<run>/draft from stage=draft), at fixed
   gammas and `model-adaptive`;
@@ -342,9 +344,11 @@ def hf_generate(model, tokenizer, prompt_ids, k, rows, max_new_tokens, temperatu
     return {"tokens": tokens}
 
 
-def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive):
+def rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, draft, gamma, adaptive,
+                graphs="auto"):
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
-                                batch_rows=rows, gamma=gamma if draft is not None else 0, adaptive=adaptive)
+                                batch_rows=rows, gamma=gamma if draft is not None else 0, adaptive=adaptive,
+                                cuda_graphs=graphs)
     sampler = Sampler(model, settings, eos_ids, draft=draft)
     completions = sampler.generate(prompt_ids, k, seed, progress=False)
     summary = sampler.summary()
@@ -398,15 +402,17 @@ class ForwardTimer:
 
 
 def step_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, repeats) -> dict:
-    """`plain` at `rows`: the whole generate() against its policy forwards (prefills included); the median
-    over `repeats` runs (after one warm-up) of the per-step cost outside the forward."""
+    """`packed` (plain, sample.cuda_graphs=off) at `rows`: the whole generate() against its policy forwards
+    (prefills included); the median over `repeats` runs (after one warm-up) of the per-step cost outside the
+    forward. (A CUDA graph's step replays forward and draw as one: there is no forward of its own to time.)"""
     device = next(model.parameters()).device
     runs = []
     for repeat in range(repeats + 1):
         with ForwardTimer(model, device) as timer:
             sync(device)
             started = time.perf_counter()
-            out = rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, None, 0, False)
+            out = rsft_sample(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, None, 0, False,
+                              graphs="off")
             sync(device)
             total = time.perf_counter() - started
         if repeat == 0:
@@ -425,7 +431,7 @@ def step_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperatur
 
 
 def print_step_profile(profiles: list[dict], device: torch.device) -> None:
-    print(f"\nplain, {device.type}: medians; the policy forwards include the prefills")
+    print(f"\nplain, packed step (cuda_graphs=off), {device.type}: medians; the policy forwards include the prefills")
     print("| rows | steps | step ms | in the policy forward, ms per step | outside it, ms per step (share) | tokens/s |")
     print("|---|---|---|---|---|---|")
     for p in profiles:
@@ -534,7 +540,7 @@ def print_acceptance_needed(costs: dict[int, list[dict]], draft_cost: float, gam
         print(f"| {rows} | {1000 * plain_s:.1f} | {per_token} | {needed[1.0]} | {needed[1.25]} |")
 
 
-METHODS = ("hf", "plain", "vllm", "ngram", "model", "feature", "oracle", "ngram-adaptive", "model-adaptive",
+METHODS = ("hf", "plain", "packed", "vllm", "ngram", "model", "feature", "oracle", "ngram-adaptive", "model-adaptive",
            "feature-adaptive")
 
 
@@ -698,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
     plans = []  # (rows, method, gamma, adaptive, acceptance: the peaked head's a, or None for the model as it is)
     for rows in args.batch_rows:
         for method in args.methods:
-            if method in ("hf", "plain", "vllm"):
+            if method in ("hf", "plain", "packed", "vllm"):
                 plans.append((rows, method, None, False, None))
             elif method in ("ngram", "model", "feature"):
                 plans.extend((rows, method, g, False, None) for g in args.gammas)
@@ -744,9 +750,10 @@ def main(argv: list[str] | None = None) -> None:
                 if method == "hf":
                     hf_generate(model, tokenizer, prompt_ids[:max(rows // args.k, 1)], args.k, rows, 4,
                                 args.temperature, args.seed, eos)
-                elif method in ("plain", "oracle"):
+                elif method in ("plain", "packed", "oracle"):
                     rsft_sample(model, eos, prompt_ids, args.k, rows, 4, args.temperature, args.seed,
-                                OracleDraft(args.oracle_token) if method == "oracle" else None, gamma or 0, False)
+                                OracleDraft(args.oracle_token) if method == "oracle" else None, gamma or 0, False,
+                                graphs="off" if method == "packed" else "auto")
         sync(device)
     # Round-robin over the plans, --repeats times: a shared CPU drifts by 10% or more between
     # identical runs, so every method sees the same drift and the table reports medians.
@@ -767,12 +774,13 @@ def main(argv: list[str] | None = None) -> None:
                     out = {"tokens": sum(len(c.token_ids) + (c.finish_reason == "eos") for c in completions),
                            "engine_start_seconds": start_s, "engine_rss_mb": engine_mb}
                 else:
-                    draft = {"plain": None, "ngram": NgramDraft(args.max_ngram, args.min_ngram),
+                    draft = {"plain": None, "packed": None, "ngram": NgramDraft(args.max_ngram, args.min_ngram),
                              "model": ModelDraft(draft_model, head_token_ids=draft_head) if draft_model else None,
                              "feature": FeatureDraft(feature_model) if feature_model else None,
                              "oracle": OracleDraft(args.oracle_token)}[method]
                     out = rsft_sample(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
-                                      args.seed, draft, gamma or 0, adaptive)
+                                      args.seed, draft, gamma or 0, adaptive,
+                                      graphs="off" if method == "packed" else "auto")
                 sync(device)
                 seconds = time.perf_counter() - started
             tag = "" if acceptance is None else f" a={acceptance:g}"
@@ -828,7 +836,7 @@ def print_table(results: list[dict], device: torch.device | None = None, ceiling
         vs_plain = f"{median[rows, method] / plain:.2f}" if plain else "-"
         per_position = first.get("acceptance_per_position") or []
         acc = " / ".join(f"{a:.2f}" if a is not None else "-" for a in per_position) or "-"
-        plain_like = method in ("hf", "plain") or method.startswith("plain ")
+        plain_like = method in ("hf", "plain", "packed") or method.startswith("plain ")
         tpf = "-" if plain_like or first.get("tokens_per_target_forward") is None else (
             f"{first['tokens_per_target_forward']:.2f} ({first['theoretical_tokens_per_forward'] or 0:.2f})"
             + (f", mean gamma {first['gamma_chosen_mean']:.2f}" if "adaptive" in method else ""))

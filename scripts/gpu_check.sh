@@ -4,9 +4,10 @@
 #   (b) the tiny loop (stage=loop, the tests' tiny settings) on the GPU twice: the second run must reuse every
 #       artifact (no meta.json rewritten, the runner saying "reusing it");
 #   (c) the sampling table of the issue: random-weight policies of SmolLM2-135M's shape (float32 at 128 and 512
-#       rows, bfloat16 at 512) and of a 1.5B Llama (bfloat16, 512 rows), HF generate against rsft's plain sampler,
-#       128 new tokens, T=0.7, each as a share of the card's decode ceiling; the set-acceptance (oracle) draft
-#       at a=0.8, gamma 3 on the 1.5B shape; and the plain step's cost outside the policy forward.
+#       rows, bfloat16 at 512) and of a 1.5B Llama (bfloat16, 512 rows), HF generate against rsft's plain sampler
+#       (a replayed CUDA graph a step, sample.cuda_graphs=auto) and its packed step (cuda_graphs=off), 128 new
+#       tokens, T=0.7, each as a share of the card's decode ceiling; the set-acceptance (oracle) draft at a=0.8,
+#       gamma 3 on the 1.5B shape; and the packed step's cost outside the policy forward.
 #
 #   bash scripts/gpu_check.sh                       (from anywhere; it runs in the repository root)
 #   WHEELS=shared/wheels bash scripts/gpu_check.sh  (the default: the wheels scripts/gpu_wheels.sh fetched)
@@ -141,24 +142,27 @@ case "$CARD" in
   *H100*) CEILING=(--bandwidth-gbs 3000) ;;
   *) CEILING=() ;;
 esac
-SMALL=smollm2-135m LARGE=llama-1.5b ROWS_SMALL=128 ROWS=512 PROMPTS=64 TOKENS=128 REPEATS=2
+SMALL=smollm2-135m LARGE=llama-1.5b ROWS_SMALL=128 ROWS=512 PROMPTS_SMALL=16 PROMPTS=64 TOKENS=128 REPEATS=2
 if [[ $QUICK == 1 ]]; then  # the script itself, on a CPU: everything tiny (the 1.5B shape alone is 6 GB in float32)
-  LARGE=smollm2-135m ROWS_SMALL=4 ROWS=8 PROMPTS=2 TOKENS=8 REPEATS=1
+  LARGE=smollm2-135m ROWS_SMALL=4 ROWS=8 PROMPTS_SMALL=1 PROMPTS=2 TOKENS=8 REPEATS=1
 fi
-BENCH=(python scripts/bench_sampling.py --device "$DEVICE" --k 8 --prompts "$PROMPTS" --max-new-tokens "$TOKENS"
-       --temperature 0.7 --repeats "$REPEATS" "${CEILING[@]}")
-part "c1-smollm2-float32" 150 "${BENCH[@]}" --policy-config "$SMALL" --dtype float32 \
-  --batch-rows "$ROWS_SMALL" "$ROWS" --methods hf plain --ceiling --out "$WORK/c1.json"
-part "c2-smollm2-bfloat16" 90 "${BENCH[@]}" --policy-config "$SMALL" --dtype bfloat16 \
-  --batch-rows "$ROWS" --methods hf plain --ceiling --out "$WORK/c2.json"
-part "c3-llama1.5b-bfloat16" 180 "${BENCH[@]}" --policy-config "$LARGE" --dtype bfloat16 \
-  --batch-rows "$ROWS" --methods hf plain oracle --acceptance 0.8 --gammas 3 --ceiling --out "$WORK/c3.json"
-part "c4-step-profile" 90 "${BENCH[@]}" --policy-config "$SMALL" --dtype bfloat16 \
-  --batch-rows "$ROWS_SMALL" "$ROWS" --step-profile
+BENCH=(python scripts/bench_sampling.py --device "$DEVICE" --k 8 --max-new-tokens "$TOKENS" --temperature 0.7
+       --repeats "$REPEATS" "${CEILING[@]}")
+# 128 rows: 16 prompts x K=8, one wave of rows (the issue's table); 512 rows: 64 prompts x 8
+part "c1-smollm2-float32-128" 90 "${BENCH[@]}" --prompts "$PROMPTS_SMALL" --policy-config "$SMALL" \
+  --dtype float32 --batch-rows "$ROWS_SMALL" --methods hf plain packed --ceiling --out "$WORK/c1a.json"
+part "c1-smollm2-float32-512" 90 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype float32 \
+  --batch-rows "$ROWS" --methods hf plain packed --ceiling --out "$WORK/c1b.json"
+part "c2-smollm2-bfloat16" 90 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype bfloat16 \
+  --batch-rows "$ROWS" --methods hf plain packed --ceiling --out "$WORK/c2.json"
+part "c3-llama1.5b-bfloat16" 180 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$LARGE" --dtype bfloat16 \
+  --batch-rows "$ROWS" --methods hf plain packed oracle --acceptance 0.8 --gammas 3 --ceiling --out "$WORK/c3.json"
+part "c4-step-profile" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype bfloat16 \
+  --batch-rows "$ROWS" --step-profile
 
 # --- the tables, together, and the verdict -------------------------------------------------------------------------
 echo -e "\n# Tables ($commit; ${CARD:-no card}; $(date -u +%Y-%m-%d))"
-for name in c1-smollm2-float32 c2-smollm2-bfloat16 c3-llama1.5b-bfloat16 c4-step-profile; do
+for name in c1-smollm2-float32-128 c1-smollm2-float32-512 c2-smollm2-bfloat16 c3-llama1.5b-bfloat16 c4-step-profile; do
   [[ -f $WORK/$name.log ]] || continue
   echo -e "\n### $name"
   grep -E '^(\||Decode ceiling|- [0-9]+ rows|plain, )' "$WORK/$name.log"

@@ -80,6 +80,30 @@ def test_plain_sampling_on_cuda_gives_the_cpus_tokens():
     assert "eos" in reasons_gpu and "length" in reasons_gpu  # both ends exercised
 
 
+@pytest.mark.parametrize("top_k,top_p,dtype", [(0, 1.0, torch.float32), (5, 0.9, torch.float32),
+                                               (0, 1.0, torch.bfloat16)])
+def test_the_cuda_graph_replays_the_fixed_shape_steps_tokens(top_k, top_p, dtype):
+    """sample.cuda_graphs=auto (on CUDA: the step captured once, replayed every step) against eager (the same
+    fixed-shape step run op by op): the same kernels, so the same tokens and entropies; rows refill (6 rows for
+    15 completions, EOS and the budget both end rows)."""
+    model = tiny_llama(sharpen=20.0).to(DEVICE, dtype)
+    runs, replays = {}, {}
+    captured = "auto" if DEVICE.type == "cuda" else "eager"  # (a CPU, checking the test itself: eager twice)
+    for mode in (captured, "eager"):
+        settings = SamplingSettings(max_new_tokens=24, temperature=0.8, top_k=top_k, top_p=top_p, batch_rows=6,
+                                    cuda_graphs=mode)
+        sampler = Sampler(model, settings, [3], record_entropy=True)
+        done = sampler.generate(prompts(5, model.config.vocab_size), 3, 0, progress=False)
+        runs[mode] = [(c.token_ids, c.finish_reason) for c in done]
+        runs[mode + " entropy"] = [c.entropy_sum for c in done]
+        replays[mode] = (sampler._fixed.graph is not None, sampler._fixed.replays)
+    assert differing(runs[captured], runs["eager"]) <= 1, runs
+    if differing(runs[captured], runs["eager"]) == 0:
+        assert runs[captured + " entropy"] == pytest.approx(runs["eager entropy"], rel=1e-4, abs=1e-5)
+    assert replays[captured][0] == (DEVICE.type == "cuda") and replays[captured][1] > 10  # captured, and replayed
+    assert replays["eager"][0] is False
+
+
 def test_speculative_sampling_with_a_model_draft_on_cuda_gives_the_cpus_tokens():
     """A model draft at a fixed gamma is batch-invariant: on CUDA the verification runs the fixed
     [rows, 1 + gamma] shape, padding included, on the CPU only the real tokens; same tokens either way."""
@@ -152,9 +176,10 @@ def test_the_sampling_bench_runs_on_the_device(tmp_path, capsys):
                 num_key_value_heads=2, max_position_embeddings=256).save_pretrained(tmp_path)
     common = ["--policy-config", str(tmp_path), "--device", str(DEVICE), "--batch-rows", "8", "--prompts", "4",
               "--k", "2", "--max-new-tokens", "8", "--repeats", "1", "--temperature", "0.7"]
-    bench.main([*common, "--methods", "hf", "plain", "oracle", "--acceptance", "0.8", "--gammas", "3", "--ceiling"])
+    bench.main([*common, "--methods", "hf", "plain", "packed", "oracle", "--acceptance", "0.8", "--gammas", "3",
+                "--ceiling"])
     out = capsys.readouterr().out
-    assert "| 8 | oracle a=0.8 g=3 |" in out and "share of ceiling" in out
+    assert "| 8 | oracle a=0.8 g=3 |" in out and "| 8 | packed |" in out and "share of ceiling" in out
     if DEVICE.type == "cuda":
         assert "CUDA max allocated" in out
     bench.main([*common, "--step-profile"])

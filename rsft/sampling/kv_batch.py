@@ -270,11 +270,14 @@ class KVBatch:
     # ---- the model ----
     def _run(self, input_ids: torch.Tensor, buffer_row: torch.Tensor, column: torch.Tensor, position: torch.Tensor,
              logits_index: torch.Tensor | None, width: int, rows: torch.Tensor | None = None,
-             local_row: torch.Tensor | None = None, **inputs: torch.Tensor) -> torch.Tensor:
+             local_row: torch.Tensor | None = None, whole_capacity: bool = False,
+             **inputs: torch.Tensor) -> torch.Tensor:
         """One packed forward: input_ids [T] for buffer rows [T] at positions [T], extra per-token
         inputs [T, ...]; logits [T or kept, vocab]. width: the most tokens of one row (host-known);
-        rows/local_row: the buffer rows attended and each token's index among them (None: all)."""
-        needed = self.length_bound + width  # an upper bound on every position written + 1
+        rows/local_row: the buffer rows attended and each token's index among them (None: all).
+        whole_capacity: attention reads every cache position (masked past each row's own), a shape that
+        depends on nothing the step computes (`forward_every_row`); else the positions up to the bound."""
+        needed = self.capacity if whole_capacity else self.length_bound + width  # > every position written
         if needed > self.capacity:
             self._allocate(self.buffer_rows, max(needed, 2 * self.capacity, 64))
         self.key_length = needed
@@ -298,8 +301,23 @@ class KVBatch:
             _current.pop()
             if hook is not None:
                 hook.remove()
-        self.length_bound = needed
+        if not whole_capacity:
+            self.length_bound = needed
         return out.logits[0]
+
+    def forward_every_row(self, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One token for every buffer row, running or not: input_ids [buffer_rows] at position [buffer_rows]
+        -> logits [buffer_rows, vocab] in the model's dtype. Nothing here reads the device or depends on a
+        value the step computes: the rows, the width (1) and the keys attended (the whole capacity, masked
+        per row) are the buffer's, so the same kernels run every step and a CUDA graph can replay them
+        (rsft.sampling.graphed). The caller keeps every position inside the buffer (a free row's too, whose
+        token lands past its prefix and is overwritten by the next row given its buffer row) and moves
+        `length` itself. Not with keep_features."""
+        if self.keep_features:
+            raise ValueError("forward_every_row does not record features (keep_features=True)")
+        every = torch.arange(self.buffer_rows, device=self.device)  # [B]
+        column = torch.zeros_like(every)  # [B]
+        return self._run(input_ids, every, column, position, None, 1, whole_capacity=True)  # [B, vocab]
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0,
@@ -384,9 +402,15 @@ class KVBatch:
             if self.prefix[b] is not None:
                 held.setdefault(self.prefix[b], b)
         sources = {tuple(p): held[tuple(p)] for p in prefixes if tuple(p) in held}
-        reserved = set(sources.values())
-        free = [b for b in self._free_rows() if b not in reserved]
-        needed = sum(copies)
+        # a free row that holds a prefix becomes that prefix's first new row (nothing to copy): kept out of the
+        # free rows, it would make the cache grow past the rows reserved for it
+        own = {}
+        for prefix, count in zip(prefixes, copies):
+            source = sources.get(tuple(prefix))
+            if count and source is not None and source not in live and source not in own.values():
+                own[tuple(prefix)] = source
+        free = [b for b in self._free_rows() if b not in set(sources.values())]
+        needed = sum(copies) - len(own)
         longest = max((len(p) for p in prefixes), default=0)
         if needed > len(free) or longest > self.capacity:
             start = self.buffer_rows
@@ -394,8 +418,10 @@ class KVBatch:
             free += list(range(start, self.buffer_rows))
         new_rows, groups = [], []
         for prefix, count in zip(prefixes, copies):
-            rows = free[:count]
-            free = free[count:]
+            mine = [own[tuple(prefix)]] if tuple(prefix) in own and count else []
+            take = count - len(mine)
+            rows = mine + free[:take]
+            free = free[take:]
             new_rows += rows
             groups.append((tuple(prefix), rows))
         # prefill the prefixes nobody holds, all in one packed forward, into each one's first row

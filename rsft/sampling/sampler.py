@@ -72,10 +72,13 @@ import torch
 from tqdm.auto import tqdm
 
 from rsft.sampling.budget import PRUNED, PruneSchedule, rows_to_stop, scored_tokens
+from rsft.sampling.graphed import MODES as GRAPH_MODES
+from rsft.sampling.graphed import FixedShapePlainStep, fixed_shape_step
 from rsft.sampling.keyed_random import key_words, keyed_uniforms
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.processing import check_finite, check_sampling_settings, greedy_probs, probs_from_logits
-from rsft.sampling.verifier import AcceptanceStats, AcceptanceTally, check_gamma, check_strategy, verify
+from rsft.sampling.verifier import (AcceptanceStats, AcceptanceTally, check_gamma, check_strategy, plain_result,
+                                    verify)
 
 
 @dataclass
@@ -93,6 +96,7 @@ class SamplingSettings:
     leniency: float = 1.0
     gamma: int = 0
     adaptive: bool = False
+    cuda_graphs: str = "auto"  # plain steps as a replayed CUDA graph where the device is CUDA (rsft.sampling.graphed)
 
     def check(self) -> None:
         check_sampling_settings(self.temperature, self.top_k, self.top_p, self.strategy)
@@ -103,6 +107,8 @@ class SamplingSettings:
             raise ValueError(f"sample.batch_rows={self.batch_rows}: expected >= 1")
         if self.gamma != 0:
             check_gamma(self.gamma)  # 0 = no speculation
+        if self.cuda_graphs not in GRAPH_MODES:
+            raise ValueError(f"sample.cuda_graphs={self.cuda_graphs!r}: expected one of {', '.join(GRAPH_MODES)}")
 
 
 @dataclass
@@ -282,6 +288,7 @@ class Sampler:
             target.reserve(min(self.settings.batch_rows, len(waiting)),
                            longest + self.settings.max_new_tokens + self.controller.gamma_max + 1)
         self._tally = AcceptanceTally(self.controller.gamma_max, target.device)
+        self._fixed = self._fixed_step(target)
         state = _RowState(target.device, self.settings.max_new_tokens, self.controller.gamma_max, self.record_entropy)
         rows: list[_Row] = []
         with tqdm(total=len(waiting), desc="sampling", unit="completion", disable=not progress) as bar:
@@ -311,6 +318,12 @@ class Sampler:
         self._tally.flush_into(self.stats)
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
+
+    def _fixed_step(self, target: KVBatch) -> FixedShapePlainStep | None:
+        """The fixed-shape plain step (a CUDA graph where it is captured) for this batch's cache, or None."""
+        s = self.settings
+        return fixed_shape_step(target, s.cuda_graphs, s.temperature, s.top_k, s.top_p, s.strategy == "greedy",
+                                self.record_entropy)
 
     def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], indices: list[int],
                seed: int) -> list[_Row]:
@@ -345,6 +358,8 @@ class Sampler:
         gammas = (remaining - 1).clamp(min=0, max=chosen)  # [rows]
         # draft positions any row may use (a speculative step reads the device here; a plain step does not)
         gamma = int(gammas.max()) if self.draft is not None and chosen else 0
+        if gamma == 0 and self._fixed is not None:  # the fixed-shape plain step (a replayed CUDA graph)
+            return self._fixed_plain_step(target, rows, state, host_tokens)
         # slot 0: the emitted token's draw; slot 1 + 2j: draft j's sample; slot 2 + 2j: its acceptance test
         uniforms = keyed_uniforms(state.keys, state.emitted, 2 * gamma + 1)  # [rows, 2 gamma + 1]
         emit_u, draft_u, accept_u = uniforms[:, 0], uniforms[:, 1::2], uniforms[:, 2::2]  # [rows], [rows, gamma] x2
@@ -393,26 +408,62 @@ class Sampler:
             leniency=s.leniency,
             checked=False,
         )
-        target.commit(1 + result.num_accepted)
-        self._tally.update(result, num_drafts)
         bad_drafts = torch.zeros((), dtype=torch.bool, device=device) if width == 0 else (
             ((verified < 0) | (verified >= target.vocab_size))
             & (torch.arange(width, device=device)[None, :] < num_drafts[:, None])).any()
         # the entropy of each verified position's distribution [rows, 1+w] (xlogy: 0 log 0 = 0)
         entropy = -torch.special.xlogy(target_probs, target_probs).sum(-1) if self.record_entropy else None
+
+        def name_rows():  # the probabilities carry the logits' NaN / inf (processed in place): name the row
+            check_finite(logits if s.strategy == "greedy" else target_probs, where="policy logits",
+                         row_ids=[f"prompt {r.group} sample {r.member}" for r in rows])
+
+        return self._end_step(target, rows, state, host_tokens, result, num_drafts, entropy, finite, bad_drafts,
+                              name_rows, started, width, gamma, draft_s, gammas, draft_tokens)
+
+    def _fixed_plain_step(self, target: KVBatch, rows: list[_Row], state: "_RowState", host_tokens: bool
+                          ) -> dict[int, Completion]:
+        """A plain step through the fixed-shape step (rsft.sampling.graphed): the same draw as the packed
+        step's, every buffer row computed, the running rows' tokens taken by their buffer rows."""
+        started = self.clock()
+        if not self._fixed.fits():  # an admission grew the cache: the captured graph is bound to the old one
+            self._fixed = self._fixed_step(target)
+        token, finite, entropy = self._fixed.run(target.slot, state.last, state.keys, state.emitted)  # [rows] each
+        target.length[target.slot] += 1  # what the packed forward does for its one token a row
+        result = plain_result(token)
+        num_drafts = torch.zeros(len(rows), dtype=torch.long, device=target.device)  # [rows]
+        bad_drafts = torch.zeros((), dtype=torch.bool, device=target.device)
+
+        def name_rows():
+            bad = [f"prompt {r.group} sample {r.member}" for r, ok in zip(rows, finite.tolist()) if not ok]
+            raise ValueError(f"policy logits: NaN or inf for {len(bad)} of {len(rows)} rows ({', '.join(bad[:5])}"
+                             f"{', ...' if len(bad) > 5 else ''})")
+
+        return self._end_step(target, rows, state, host_tokens, result, num_drafts,
+                              entropy[:, None] if self.record_entropy else None, finite.all(), bad_drafts, name_rows,
+                              started, 0, 0, 0.0, None, None)
+
+    def _end_step(self, target: KVBatch, rows: list[_Row], state: "_RowState", host_tokens: bool, result,
+                  num_drafts: torch.Tensor, entropy: torch.Tensor | None, finite: torch.Tensor,
+                  bad_drafts: torch.Tensor, name_rows: Callable[[], None], started: float, width: int, gamma: int,
+                  draft_s: float, gammas: torch.Tensor | None, draft_tokens: torch.Tensor | None
+                  ) -> dict[int, Completion]:
+        """What every step does after its verification: keep the accepted cache, count, append the tokens,
+        read the device once, check, time, tell the draft; -> the rows that finished, by index."""
+        target.commit(1 + result.num_accepted)
+        self._tally.update(result, num_drafts)
         reason = state.append(result, num_drafts, self.eos_ids, entropy)  # [rows] 0 running, 1 eos, 2 length
         # the step's one read of the device
         summary = torch.cat((reason, torch.stack((target.length[target.slot].max(), num_drafts.sum(),
                                                   result.num_accepted.sum(), finite.long(), bad_drafts.long())))).tolist()
         reasons, (longest, drafted, accepted, is_finite, has_bad_draft) = summary[:len(rows)], summary[len(rows):]
-        if not is_finite:  # the probabilities carry the logits' NaN / inf (processed in place): name the row
-            check_finite(logits if s.strategy == "greedy" else target_probs, where="policy logits",
-                         row_ids=[f"prompt {r.group} sample {r.member}" for r in rows])
+        if not is_finite:
+            name_rows()
             raise ValueError("policy logits: their sum is not finite (an inf that the probabilities absorbed)")
         if has_bad_draft:
             raise ValueError(f"a draft proposed a token outside the policy's vocabulary [0, {target.vocab_size})")
         target.note_max_length(longest)
-        target_s = clock() - started
+        target_s = self.clock() - started
         self.timings["target_seconds"] += target_s
         self.controller.observe(width, drafted, accepted, target_s, draft_s, rows=len(rows), asked=gamma,
                                 slots=int(gammas.sum()) if gamma else 0)
