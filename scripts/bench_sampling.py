@@ -38,7 +38,9 @@ random token ids (`--prompt-tokens` each, seeded) and there is no EOS, so every 
 --max-new-tokens. `--ceiling` adds each method's tokens/s as a share of a decode ceiling: a step of
 R rows takes at least max(weight bytes / --bandwidth-gbs, 2 x parameters x R / --tflops) (the KV
 cache's reads and attention's own flops left out, so the ceiling is above what can be reached), and
-the ceiling is R tokens per such step. `--step-profile` times, for `plain` at each --batch-rows, the
+the ceiling is R tokens per such step. `--kernel-profile` prints torch.profiler's operators with the most
+device time for `plain` (its fixed-shape step run op by op) and the device time a step beside the graphed
+step's wall time. `--step-profile` times, for `plain` at each --batch-rows, the
 policy forwards (hooks on the model) against the whole generate() and prints the cost per step
 outside the forward.
 
@@ -430,6 +432,37 @@ def step_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperatur
             **{key: statistics.median(r[key] for r in runs) for key in keys}}
 
 
+def kernel_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, top: int = 15) -> None:
+    """torch.profiler over one generate() of `plain` at `rows` through the fixed-shape step run op by op
+    (sample.cuda_graphs=eager: the kernels a CUDA graph replays, each one visible), after a warm-up: the operators
+    with the most device time, and the device time a step against the graphed step's wall time (is the step
+    bound by the card's work, or by what is left around it?)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = next(model.parameters()).device
+    prompts = prompt_ids[:max(rows // k, 1)]
+    rsft_sample(model, eos_ids, prompts, k, rows, 4, temperature, seed, None, 0, False, graphs="eager")  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        out = rsft_sample(model, eos_ids, prompts, k, rows, max_new_tokens, temperature, seed, None, 0, False,
+                          graphs="eager")
+        sync(device)
+    events = prof.key_averages()
+    steps = out["steps"]
+    device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+    print(f"\nkernel profile, plain through the fixed-shape step uncaptured, {rows} rows, {steps} steps (prefill "
+          f"included): device time {device_us / 1000 / steps:.2f} ms a step")
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(events.table(sort_by=sort, row_limit=top, max_name_column_width=60))
+    sync(device)
+    started = time.perf_counter()
+    graphed = rsft_sample(model, eos_ids, prompts, k, rows, max_new_tokens, temperature, seed, None, 0, False)
+    sync(device)
+    wall = time.perf_counter() - started
+    print(f"kernel profile: the same generate() as a stage runs it (cuda_graphs=auto): {1000 * wall / graphed['steps']:.2f} "
+          f"ms a step, wall time, capture included")
+
+
 def print_step_profile(profiles: list[dict], device: torch.device) -> None:
     print(f"\nplain, packed step (cuda_graphs=off), {device.type}: medians; the policy forwards include the prefills")
     print("| rows | steps | step ms | in the policy forward, ms per step | outside it, ms per step (share) | tokens/s |")
@@ -656,6 +689,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-cost", type=float, default=0.06,
                         help="--forward-cost: one draft forward's cost as a fraction of a plain policy step "
                              "(default 0.06, the feature draft's measured cost)")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="torch.profiler over `plain` at each --batch-rows: the operators with the most device "
+                             "time, and device time a step against the graphed step's wall time")
     parser.add_argument("--step-profile", action="store_true",
                         help="only time `plain` at each --batch-rows (--repeats runs after a warm-up): the policy "
                              "forwards against the whole generate(), the cost per step outside the forward; exit")
@@ -691,6 +727,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         prompts = load_prompts(cfg.data, args.split)
         prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]
+    if args.kernel_profile:
+        for rows in args.batch_rows:
+            kernel_profile(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature, args.seed)
+        return
     if args.step_profile:
         profiles = [step_profile(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,
                                  args.seed, args.repeats) for rows in args.batch_rows]

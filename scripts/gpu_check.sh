@@ -15,7 +15,8 @@
 # Settings (environment): WHEELS (wheel folder, for the packages the machine lacks: trl, datasets, hydra-core,
 # ...; installed with pip --no-deps --target $DEPS, put on PYTHONPATH with the repository), DEPS, DEVICE
 # (cuda), BUDGET (seconds for everything, 480), LOG (default runs/gpu_check/<time>.log, or $OUT/ when $OUT
-# is set), QUICK=1 (tiny sizes: to try this script on a CPU, with DEVICE=cpu).
+# is set), QUICK=1 (tiny sizes: to try this script on a CPU, with DEVICE=cpu), PARTS (the parts to run, by the
+# first word of their names, e.g. "a c1 c3 c5"; default all).
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
 # commit, the card and the date printed at the top). Exit status 1 when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
@@ -27,6 +28,7 @@ DEPS=${DEPS:-${TMPDIR:-/tmp}/rsft-gpu-deps}
 DEVICE=${DEVICE:-cuda}
 BUDGET=${BUDGET:-480}
 QUICK=${QUICK:-0}
+PARTS=${PARTS:-}
 WORK=${WORK:-runs/gpu_check/$STAMP}
 if [[ -n ${OUT:-} ]]; then LOG=${LOG:-$OUT/gpu_check_$STAMP.log}; else LOG=${LOG:-runs/gpu_check/$STAMP.log}; fi
 mkdir -p "$WORK" "$(dirname "$LOG")"
@@ -37,10 +39,15 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there: fail at once, not after retries
 
 # part NAME LIMIT_S COMMAND...: COMMAND under `timeout`, at most LIMIT_S and what is left of BUDGET; its output
-# also in $WORK/<NAME>.log; a non-zero exit (124: timed out) or a skip is recorded in FAILED
+# also in $WORK/<NAME>.log; a non-zero exit (124: timed out) or a skip is recorded in FAILED. A part whose name's
+# first word (a, b, c1, ...) is not in PARTS (when set) does not run, and is not a failure.
 part() {
   local name=$1 limit=$2
   shift 2
+  if [[ -n $PARTS && " $PARTS " != *" ${name%%-*} "* ]]; then
+    echo -e "\n## $name: not asked for (PARTS=$PARTS)"
+    return 2
+  fi
   local left=$((BUDGET - (SECONDS - START) - 5))
   ((limit > left)) && limit=$left
   if ((limit < 15)); then
@@ -159,13 +166,19 @@ part "c3-llama1.5b-bfloat16" 180 "${BENCH[@]}" --prompts "$PROMPTS" --policy-con
   --batch-rows "$ROWS" --methods hf plain packed oracle --acceptance 0.8 --gammas 3 --ceiling --out "$WORK/c3.json"
 part "c4-step-profile" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype bfloat16 \
   --batch-rows "$ROWS" --step-profile
+# where a graphed step's time goes: the kernels with the most device time, and device time against wall time
+part "c5-kernel-profile-float32" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype float32 \
+  --batch-rows "$ROWS" --max-new-tokens 16 --kernel-profile
+part "c5-kernel-profile-1.5b" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$LARGE" --dtype bfloat16 \
+  --batch-rows "$ROWS" --max-new-tokens 16 --kernel-profile
 
 # --- the tables, together, and the verdict -------------------------------------------------------------------------
 echo -e "\n# Tables ($commit; ${CARD:-no card}; $(date -u +%Y-%m-%d))"
-for name in c1-smollm2-float32-128 c1-smollm2-float32-512 c2-smollm2-bfloat16 c3-llama1.5b-bfloat16 c4-step-profile; do
+for name in c1-smollm2-float32-128 c1-smollm2-float32-512 c2-smollm2-bfloat16 c3-llama1.5b-bfloat16 c4-step-profile \
+    c5-kernel-profile-float32 c5-kernel-profile-1.5b; do
   [[ -f $WORK/$name.log ]] || continue
   echo -e "\n### $name"
-  grep -E '^(\||Decode ceiling|- [0-9]+ rows|plain, )' "$WORK/$name.log"
+  grep -E '^(\||Decode ceiling|- [0-9]+ rows|plain, |kernel profile)' "$WORK/$name.log"
 done
 [[ -n ${OUT:-} ]] && cp "$WORK"/*.json "$OUT"/ 2>/dev/null
 echo -e "\nGPU check done in $((SECONDS - START))s; log: $LOG"

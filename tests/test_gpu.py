@@ -80,23 +80,31 @@ def test_plain_sampling_on_cuda_gives_the_cpus_tokens():
     assert "eos" in reasons_gpu and "length" in reasons_gpu  # both ends exercised
 
 
-@pytest.mark.parametrize("top_k,top_p,dtype", [(0, 1.0, torch.float32), (5, 0.9, torch.float32),
-                                               (0, 1.0, torch.bfloat16)])
-def test_the_cuda_graph_replays_the_fixed_shape_steps_tokens(top_k, top_p, dtype):
-    """sample.cuda_graphs=auto (on CUDA: the step captured once, replayed every step) against eager (the same
-    fixed-shape step run op by op): the same kernels, so the same tokens and entropies; rows refill (6 rows for
-    15 completions, EOS and the budget both end rows)."""
+@pytest.mark.parametrize("top_k,top_p,dtype,draft", [(0, 1.0, torch.float32, None), (5, 0.9, torch.float32, None),
+                                                     (0, 1.0, torch.bfloat16, None), (0, 1.0, torch.float32, "model"),
+                                                     (5, 0.9, torch.bfloat16, "oracle")])
+def test_the_cuda_graph_replays_the_fixed_shape_steps_tokens(top_k, top_p, dtype, draft):
+    """sample.cuda_graphs=auto (on CUDA: each step width captured once, replayed every step) against eager (the
+    same fixed-shape steps run op by op): the same kernels, so the same tokens and entropies; rows refill (6 rows
+    for 15 completions, EOS and the budget both end rows); with a model draft (its probabilities go into the
+    graph) and the oracle draft (one-hot) at gamma 3, whose widths narrow as rows near their budget."""
     model = tiny_llama(sharpen=20.0).to(DEVICE, dtype)
     runs, replays = {}, {}
     captured = "auto" if DEVICE.type == "cuda" else "eager"  # (a CPU, checking the test itself: eager twice)
     for mode in (captured, "eager"):
         settings = SamplingSettings(max_new_tokens=24, temperature=0.8, top_k=top_k, top_p=top_p, batch_rows=6,
-                                    cuda_graphs=mode)
-        sampler = Sampler(model, settings, [3], record_entropy=True)
+                                    cuda_graphs=mode, gamma=3 if draft else 0)
+        proposer = None
+        if draft == "model":
+            proposer = ModelDraft(tiny_llama(seed=1, layers=1, sharpen=20.0).to(DEVICE, dtype))
+        elif draft == "oracle":
+            proposer = load_script().OracleDraft(5)
+        sampler = Sampler(model, settings, [3], record_entropy=True, draft=proposer)
         done = sampler.generate(prompts(5, model.config.vocab_size), 3, 0, progress=False)
         runs[mode] = [(c.token_ids, c.finish_reason) for c in done]
         runs[mode + " entropy"] = [c.entropy_sum for c in done]
-        replays[mode] = (sampler._fixed.graph is not None, sampler._fixed.replays)
+        replays[mode] = (any(g.graph is not None for g in sampler._fixed.graphs.values()), sampler._fixed.replays)
+        assert draft is None or sampler.summary()["num_drafted"] > 0
     assert differing(runs[captured], runs["eager"]) <= 1, runs
     if differing(runs[captured], runs["eager"]) == 0:
         assert runs[captured + " entropy"] == pytest.approx(runs["eager entropy"], rel=1e-4, abs=1e-5)

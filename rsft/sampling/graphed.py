@@ -1,4 +1,4 @@
-"""The plain step at a fixed shape, replayed as a CUDA graph.
+"""The sampler's step at a fixed shape, replayed as a CUDA graph: plain steps and verification steps.
 
 Why: on a GPU a plain decode step of a small policy is launch-bound, not arithmetic-bound. A Llama
 forward issues about forty kernels a layer from Python (norms, projections, RoPE, the cache write,
@@ -12,12 +12,15 @@ per row (rows finish and are refilled, each at its own length; rsft.sampling.kv_
 compile of the model per shape costs minutes a run.
 
 The fixed shape: every buffer row of the batch's cache runs, whether a completion holds it or not,
-one token each (`KVBatch.forward_every_row`), with attention over the whole capacity, masked per row.
-A free row computes a token nobody reads, at its own length clamped into the buffer (past its prefix,
-so a sibling admitted later still finds the prefix intact). The graph holds the policy forward, the
-processed distribution (temperature, top-k, top-p, in place), the row's keyed uniform and the draw,
-all in static tensors; the sampler copies each running row's inputs into them (by buffer row) before
-a replay and reads the tokens back by buffer row after it.
+n = 1 + gamma tokens each (`KVBatch.forward_every_row`: the row's last token and its drafts; n = 1 for a
+plain step), with attention over the whole capacity, masked per row. A free row computes tokens nobody
+reads, at its own length clamped into the buffer (past its prefix, so a sibling admitted later still
+finds the prefix intact). The graph holds the policy forward, the processed distribution (temperature,
+top-k, top-p, in place), the rows' keyed uniforms and the verifier (rsft.sampling.verifier.verify; at
+gamma 0 it is the plain draw from p), all in static tensors; the sampler copies each running row's
+inputs into them (by buffer row) before a replay and takes the results back by buffer row after it.
+Each width n, with or without the draft's probabilities (a model draft has them, the n-gram and oracle
+drafts are one-hot), is its own graph, captured the first time that step runs.
 
 Exactness and invariance: the arithmetic is the plain step's own (the same processing, the same
 keyed uniform from (completion key, tokens emitted), the same two-level inverse CDF), so a
@@ -29,8 +32,8 @@ run through this step). `mode="eager"` runs the same fixed-shape step without ca
 that is how the tests check its arithmetic, and anywhere it is the fallback to compare against.
 
 A graph belongs to one cache: the batch's buffers (their addresses) and its row count. The sampler
-makes one per generate() call, after `KVBatch.reserve`; capturing costs three forwards (two warm-up
-runs on a side stream, as torch requires, and the capture), paid once per call.
+makes the steps once per generate() call, after `KVBatch.reserve`; capturing costs three forwards (two
+warm-up runs on a side stream, as torch requires, and the capture), paid once per call and width.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ import torch
 
 from rsft.sampling.keyed_random import keyed_uniforms
 from rsft.sampling.kv_batch import KVBatch
-from rsft.sampling.processing import probs_from_logits, sample_from_probs
+from rsft.sampling.processing import greedy_probs, probs_from_logits
+from rsft.sampling.verifier import VerifyResult, verify
 
 MODES = ("auto", "eager", "off")  # sample.cuda_graphs
 
@@ -57,24 +61,30 @@ def graphs_apply(mode: str, device: torch.device, keep_features: bool) -> tuple[
     return device.type == "cuda", device.type == "cuda"
 
 
-class FixedShapePlainStep:
-    """One plain step for every buffer row of `batch`: token, finite flag and (record_entropy) entropy,
-    by buffer row; captured as a CUDA graph when `capture`."""
+class _Graph:
+    """One width's static inputs (by buffer row), its outputs and its CUDA graph (None until captured)."""
 
-    def __init__(self, batch: KVBatch, temperature: float, top_k: int, top_p: float, greedy: bool,
+    def __init__(self, rows: int, width: int, vocab: int, with_q: bool, device: torch.device):
+        long = dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(rows, width, **long)  # [B, n] the token each row feeds, then its drafts
+        self.positions = torch.zeros(rows, **long)  # [B] where the row's first token goes
+        self.keys = torch.zeros(rows, 2, **long)  # [B, 2] the row's Philox key
+        self.counters = torch.zeros(rows, **long)  # [B] tokens it emitted: its uniforms' counter
+        self.num_drafts = torch.zeros(rows, **long)  # [B]
+        self.q = torch.zeros(rows, width - 1, vocab, device=device) if with_q else None  # [B, gamma, vocab]
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.graph = None
+
+
+class FixedShapeStep:
+    """The sampler's step for every buffer row of `batch` at a fixed shape; captured as CUDA graphs when `capture`."""
+
+    def __init__(self, batch: KVBatch, temperature: float, top_k: int, top_p: float, strategy: str, leniency: float,
                  record_entropy: bool, capture: bool):
         self.batch, self.capture = batch, capture
-        self.temperature, self.top_k, self.top_p, self.greedy = temperature, top_k, top_p, greedy
-        self.record_entropy = record_entropy
-        rows, device = batch.buffer_rows, batch.device
-        long = dict(dtype=torch.long, device=device)
-        # the graph's inputs, by buffer row: the token fed, its position, the row's key and its counter
-        self.tokens = torch.zeros(rows, **long)  # [B]
-        self.positions = torch.zeros(rows, **long)  # [B]
-        self.keys = torch.zeros(rows, 2, **long)  # [B, 2]
-        self.counters = torch.zeros(rows, **long)  # [B]
-        self.outputs: tuple[torch.Tensor, ...] | None = None  # the graph's outputs (static once captured)
-        self.graph = None
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.strategy, self.leniency, self.record_entropy = strategy, leniency, record_entropy
+        self.graphs: dict[tuple[int, bool], _Graph] = {}  # (width, with draft probabilities) -> its graph
         self.replays = 0
         self.layout = self._layout()
 
@@ -87,67 +97,88 @@ class FixedShapePlainStep:
         """False once the batch grew its cache (an admission past the reserved rows): make a new step."""
         return self._layout() == self.layout
 
-    def _compute(self) -> tuple[torch.Tensor, ...]:
-        """-> token [B], finite [B] (the row's logits are), entropy [B] (zeros without record_entropy): device
-        work only."""
-        logits = self.batch.forward_every_row(self.tokens, self.positions)  # [B, vocab] model dtype
-        finite = torch.isfinite(logits).all(-1)  # [B]
-        if self.greedy:
-            token = logits.argmax(-1)  # [B] the first on ties, as greedy_probs' one-hot gives
-            entropy = torch.zeros(token.shape, dtype=torch.float32, device=token.device)  # [B] a point mass
-            return token, finite, entropy
-        # the logits are this step's own: processed in place (a float32 copy first for other dtypes)
-        probs = probs_from_logits(logits.float(), self.temperature, self.top_k, self.top_p, in_place=True)
-        uniforms = keyed_uniforms(self.keys, self.counters, 1)[:, 0]  # [B] slot 0: the emitted token's draw
-        token = sample_from_probs(probs, uniforms)  # [B]
-        if self.record_entropy:
-            entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [B]
-        else:
-            entropy = torch.zeros(token.shape, dtype=torch.float32, device=token.device)  # [B]
-        return token, finite, entropy
+    @property
+    def graph(self):
+        """The plain step's graph (None until captured, or when not capturing)."""
+        plain = self.graphs.get((1, False))
+        return None if plain is None else plain.graph
 
-    def _captured(self) -> tuple[torch.Tensor, ...]:
+    def _compute(self, g: _Graph) -> tuple[torch.Tensor, ...]:
+        """Device work only: -> num_accepted [B], tokens [B, n], kinds [B, n], num_emitted [B], finite [B] (the
+        row's logits are), entropy [B, n] (zeros without record_entropy)."""
+        width = g.tokens.shape[1]
+        gamma = width - 1
+        logits = self.batch.forward_every_row(g.tokens, g.positions)  # [B, n, vocab] model dtype
+        finite = torch.isfinite(logits).all(-1).all(-1)  # [B]
+        if self.strategy == "greedy":
+            probs = greedy_probs(logits)  # [B, n, vocab]
+        else:  # the logits are this step's own: processed in place (a float32 copy first for other dtypes)
+            probs = probs_from_logits(logits.float(), self.temperature, self.top_k, self.top_p, in_place=True)
+        # slot 0: the emitted token's draw; slot 2 + 2j: draft j's acceptance test (the sampler's layout)
+        uniforms = keyed_uniforms(g.keys, g.counters, 2 * gamma + 1)  # [B, 2 gamma + 1]
+        result = verify(g.tokens[:, 1:], g.q, probs, uniforms[:, 2::2], uniforms[:, 0], num_drafts=g.num_drafts,
+                        strategy=self.strategy, leniency=self.leniency, checked=False)
+        if self.record_entropy:
+            entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [B, n]
+        else:
+            entropy = torch.zeros(g.tokens.shape, dtype=torch.float32, device=g.tokens.device)  # [B, n]
+        return result.num_accepted, result.tokens, result.kinds, result.num_emitted, finite, entropy
+
+    def _captured(self, g: _Graph) -> tuple[torch.Tensor, ...]:
         """Warm up on a side stream (torch's rule for capture), record the graph, and replay it."""
-        side = torch.cuda.Stream(self.batch.device)
-        side.wait_stream(torch.cuda.current_stream(self.batch.device))
+        device = self.batch.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._compute()
-        torch.cuda.current_stream(self.batch.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = self._compute()
-        self.graph.replay()
-        return self.outputs
+                self._compute(g)
+        torch.cuda.current_stream(device).wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph):
+            g.outputs = self._compute(g)
+        g.graph.replay()
+        return g.outputs
 
     @torch.no_grad()
-    def run(self, slot: torch.Tensor, last: torch.Tensor, keys: torch.Tensor, emitted: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The running rows' inputs by caller row (slot [rows]: their buffer rows; last, emitted [rows],
-        keys [rows, 2]) -> their token [rows], finite [rows] (their logits are) and entropy [rows].
-        Advances nothing: the caller moves the cache's lengths and its row state."""
+    def run(self, slot: torch.Tensor, inputs: torch.Tensor, draft_probs: torch.Tensor | None,
+            num_drafts: torch.Tensor, keys: torch.Tensor, emitted: torch.Tensor
+            ) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
+        """The running rows, by caller row: slot [rows] their buffer rows; inputs [rows, n] the token each feeds
+        and its drafts; draft_probs [rows, n - 1, vocab] or None (one-hot drafts); num_drafts, emitted [rows];
+        keys [rows, 2] -> (their verification result, finite [rows], entropy [rows, n]). Moves nothing: the
+        caller advances the cache's lengths (by n) and commits what was accepted."""
         batch = self.batch
-        self.tokens.index_copy_(0, slot, last)
-        self.keys.index_copy_(0, slot, keys)
-        self.counters.index_copy_(0, slot, emitted)
-        # a running row's length is inside the buffer (reserve sized it); a free row's is clamped into it
-        torch.clamp(batch.length, max=batch.capacity - 1, out=self.positions)
+        rows, width = inputs.shape
+        key = (width, draft_probs is not None)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.graphs[key] = _Graph(batch.buffer_rows, width, batch.vocab_size, draft_probs is not None,
+                                          batch.device)
+        g.tokens.index_copy_(0, slot, inputs)
+        g.keys.index_copy_(0, slot, keys)
+        g.counters.index_copy_(0, slot, emitted)
+        g.num_drafts.index_copy_(0, slot, num_drafts)
+        if g.q is not None:
+            g.q.index_copy_(0, slot, draft_probs.float())
+        # a running row's tokens fit in the buffer (reserve sized it for the budget and gamma); a free row's
+        # are kept inside it (the forward writes its n tokens at positions + 0 .. n - 1)
+        torch.clamp(batch.length, max=batch.capacity - width, out=g.positions)
         if not self.capture:
-            token, finite, entropy = self._compute()
-        elif self.graph is None:
-            token, finite, entropy = self._captured()
+            outputs = self._compute(g)
+        elif g.graph is None:
+            outputs = self._captured(g)
         else:
-            self.graph.replay()
-            token, finite, entropy = self.outputs
+            g.graph.replay()
+            outputs = g.outputs
         self.replays += 1
-        return token[slot], finite[slot], entropy[slot]
+        num_accepted, tokens, kinds, num_emitted, finite, entropy = (t[slot] for t in outputs)
+        return VerifyResult(num_accepted=num_accepted, tokens=tokens, kinds=kinds, num_emitted=num_emitted), finite, entropy
 
 
-def fixed_shape_step(batch: KVBatch, mode: str, temperature: float, top_k: int, top_p: float, greedy: bool,
-                     record_entropy: bool) -> FixedShapePlainStep | None:
-    """The fixed-shape plain step for this batch under sample.cuda_graphs=`mode`, or None (the packed step)."""
+def fixed_shape_step(batch: KVBatch, mode: str, temperature: float, top_k: int, top_p: float, strategy: str,
+                     leniency: float, record_entropy: bool) -> FixedShapeStep | None:
+    """The fixed-shape step for this batch under sample.cuda_graphs=`mode`, or None (the packed step)."""
     use, capture = graphs_apply(mode, batch.device, batch.keep_features)
     if not use:
         return None
-    return FixedShapePlainStep(batch, temperature, top_k, top_p, greedy, record_entropy, capture)
-
+    return FixedShapeStep(batch, temperature, top_k, top_p, strategy, leniency, record_entropy, capture)

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 ATTENTION_NAME = "rsft_packed"
+GROUPED_ON_CPU = False  # grouped-query attention by grouping the queries on a CPU too (tests check that path there)
 
 
 class _Plan:
@@ -75,6 +76,15 @@ class _Plan:
         # query (r, i) at position p sees keys 0..p; padding queries see key 0 (finite, discarded)
         slots = torch.arange(key_length, device=position.device)  # [S]
         self.mask = (slots[None, None, :] <= query_position[:, :, None])[:, None]  # [R, 1, W, S]
+        self._grouped_masks: dict[int, torch.Tensor] = {}
+
+    def grouped_mask(self, group: int) -> torch.Tensor:
+        """The mask for queries grouped by their key-value head, `group` query heads each: [R, 1, group W, S]
+        (made once a forward, not once a layer)."""
+        if group not in self._grouped_masks:
+            r, _, w, s = self.mask.shape
+            self._grouped_masks[group] = self.mask[:, :, None].expand(r, 1, group, w, s).reshape(r, 1, group * w, s)
+        return self._grouped_masks[group]
 
 
 _current: list[_Plan] = []  # the plan of the forward in progress (set by KVBatch.forward)
@@ -87,10 +97,22 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     heads, dim = query.shape[1], query.shape[3]
     if plan.rows is not None:
         key, value = key.index_select(0, plan.rows), value.index_select(0, plan.rows)
-    padded = query.new_zeros(plan.mask.shape[0], plan.width, heads, dim)  # [R, W, heads, dim]
+    rows, kv_heads = plan.mask.shape[0], key.shape[1]
+    padded = query.new_zeros(rows, plan.width, heads, dim)  # [R, W, heads, dim]
     padded[plan.local_row, plan.column] = query[0].transpose(0, 1)
-    out = F.scaled_dot_product_attention(padded.transpose(1, 2), key, value, attn_mask=plan.mask, scale=scaling,
-                                         enable_gqa=key.shape[1] != heads)  # [R, heads, W, dim]
+    if kv_heads != heads and (query.device.type != "cpu" or GROUPED_ON_CPU):
+        # grouped-query attention without copying the cache: the query heads that share a key-value head become
+        # more queries of it ([R, kv_heads, group W, dim], heads h // group together, as HF's repeat_kv pairs them).
+        # SDPA's own enable_gqa with a mask falls back to its math kernel, which repeats every cached key and value
+        # group times a layer: on a GPU that copy is most of a decode step's memory traffic. (A CPU keeps the call
+        # below, whose rounding its recorded results were measured with.)
+        group = heads // kv_heads
+        grouped = padded.transpose(1, 2).reshape(rows, kv_heads, group * plan.width, dim)
+        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=plan.grouped_mask(group), scale=scaling)
+        out = out.reshape(rows, heads, plan.width, dim)  # [R, heads, W, dim]
+    else:
+        out = F.scaled_dot_product_attention(padded.transpose(1, 2), key, value, attn_mask=plan.mask, scale=scaling,
+                                             enable_gqa=kv_heads != heads)  # [R, heads, W, dim]
     return out.transpose(1, 2)[plan.local_row, plan.column][None], None  # [1, T, heads, dim]
 
 
@@ -306,18 +328,21 @@ class KVBatch:
         return out.logits[0]
 
     def forward_every_row(self, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """One token for every buffer row, running or not: input_ids [buffer_rows] at position [buffer_rows]
-        -> logits [buffer_rows, vocab] in the model's dtype. Nothing here reads the device or depends on a
-        value the step computes: the rows, the width (1) and the keys attended (the whole capacity, masked
-        per row) are the buffer's, so the same kernels run every step and a CUDA graph can replay them
-        (rsft.sampling.graphed). The caller keeps every position inside the buffer (a free row's too, whose
-        token lands past its prefix and is overwritten by the next row given its buffer row) and moves
-        `length` itself. Not with keep_features."""
+        """n tokens for every buffer row, running or not: input_ids [buffer_rows, n] written at position + 0 ..
+        n - 1 (position [buffer_rows]) -> logits [buffer_rows, n, vocab] in the model's dtype. Nothing here reads
+        the device or depends on a value the step computes: the rows, the width and the keys attended (the whole
+        capacity, masked per row) are the buffer's, so the same kernels run every step and a CUDA graph can
+        replay them (rsft.sampling.graphed). The caller keeps every position inside the buffer (a free row's
+        too, whose tokens land past its prefix and are overwritten by the next row given its buffer row) and
+        moves `length` and commits itself. Not with keep_features."""
         if self.keep_features:
             raise ValueError("forward_every_row does not record features (keep_features=True)")
-        every = torch.arange(self.buffer_rows, device=self.device)  # [B]
-        column = torch.zeros_like(every)  # [B]
-        return self._run(input_ids, every, column, position, None, 1, whole_capacity=True)  # [B, vocab]
+        rows, n = input_ids.shape
+        buffer_row = torch.arange(rows, device=self.device).repeat_interleave(n)  # [T = rows n]
+        column = torch.arange(n, device=self.device).repeat(rows)  # [T]
+        logits = self._run(input_ids.reshape(-1), buffer_row, column, position.repeat_interleave(n) + column, None, n,
+                           whole_capacity=True)  # [T, vocab]
+        return logits.reshape(rows, n, -1)  # [B, n, vocab]
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0,

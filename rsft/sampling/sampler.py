@@ -69,16 +69,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from rsft.sampling.budget import PRUNED, PruneSchedule, rows_to_stop, scored_tokens
 from rsft.sampling.graphed import MODES as GRAPH_MODES
-from rsft.sampling.graphed import FixedShapePlainStep, fixed_shape_step
+from rsft.sampling.graphed import FixedShapeStep, fixed_shape_step
 from rsft.sampling.keyed_random import key_words, keyed_uniforms
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.processing import check_finite, check_sampling_settings, greedy_probs, probs_from_logits
-from rsft.sampling.verifier import (AcceptanceStats, AcceptanceTally, check_gamma, check_strategy, plain_result,
-                                    verify)
+from rsft.sampling.verifier import AcceptanceStats, AcceptanceTally, check_gamma, check_strategy, verify
 
 
 @dataclass
@@ -319,10 +319,10 @@ class Sampler:
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
 
-    def _fixed_step(self, target: KVBatch) -> FixedShapePlainStep | None:
+    def _fixed_step(self, target: KVBatch) -> FixedShapeStep | None:
         """The fixed-shape plain step (a CUDA graph where it is captured) for this batch's cache, or None."""
         s = self.settings
-        return fixed_shape_step(target, s.cuda_graphs, s.temperature, s.top_k, s.top_p, s.strategy == "greedy",
+        return fixed_shape_step(target, s.cuda_graphs, s.temperature, s.top_k, s.top_p, s.strategy, s.leniency,
                                 self.record_entropy)
 
     def _admit(self, target: KVBatch, admitted: list[tuple[int, int]], prompts: list[list[int]], indices: list[int],
@@ -358,15 +358,17 @@ class Sampler:
         gammas = (remaining - 1).clamp(min=0, max=chosen)  # [rows]
         # draft positions any row may use (a speculative step reads the device here; a plain step does not)
         gamma = int(gammas.max()) if self.draft is not None and chosen else 0
-        if gamma == 0 and self._fixed is not None:  # the fixed-shape plain step (a replayed CUDA graph)
-            return self._fixed_plain_step(target, rows, state, host_tokens)
-        # slot 0: the emitted token's draw; slot 1 + 2j: draft j's sample; slot 2 + 2j: its acceptance test
-        uniforms = keyed_uniforms(state.keys, state.emitted, 2 * gamma + 1)  # [rows, 2 gamma + 1]
-        emit_u, draft_u, accept_u = uniforms[:, 0], uniforms[:, 1::2], uniforms[:, 2::2]  # [rows], [rows, gamma] x2
+        fixed = self._fixed  # the fixed-shape step (replayed CUDA graphs), or None: the packed step
+        if fixed is not None and not fixed.fits():  # an admission grew the cache: the graphs are bound to the old one
+            fixed = self._fixed = self._fixed_step(target)
         draft_tokens = draft_probs = None
         num_drafts = torch.zeros(len(rows), dtype=torch.long, device=device)  # [rows]
         draft_s = 0.0
         width = 0
+        if fixed is None or gamma > 0:  # (the fixed-shape step draws its own uniforms, the same ones)
+            # slot 0: the emitted token's draw; slot 1 + 2j: draft j's sample; slot 2 + 2j: its acceptance test
+            uniforms = keyed_uniforms(state.keys, state.emitted, 2 * gamma + 1)  # [rows, 2 gamma + 1]
+            emit_u, draft_u, accept_u = uniforms[:, 0], uniforms[:, 1::2], uniforms[:, 2::2]  # [rows], [rows, gamma] x2
         if gamma > 0:
             if self._draft_behind:  # the switch from plain steps back to drafting: not this gamma's cost
                 started = clock()
@@ -385,63 +387,55 @@ class Sampler:
         started = clock()
         verified = None if width == 0 else draft_tokens[:, :width]  # [rows, width]
         inputs = state.last[:, None] if width == 0 else torch.cat([state.last[:, None], verified], 1)  # [rows, 1+w]
-        # a CPU packs only the real tokens (a padded slot costs compute there); an accelerator runs the fixed
-        # [rows, 1 + w] shape and reads nothing back: padded slots hold token 0, whose logits the verifier
-        # never reads and whose cache entries the commit below drops
-        packed = width > 0 and device.type == "cpu"
-        valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None] if packed else None
-        logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
-        finite = torch.isfinite(logits.sum(dtype=torch.float32))  # [] one reduction; the rows are named only on failure
-        if s.strategy == "greedy":
-            target_probs = greedy_probs(logits)
-        else:  # the logits are this step's own: processed in place, nothing of the vocabulary's size allocated
-            target_probs = probs_from_logits(logits.float(), s.temperature, s.top_k, s.top_p, in_place=True)
-        empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # [rows, 0]
-        result = verify(
-            empty if width == 0 else verified,
-            None if draft_probs is None else draft_probs[:, :width],  # [rows, width, vocab]
-            target_probs,
-            accept_u[:, :width],
-            emit_u,
-            num_drafts=num_drafts,
-            strategy=s.strategy,
-            leniency=s.leniency,
-            checked=False,
-        )
+        if fixed is not None:  # every buffer row at [1 + w] tokens, captured once per width and replayed
+            q = None if draft_probs is None else draft_probs[:, :width]  # [rows, w, vocab]
+            if 0 < width < chosen:  # rows near their budget draft fewer: padded to the step's gamma (its graph), the
+                inputs = F.pad(inputs, (0, chosen - width))  # padding past every row's num_drafts, never read
+                q = None if q is None else F.pad(q, (0, 0, 0, chosen - width))
+            result, finite_rows, entropy = fixed.run(target.slot, inputs, q, num_drafts, state.keys, state.emitted)
+            target.length[target.slot] += inputs.shape[1]  # what the packed forward does; the commit keeps the accepted
+            finite = finite_rows.all()  # []
+            entropy = entropy if self.record_entropy else None
+
+            def name_rows():
+                bad = [f"prompt {r.group} sample {r.member}" for r, ok in zip(rows, finite_rows.tolist()) if not ok]
+                raise ValueError(f"policy logits: NaN or inf for {len(bad)} of {len(rows)} rows "
+                                 f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''})")
+        else:
+            # a CPU packs only the real tokens (a padded slot costs compute there); an accelerator runs the fixed
+            # [rows, 1 + w] shape and reads nothing back: padded slots hold token 0, whose logits the verifier
+            # never reads and whose cache entries the commit below drops
+            packed = width > 0 and device.type == "cpu"
+            valid = torch.arange(width + 1, device=device)[None, :] <= num_drafts[:, None] if packed else None
+            logits = target.forward(inputs, valid)  # [rows, 1+w, vocab]
+            finite = torch.isfinite(logits.sum(dtype=torch.float32))  # [] one reduction; rows named only on failure
+            if s.strategy == "greedy":
+                target_probs = greedy_probs(logits)
+            else:  # the logits are this step's own: processed in place, nothing of the vocabulary's size allocated
+                target_probs = probs_from_logits(logits.float(), s.temperature, s.top_k, s.top_p, in_place=True)
+            empty = torch.zeros(len(rows), 0, dtype=torch.long, device=device)  # [rows, 0]
+            result = verify(
+                empty if width == 0 else verified,
+                None if draft_probs is None else draft_probs[:, :width],  # [rows, width, vocab]
+                target_probs,
+                accept_u[:, :width],
+                emit_u,
+                num_drafts=num_drafts,
+                strategy=s.strategy,
+                leniency=s.leniency,
+                checked=False,
+            )
+            # the entropy of each verified position's distribution [rows, 1+w] (xlogy: 0 log 0 = 0)
+            entropy = -torch.special.xlogy(target_probs, target_probs).sum(-1) if self.record_entropy else None
+
+            def name_rows():  # the probabilities carry the logits' NaN / inf (processed in place): name the row
+                check_finite(logits if s.strategy == "greedy" else target_probs, where="policy logits",
+                             row_ids=[f"prompt {r.group} sample {r.member}" for r in rows])
         bad_drafts = torch.zeros((), dtype=torch.bool, device=device) if width == 0 else (
             ((verified < 0) | (verified >= target.vocab_size))
             & (torch.arange(width, device=device)[None, :] < num_drafts[:, None])).any()
-        # the entropy of each verified position's distribution [rows, 1+w] (xlogy: 0 log 0 = 0)
-        entropy = -torch.special.xlogy(target_probs, target_probs).sum(-1) if self.record_entropy else None
-
-        def name_rows():  # the probabilities carry the logits' NaN / inf (processed in place): name the row
-            check_finite(logits if s.strategy == "greedy" else target_probs, where="policy logits",
-                         row_ids=[f"prompt {r.group} sample {r.member}" for r in rows])
-
         return self._end_step(target, rows, state, host_tokens, result, num_drafts, entropy, finite, bad_drafts,
-                              name_rows, started, width, gamma, draft_s, gammas, draft_tokens)
-
-    def _fixed_plain_step(self, target: KVBatch, rows: list[_Row], state: "_RowState", host_tokens: bool
-                          ) -> dict[int, Completion]:
-        """A plain step through the fixed-shape step (rsft.sampling.graphed): the same draw as the packed
-        step's, every buffer row computed, the running rows' tokens taken by their buffer rows."""
-        started = self.clock()
-        if not self._fixed.fits():  # an admission grew the cache: the captured graph is bound to the old one
-            self._fixed = self._fixed_step(target)
-        token, finite, entropy = self._fixed.run(target.slot, state.last, state.keys, state.emitted)  # [rows] each
-        target.length[target.slot] += 1  # what the packed forward does for its one token a row
-        result = plain_result(token)
-        num_drafts = torch.zeros(len(rows), dtype=torch.long, device=target.device)  # [rows]
-        bad_drafts = torch.zeros((), dtype=torch.bool, device=target.device)
-
-        def name_rows():
-            bad = [f"prompt {r.group} sample {r.member}" for r, ok in zip(rows, finite.tolist()) if not ok]
-            raise ValueError(f"policy logits: NaN or inf for {len(bad)} of {len(rows)} rows ({', '.join(bad[:5])}"
-                             f"{', ...' if len(bad) > 5 else ''})")
-
-        return self._end_step(target, rows, state, host_tokens, result, num_drafts,
-                              entropy[:, None] if self.record_entropy else None, finite.all(), bad_drafts, name_rows,
-                              started, 0, 0, 0.0, None, None)
+                              name_rows, started, inputs.shape[1] - 1, gamma, draft_s, gammas, draft_tokens)
 
     def _end_step(self, target: KVBatch, rows: list[_Row], state: "_RowState", host_tokens: bool, result,
                   num_drafts: torch.Tensor, entropy: torch.Tensor | None, finite: torch.Tensor,

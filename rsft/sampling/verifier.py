@@ -84,13 +84,6 @@ class VerifyResult:
     num_emitted: Tensor  # [batch] long, num_accepted + 1
 
 
-def plain_result(tokens: Tensor) -> VerifyResult:
-    """A plain step's result, tokens [batch] drawn from p with no draft: what verify() returns at gamma 0."""
-    zeros = torch.zeros_like(tokens)  # [batch]
-    return VerifyResult(num_accepted=zeros, tokens=tokens[:, None], kinds=torch.full_like(tokens, BONUS)[:, None],
-                        num_emitted=zeros + 1)
-
-
 def acceptance_probs(p_at_x: Tensor, q_at_x: Tensor, leniency: float = 1.0) -> Tensor:
     """min(1, p(x) / (leniency q(x))) elementwise (any shape); 0 where q(x) = 0.
 

@@ -27,8 +27,18 @@ def reference(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0]  # [len, vocab]
 
 
+@pytest.fixture(params=["enable_gqa", "grouped queries"])
+def attention_path(request, monkeypatch):
+    """Both ways packed_attention serves grouped-query attention: SDPA's enable_gqa (a CPU) and the queries of a
+    key-value head grouped as more queries of it (an accelerator; forced here on the CPU)."""
+    import rsft.sampling.kv_batch as kv_batch
+
+    monkeypatch.setattr(kv_batch, "GROUPED_ON_CPU", request.param == "grouped queries")
+    return request.param
+
+
 @torch.no_grad()
-def test_packed_logits_match_full_forwards_through_joins_rejections_and_leaves():
+def test_packed_logits_match_full_forwards_through_joins_rejections_and_leaves(attention_path):
     model, rng = tiny(), random.Random(0)
     batch = KVBatch(model)
     histories: list[list[int]] = []  # per caller row: the tokens its cache holds (committed)
@@ -131,3 +141,26 @@ def test_no_onednn_head_through_a_wrapper():
     assert onednn_head(wrapped) is None  # its lm_head lives in the wrapped model, not on the wrapper
     assert onednn_head(wrapped.get_base_model()) is not None
     assert set(dict(wrapped.named_modules())) == before
+
+
+@torch.no_grad()
+def test_every_row_at_a_fixed_shape_gives_the_running_rows_logits(attention_path):
+    """forward_every_row (the CUDA graph's step): every buffer row, free ones too, one token each over the whole
+    capacity; the rows that hold a sequence get the logits of a full forward of it."""
+    model = tiny()
+    batch = KVBatch(model)
+    batch.reserve(4, 20)
+    batch.admit([[1, 2, 3], [5]], [2, 1])  # 3 rows of 4: buffer row 3 is free
+    histories = [[1, 2, 3], [1, 2, 3], [5]]
+    for step in range(4):
+        fed = [(7 + step + r) % 13 for r in range(3)]
+        tokens = torch.zeros(4, dtype=torch.long)
+        tokens[batch.slot] = torch.tensor(fed)
+        logits = batch.forward_every_row(tokens[:, None], batch.length.clamp(max=batch.capacity - 1))[:, 0]  # [4, vocab]
+        batch.length[batch.slot] += 1
+        batch.commit(torch.ones(3, dtype=torch.long))
+        for r in range(3):
+            histories[r] = histories[r] + [fed[r]]
+            torch.testing.assert_close(logits[batch.slot_list[r]], reference(model, histories[r])[-1],
+                                       atol=1e-5, rtol=1e-5)
+    assert batch.length.tolist()[:3] == [len(h) for h in histories]
