@@ -824,9 +824,9 @@ class SampleConfig(Checked):
                                      "verified.", check=STRATEGY)
     leniency: float = setting(1.0, "Only for strategy=lenient, in (0, 1]; 1.0 otherwise.", check=LENIENCY)
     batch_rows: int = setting(64, "Rows decoded together; finished rows leave, waiting ones join.", check=BATCH_ROWS)
-    cuda_graphs: str = setting("auto", "Plain steps on CUDA as one replayed CUDA graph, every cache row at a fixed shape "
-                                       "(auto; rsft.sampling.graphed) | eager (that step uncaptured, any device) | "
-                                       "off (the packed step).", check=one_of(CUDA_GRAPHS))
+    cuda_graphs: str = setting("auto", "auto: on CUDA each sampling step is a replayed CUDA graph, every cache row at a "
+                                       "fixed shape (rsft.sampling.graphed) | eager (that step uncaptured, any "
+                                       "device) | off (the packed step).", check=one_of(CUDA_GRAPHS))
     shard_prompts: int = setting(256, "Sampling stages (sample, prefs, eval) save each finished shard of this many "
                                       "prompts; a rerun after a kill samples only the rest (0 = one shard).",
                                  check=at_least(0, "(0 = one shard)"))
@@ -1204,7 +1204,7 @@ class PrefsConfig(Checked):
     strategy: str = setting(II("sample.strategy"), "Verification strategy (sample's; no draft here).", check=STRATEGY)
     leniency: float = setting(II("sample.leniency"), "Leniency for strategy=lenient (sample's).", check=LENIENCY)
     batch_rows: int = setting(II("sample.batch_rows"), "Rows decoded together (sample's).", check=BATCH_ROWS)
-    cuda_graphs: str = setting(II("sample.cuda_graphs"), "Plain steps as a CUDA graph (sample's).",
+    cuda_graphs: str = setting(II("sample.cuda_graphs"), "Sampling steps as CUDA graphs (sample's).",
                                check=one_of(CUDA_GRAPHS))
     seed: int = setting(1, "Its own seed, so its samples differ from round 0's.", check=a_seed())
     soft: bool = setting(True, "true: the label is the probability itself (less noise); false: one annotator's 0/1 "

@@ -67,10 +67,12 @@ part() {
 }
 
 echo "# rsft GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
-if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+if [[ -n ${RSFT_COMMIT:-} ]]; then  # named by whoever copied the tree here (a copy's .git can be older than it)
+  commit=$RSFT_COMMIT
+elif commit=$(git rev-parse --short HEAD 2>/dev/null); then
   git diff --quiet HEAD 2>/dev/null || commit="$commit + uncommitted changes"
 else
-  commit="${RSFT_COMMIT:-unknown (no .git here: set RSFT_COMMIT)}"
+  commit="unknown (no .git here: set RSFT_COMMIT)"
 fi
 echo "commit: $commit"
 CARD=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
