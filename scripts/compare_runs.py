@@ -13,6 +13,12 @@ paired difference A - B and the paired win rate P(A's completion beats B's), eac
 within m, worse, undecided). The default column is the judge's score where both runs have one, else gold, else the
 proxy reward.
 
+--record NAME also writes the comparison as a record, docs/results/NAME.json (issue 47: results as data): the
+command, the commit, each run's machine, versions, seed and build seconds by stage, and for every policy each run's
+mean with its interval, the paired A - B with its verdict, each run's paired change from its previous policy, and
+the evaluation's other metrics. scripts/gen_docs.py renders the docs' tables from such records (the default job's:
+`--record default-job`).
+
 --kept REWARD_MODEL judges what each run kept instead (round_XX/selected, the SFT data) with that reward
 model, paired by prompt over the prompts both runs kept (a prompt's mean when k > 1). A gap between the
 kept sets that the trained policies do not show is lost in SFT, not in selection: on HH best-of-8's kept
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rsft import stats
@@ -100,6 +107,47 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
                            f"kept sets of runs that ran stage=select")
 
 
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results"
+RECORDED_METRICS = ("eos_fraction", "mean_tokens", "distinct_2", "distinct_2_all")
+
+
+def run_facts(run: Path, column: str) -> dict:
+    """What a record says of a run: its machine, versions and seed (from its artifacts' meta.json) and the seconds
+    its artifacts took to build, by stage (the phases of its wall time; model provisioning is not an artifact)."""
+    metas = [json.loads(path.read_text()) for path in sorted(run.glob("**/meta.json"))]
+    seconds: dict[str, float] = {}
+    for meta in metas:
+        seconds[meta["stage"]] = round(seconds.get(meta["stage"], 0.0) + float(meta.get("build_seconds") or 0.0), 1)
+    first = metas[0] if metas else {}
+    config = first.get("config") or {}
+    return {"path": str(run), "machine": first.get("machine"), "versions": first.get("versions"),
+            "seed": config.get("seed"), "policy": (config.get("policy") or {}).get("name_or_path"),
+            "num_samples": (config.get("sample") or {}).get("num_samples"),
+            "eval_samples": (config.get("eval") or {}).get("num_samples"),
+            "build_seconds_by_stage": seconds, "build_seconds": round(sum(seconds.values()), 1)}
+
+
+def commit() -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
+                              cwd=RECORDS.parents[1])
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def comparison_record(name: str, argv: list[str], run_a: Path, run_b: Path, column: str, margin: float,
+                      rows: list[dict]) -> dict:
+    from datetime import datetime, timezone
+
+    return {"record": name, "made_by": "scripts/compare_runs.py",
+            "command": "python scripts/compare_runs.py " + " ".join(argv), "commit": commit(),
+            "recorded_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "column": column,
+            "margin": margin, "a": run_facts(run_a, column), "b": run_facts(run_b, column), "policies": rows}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_a", type=Path)
@@ -107,6 +155,8 @@ def main(argv=None) -> None:
     parser.add_argument("--column", choices=["judge", "gold", "reward"], default=None)
     parser.add_argument("--kept", type=str, default=None, metavar="REWARD_MODEL",
                         help="judge the runs' kept sets (round_XX/selected) with this reward model instead")
+    parser.add_argument("--record", default=None, metavar="NAME",
+                        help="also write the comparison to docs/results/NAME.json, a record gen_docs renders tables from")
     parser.add_argument("--margin", type=float, default=0.0,
                         help="m >= 0, stated before the comparison: A is 'not worse' than B when the paired interval's "
                              "low end is above -m (rsft.stats.verdict); 0 (the default) decides only better / worse")
@@ -125,6 +175,7 @@ def main(argv=None) -> None:
                            f"eval_initial/ or round_XX/eval/ in both); run `python -m rsft.run stage=eval` first")
     column = None
     print(f"A = {args.run_a}, B = {args.run_b}")
+    rows, previous = [], None
     for name in shared:
         a, b = load_dataset_artifact(a_evals[name]), load_dataset_artifact(b_evals[name])
         if column is None:
@@ -137,10 +188,31 @@ def main(argv=None) -> None:
         mine = stats.keyed(a["prompt_id"], a["sample_idx"], a[column])
         theirs = stats.keyed(b["prompt_id"], b["sample_idx"], b[column])
         difference = stats.paired_difference(mine, theirs)
-        print(f"| {name} | {stats.shown(stats.bootstrap(stats.by_prompt(a['prompt_id'], a[column])))} | "
-              f"{stats.shown(stats.bootstrap(stats.by_prompt(b['prompt_id'], b[column])))} | "
-              f"{stats.shown(difference, signed=True)} | {stats.shown(stats.paired_win_rate(mine, theirs))} | "
+        a_interval = stats.bootstrap(stats.by_prompt(a["prompt_id"], a[column]))
+        b_interval = stats.bootstrap(stats.by_prompt(b["prompt_id"], b[column]))
+        win_rate = stats.paired_win_rate(mine, theirs)
+        print(f"| {name} | {stats.shown(a_interval)} | {stats.shown(b_interval)} | "
+              f"{stats.shown(difference, signed=True)} | {stats.shown(win_rate)} | "
               f"{stats.verdict_shown(difference, args.margin)} |")
+        row = {"policy": name, "a": a_interval, "b": b_interval,
+               "a_minus_b": {**difference, "verdict": stats.verdict(difference, args.margin)}, "a_beats_b": win_rate}
+        for side, values, folder in (("a", mine, a_evals[name]), ("b", theirs, b_evals[name])):
+            measured = folder / "metrics.json"
+            metrics = json.loads(measured.read_text()) if measured.is_file() else {}
+            row[f"{side}_metrics"] = {key: metrics.get(key) for key in RECORDED_METRICS}
+            row[f"{side}_metrics"][f"{column}_win_rate_vs_initial"] = metrics.get(f"{column}_win_rate_vs_initial")
+            if previous is not None:
+                change = stats.paired_difference(values, previous[side])
+                row[f"{side}_vs_previous"] = {**change, "verdict": stats.verdict(change, args.margin)}
+        previous = {"a": mine, "b": theirs}
+        rows.append(row)
+    if args.record:
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        out = RECORDS / f"{args.record}.json"
+        given = list(argv) if argv is not None else sys.argv[1:]
+        record = comparison_record(args.record, given, args.run_a, args.run_b, column, args.margin, rows)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"\nrecorded {out.relative_to(RECORDS.parents[1])}")
 
 
 if __name__ == "__main__":

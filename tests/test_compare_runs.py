@@ -96,3 +96,40 @@ def test_kept_names_a_missing_reward_model(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(MissingInput, match="--kept .*nope: no such folder"):
         load_script().main([str(tmp_path / "a"), str(tmp_path / "b"), "--kept", str(tmp_path / "nope")])
+
+
+def test_a_comparison_is_recorded_and_the_docs_tables_are_rendered_from_the_record(tmp_path, monkeypatch, capsys):
+    """--record NAME writes docs/results/NAME.json (here a temporary folder): each policy's intervals, the paired
+    A - B and each run's change from its previous policy with their verdicts; gen_docs renders the README's table
+    from it, and a table whose record is missing is refused, naming the file (issue 47: results as data)."""
+    import pytest
+
+    from rsft.errors import InputError
+    from tests.test_scripts import load
+
+    a, b = RunPaths(tmp_path / "a"), RunPaths(tmp_path / "b")
+    for paths in (a, b):
+        write_eval(paths.initial_eval, 0.0)
+    write_eval(a.eval(0), 1.0)
+    write_eval(b.eval(0), 0.0)
+    script = load_script()
+    monkeypatch.setattr(script, "RECORDS", tmp_path / "records")
+    script.main([str(a.root), str(b.root), "--column", "judge", "--record", "demo"])
+    import json
+
+    record = json.loads((tmp_path / "records" / "demo.json").read_text())
+    assert record["command"].endswith("--column judge --record demo") and record["column"] == "judge"
+    initial, round_0 = record["policies"]
+    assert initial["policy"] == "initial" and "a_vs_previous" not in initial
+    assert round_0["a_minus_b"]["mean"] == 1.0 and round_0["a_minus_b"]["verdict"] == "better"
+    assert round_0["a_vs_previous"]["mean"] == 1.0 and round_0["b_vs_previous"]["verdict"] == "undecided"
+    gen_docs = load("gen_docs", monkeypatch)
+    monkeypatch.setattr(gen_docs, "RECORDS", tmp_path / "records")
+    marker = "<!-- table default-job from docs/results/demo.json, rendered by scripts/gen_docs.py -->"
+    page = f"before\n{marker}\n| stale |\n<!-- end of table -->\nafter"
+    rendered = gen_docs.with_record_tables(page, "README.md")
+    assert "| stale |" not in rendered and "| after round 0 |" in rendered and "**+1.000 [+1.000, +1.000]**" in rendered
+    assert rendered.startswith("before\n") and rendered.endswith("\nafter")
+    (tmp_path / "records" / "demo.json").unlink()
+    with pytest.raises(InputError, match="demo.json, which does not exist"):
+        gen_docs.with_record_tables(page, "README.md")
