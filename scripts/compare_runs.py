@@ -212,7 +212,7 @@ def main(argv=None) -> None:
         given = list(argv) if argv is not None else sys.argv[1:]
         record = comparison_record(args.record, given, args.run_a, args.run_b, column, args.margin, rows)
         out.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"\nrecorded {out.relative_to(RECORDS.parents[1])}")
+        print(f"\nrecorded {out}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""Records of GPU checks (scripts/record_gpu_check.py) and the tables gen_docs renders from them (issue 47)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rsft.errors import InputError
+from tests.test_scripts import load
+
+LOG = """# rsft GPU check, 2026-11-26 23:22 UTC
+commit: abc1234 + uncommitted changes
+card: NVIDIA H200, 143771 MiB, 580.159.04; 16 cores; python 3.12.3
+torch 2.11.0+cu130 cuda 13.0 | transformers 5.17.0
+
+## c3-llama1.5b-bfloat16 (timeout 180s, at 183s)
+$ python scripts/bench_sampling.py --device cuda --k 8 --prompts 64 --policy-config llama-1.5b --batch-rows 512
+{"device": "cuda", "card": "NVIDIA H200", "dtype": "bfloat16", "policy": "llama-1.5b"}
+{"method": "hf", "batch_rows": 512, "repeat": 0, "tokens_per_second": 100.0, "ceiling_share": 0.01}
+{"method": "plain", "batch_rows": 512, "repeat": 0, "tokens_per_second": 300.0, "ceiling_share": 0.03, "steps": 128}
+{"method": "hf", "batch_rows": 512, "repeat": 1, "tokens_per_second": 200.0, "ceiling_share": 0.02}
+{"method": "plain", "batch_rows": 512, "repeat": 1, "tokens_per_second": 500.0, "ceiling_share": 0.05, "steps": 128}
+{"method": "plain a=0.8", "batch_rows": 512, "repeat": 0, "tokens_per_second": 400.0, "acceptance_set": 0.8}
+{"method": "oracle a=0.8 g=3", "batch_rows": 512, "repeat": 0, "tokens_per_second": 600.0, "acceptance_set": 0.8,
+ "acceptance_per_position": [0.8, 0.79, 0.81], "tokens_per_target_forward": 2.9, "theoretical_tokens_per_forward": 2.92, "steps": 52}
+## c3-llama1.5b-bfloat16: exit 0 after 74s
+all parts passed
+"""
+
+
+def test_a_gpu_check_log_becomes_a_record_and_its_tables(tmp_path, monkeypatch):
+    log = tmp_path / "gpu_check.log"
+    log.write_text(LOG.replace('"acceptance_set": 0.8,\n', '"acceptance_set": 0.8, '))
+    record_script = load("record_gpu_check", monkeypatch)
+    monkeypatch.setattr(record_script, "RECORDS", tmp_path / "records")
+    record_script.main([str(log), "--name", "h200", "--commit", "4f1bd63"])
+    record = json.loads((tmp_path / "records" / "h200.json").read_text())
+    assert record["commit"] == "4f1bd63" and record["commit_in_log"] == "abc1234 + uncommitted changes"
+    assert record["card"].startswith("NVIDIA H200") and record["passed"] is True
+    (part,) = record["parts"]
+    assert (part["policy"], part["dtype"], len(part["runs"])) == ("llama-1.5b", "bfloat16", 6)
+    gen_docs = load("gen_docs", monkeypatch)
+    sampling = gen_docs.gpu_sampling_table(record)[2]
+    # medians 150 and 400: 2.67x; against HF's faster run (200) 2.00x; plain's share of the ceiling 4.0%
+    assert "| bfloat16 | 64 x 8 = 512 | 150 (100-200) | 400 (300-500) | - | 2.67 | 2.00 | 4.0% |" in sampling
+    speculation = gen_docs.gpu_speculation_table(record)[2]
+    assert "| oracle a=0.8 g=3 | 400 (400-400) | 600 (600-600) | 1.50 | 0.80 / 0.79 / 0.81 | 2.90 (2.92) | 52 |" in speculation
+
+
+def test_a_log_that_is_not_a_gpu_check_is_refused(tmp_path, monkeypatch):
+    log = tmp_path / "other.log"
+    log.write_text("hello\n")
+    with pytest.raises(InputError, match="not a log of scripts/gpu_check.sh"):
+        load("record_gpu_check", monkeypatch).main([str(log), "--name", "x"])
