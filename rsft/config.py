@@ -44,6 +44,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from rsft.errors import ConfigError
+from rsft.guard import ACTIONS as GUARD_ACTIONS
+from rsft.guard import METRIC as GUARD_METRIC
 from rsft.sampling.budget import (
     check_checkpoints,
     check_checkpoints_below,
@@ -1042,6 +1044,47 @@ class DpoConfig(TrainingConfig):
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
 
 
+def _guard_metric(key: str, value) -> None:
+    if value is not None and not (isinstance(value, str) and GUARD_METRIC.match(value)):
+        _fail(key, value, "null (off) or one of distinct_1, distinct_2, distinct_2_all, distinct_answers, alike_share, "
+                          "mean_entropy, top_opening_share, pass_at_<k>, <column>_pass_at_<k> (an evaluation's measure)")
+
+
+@dataclass
+class GuardConfig(Checked):
+    """The collapse guard (rsft.guard): a bound on an evaluation's measure of range, watched after training."""
+
+    metric: Optional[str] = setting(None, "The measure watched: distinct_2, distinct_2_all, distinct_answers, "
+                                          "mean_entropy, pass_at_<k> (floors), alike_share, top_opening_share "
+                                          "(ceilings); null = off.", check=Check(_guard_metric), shown_type="str")
+    min: Optional[float] = setting(None, "The floor: an evaluation after training below it crosses the guard.",
+                                   check=optional(typed(float, "a number")))
+    max: Optional[float] = setting(None, "The ceiling: an evaluation after training above it crosses the guard.",
+                                   check=optional(typed(float, "a number")))
+    action: str = setting("stop", "stop (end the training there, with the reason) | lower_lr (later training at "
+                                  "lr_factor times the rate, once per crossing).", check=one_of(GUARD_ACTIONS))
+    lr_factor: float = setting(0.5, "action=lower_lr: the learning rate's factor per crossing, in (0, 1).",
+                               check=open_fraction())
+
+    def __post_init__(self):
+        super().__post_init__()
+        # a measure needs a bound to watch, and a bound the measure it bounds
+        if self.metric is not None and self.min is None and self.max is None:
+            _fail(self._AT + "min", None, f"a number (the floor), or {self._AT}max set, with metric={self.metric}")
+        if self.metric is None and (self.min is not None or self.max is not None):
+            _fail(self._AT + "metric", None, "a measure to bound (e.g. distinct_2) when min or max is set")
+
+
+@dataclass
+class LoopGuardConfig(GuardConfig):
+    """loop.guard: judged on each round's evaluation; lower_lr lowers the next rounds' sft (and dpo) rate."""
+
+
+@dataclass
+class OnlineGuardConfig(GuardConfig):
+    """online.guard: judged on each eval snapshot after training began; lower_lr lowers the optimiser's rate."""
+
+
 @dataclass
 class OnlineConfig(Checked):
     """stage=online (rsft.online): the policy learns while it samples. Each mini-batch takes the next
@@ -1089,6 +1132,15 @@ class OnlineConfig(Checked):
                                        "once the artifact is written); a rerun after a kill redoes at most C. 0 = none.",
                                     check=at_least(0, "(0 = none)"))
     progress: bool = setting(True, "Show a progress bar over the mini-batches.", check=boolean())
+    guard: OnlineGuardConfig = setting(OnlineGuardConfig, "The collapse guard: a bound on the snapshots' evaluated "
+                                                          "range (off by default).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        # the guard reads the eval snapshots
+        if self.guard.metric is not None and self.eval_every == 0:
+            _fail("eval_every", 0, f"> 0 with online.guard.metric={self.guard.metric} (the guard reads the "
+                                          f"eval snapshots)")
 
 
 # -- refresh / eval / loop / prefs ---------------------------------------------------------------------------
@@ -1184,6 +1236,15 @@ class LoopConfig(Checked):
                         check=boolean())
     stop: StopConfig = setting(StopConfig, "Stop the rounds early when they stop paying (off by default; "
                                            "loop.rounds is then the most rounds).")
+    guard: LoopGuardConfig = setting(LoopGuardConfig, "The collapse guard: a bound on each round's evaluated range "
+                                                      "(off by default).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        # the guard reads each round's evaluation
+        if self.guard.metric is not None and self.eval is False:
+            _fail("eval", False, f"true with loop.guard.metric={self.guard.metric} (the guard reads each round's "
+                                      f"evaluation)")
 
 
 @dataclass

@@ -102,14 +102,14 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
     return Plan(outputs=[paths.initial_eval if initial else paths.eval(round_idx)], inputs=inputs,
                 user_files=prompt_files(cfg.data, "eval"), sources=sources,
-                first=[] if initial else [OmegaConf.merge(cfg, {"eval": {"policy": "initial"}})])
+                first=[] if initial else [OmegaConf.merge(cfg, {"eval": {"policy": "initial"}})],
+                given={"policy": policy_path, "judge": judge})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx, initial = job.paths, int(cfg.round), cfg.eval.policy == "initial"
     settings = sampling_settings(cfg.sample)
-    policy_path = None if initial else paths.eval_policy(round_idx)
-    judge = scoring.judge_model(cfg) if cfg.eval.get("judge") is not None else None
+    policy_path, judge = job.plan.given["policy"], job.plan.given["judge"]
     warnings = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
     for warning in warnings:  # the judge then shares the proxy's taste and cannot stand in for an oracle
         log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)

@@ -49,7 +49,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
                           "loop.refresh_reward=true (to this command and to the loop's)")
     user_file = round_pairs_path(cfg, round_idx)
     if user_file is not None:
-        return Plan(outputs=[paths.round_prefs(round_idx)], user_files=[user_file])
+        return Plan(outputs=[paths.round_prefs(round_idx)], user_files=[user_file], given={"user_file": user_file})
     if not is_complete(paths.samples(round_idx)):
         raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
                            f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
@@ -70,7 +70,7 @@ def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
 
 def build(cfg: DictConfig, job: Job) -> Built:
     round_idx = int(cfg.round)
-    user_file = round_pairs_path(cfg, round_idx)
+    user_file = job.plan.given.get("user_file")
     if user_file is None and cfg.refresh.choose != "first":
         scorer = None
         if cfg.refresh.choose in MODEL_CHOICES:

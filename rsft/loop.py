@@ -41,6 +41,7 @@ from rsft import distributed, report, runner, stages
 from rsft.config import uses_trained_reward
 from rsft.errors import MissingInput
 from rsft.generation import TRAINED_DRAFT_KINDS
+from rsft.guard import crossed, watch_initial
 from rsft.paths import RunPaths
 from rsft.store import Artifact, copy_artifact, is_complete, load_dataset_artifact
 from rsft.tracking import Tracker, stage_tracker
@@ -151,10 +152,17 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker, records)
         gains, stopped, done = [], None, rounds
+        guard, rate_scale, guarded = cfg.loop.guard, 1.0, []  # loop.guard (rsft.guard): its crossings so far
+        if guard.metric is not None and cfg.loop.eval:
+            watch_initial(guard, records.metrics(paths.initial_eval), "loop.guard")
         for r in range(rounds):
             for name in round_stages(cfg):
-                run_named_stage(name, sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name),
-                                tracker, records)
+                stage_cfg = sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name)
+                if name in ("sft", "dpo") and rate_scale != 1.0:  # lowered by the guard's crossings before
+                    stage_cfg = OmegaConf.merge(stage_cfg, {
+                        "sft": {"learning_rate": float(cfg.sft.learning_rate) * rate_scale},
+                        "dpo": {"learning_rate": float(cfg.dpo.learning_rate) * rate_scale}})
+                run_named_stage(name, stage_cfg, tracker, records)
             if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
                 run_named_stage("draft", at_round(cfg, r, "draft"), tracker, records)
             if cfg.loop.eval:
@@ -163,6 +171,18 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             if distributed.is_main():
                 tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r, records).items()}, step=r)
                 tracker.log_table("examples", report.example_rows(paths, r, int(cfg.loop.examples)), step=r)
+            if guard.metric is not None:  # every process decides alike, from the same evaluation
+                reason = crossed(guard, records.metrics(paths.eval(r)), "loop.guard", f"round {r}'s evaluation")
+                if reason and guard.action == "stop":
+                    stopped = f"the collapse guard stopped the loop after round {r}: {reason}"
+                    guarded.append(stopped)
+                    log.warning("loop.guard: %s", stopped)
+                    done = r + 1
+                    break
+                if reason:
+                    rate_scale *= float(guard.lr_factor)
+                    guarded.append(f"{reason}; the rounds after round {r} train at {rate_scale:g} x the learning rate")
+                    log.warning("loop.guard: %s", guarded[-1])
             if cfg.loop.stop.enabled:  # every process decides alike, from the same artifacts
                 stopped = stop_decision(cfg, paths, r, gains)
                 if stopped:
@@ -173,6 +193,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                  f"**loop.stop**: ran every round of loop.rounds={rounds}; each round's gain: " + "; ".join(
                      f"round {g['round']} {g['column']} {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]"
                      for g in gains) + "."] if cfg.loop.stop.enabled else []
+        notes += [f"**loop.guard**: {note}." for note in guarded]
         if distributed.is_main():  # one process writes the report
             plots = report.write_plots(paths, done, records)
             for name, png in plots.items():
@@ -184,5 +205,5 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                             | ({"loop/stopped_after_round": done - 1} if stopped else {}))
             log.info("loop: %d rounds done; %s", done, summary)
         distributed.barrier()
-    return Artifact(paths.root, {"stage": "loop", "rounds": done, "stopped": stopped, "gains": gains,
+    return Artifact(paths.root, {"stage": "loop", "rounds": done, "stopped": stopped, "gains": gains, "guard": guarded,
                                  "summary": str(paths.summary)})

@@ -5,8 +5,8 @@
 The rounds (stage=loop) sample a whole round, then fine-tune on a fixed set: an improvement reaches the
 sampler a round later. Here one policy stays in memory and the same weights serve the sampler and the
 trainer. For mini-batch b = 0 .. online.minibatches - 1:
-  1. prompts: the stream's rows b*M .. b*M + M - 1 (M = online.prompts_per_batch), wrapping once it is used
-     up. The stream is the prompts the rounds would see: with data.rotate the whole train split in order
+  1. prompts: the stream's rows b*M .. b*M + M - 1 (M = online.prompts_per_batch, at most the stream's length,
+     so that no mini-batch holds a prompt twice), wrapping once it is used up. The stream is the prompts the rounds would see: with data.rotate the whole train split in order
      (the rounds take its next data.limit rows each), without it the first data.limit rows (every round's);
   2. sample: sample.num_samples completions of each with the current weights, through rsft's exact sampler
      (rsft.generation.sample_dataset: pruning, adaptive K and an n-gram draft stay available); the
@@ -88,6 +88,8 @@ from rsft import distributed, scoring
 from rsft.config import uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import ConfigError, InputError
+from rsft.guard import crossed as guard_crossed
+from rsft.guard import watch_initial
 from rsft.generation import (
     adaptive_k,
     build_draft,
@@ -151,7 +153,18 @@ def prompt_stream(cfg: DictConfig) -> Dataset:
     return load_prompts(OmegaConf.merge(cfg.data, {"limit": None} if rotate else {}, {"rotate": False}), "train")
 
 
+def check_batch_size(stream: Dataset, size: int) -> None:
+    """A mini-batch holds distinct prompts: M larger than the stream would put one prompt in a mini-batch twice,
+    and its 2K completions would then compete under one prompt id (selection keeps the best K of them)."""
+    if size > len(stream):
+        raise ConfigError(f"online.prompts_per_batch={size}: more than the {len(stream)} train prompts the stream holds "
+                          f"(data.path, data.limit, data.rotate); expected at most {len(stream)}, so that a mini-batch "
+                          f"never holds a prompt twice")
+
+
 def minibatch_prompts(stream: Dataset, batch: int, size: int) -> Dataset:
+    """Mini-batch `batch`: the stream's rows batch*M .. batch*M + M - 1 (M = size), wrapping round the stream."""
+    check_batch_size(stream, size)
     rows = [(batch * size + i) % len(stream) for i in range(size)]
     return stream.select(rows)
 
@@ -313,6 +326,7 @@ class Progress:
     unlabelled: list[dict] = field(default_factory=list)   # sample rows since the last reward refresh
     labels: list[dict] = field(default_factory=list)       # each refresh's labelled pairs: {"train": rows, "test": rows}
     refreshes: list[dict] = field(default_factory=list)    # each refresh's metrics
+    guard: list[dict] = field(default_factory=list)        # online.guard's crossings: {batch, reason, action}
 
     def sampled(self) -> tuple[int, int, float]:
         """(completions, tokens, wall seconds) so far."""
@@ -580,6 +594,34 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
                  "online_eval/wall_seconds": wall}, step=batch)
 
 
+def watch_range(ctx: Context, progress: Progress, batch: int, final: bool) -> str | None:
+    """online.guard on the snapshot just taken after `batch` mini-batches (rsft.guard): the reason to stop, when it
+    is crossed with action=stop; with lower_lr the optimiser's rate and its schedule's are scaled. The snapshot
+    before any training is not judged, and the last one only recorded (no training follows it)."""
+    guard = ctx.cfg.online.guard
+    if guard.metric is None:
+        return None
+    metrics = progress.evals[-1]["metrics"]
+    if batch == 0:
+        watch_initial(guard, metrics, "online.guard")
+        return None
+    reason = guard_crossed(guard, metrics, "online.guard", f"the snapshot after {batch} mini-batches")
+    if reason is None:
+        return None
+    action = "recorded (the last snapshot)" if final else str(guard.action)
+    progress.guard.append({"batch": batch, "reason": reason, "action": action})
+    if final or guard.action == "stop":
+        log.warning("online.guard: %s; %s", reason, "the run ends here" if not final else "recorded")
+        return None if final else reason
+    factor = float(guard.lr_factor)
+    for group in ctx.policy.optimizer.param_groups:
+        group["lr"] *= factor
+    if hasattr(ctx.policy.schedule, "base_lrs"):  # the schedule multiplies its base rates: they carry the factor on
+        ctx.policy.schedule.base_lrs = [rate * factor for rate in ctx.policy.schedule.base_lrs]
+    log.warning("online.guard: %s; the learning rate is multiplied by %g from here", reason, factor)
+    return None
+
+
 # ---- resume ----
 
 
@@ -605,7 +647,7 @@ def checkpoint_state(policy: Policy, progress: Progress) -> dict:
             "schedule": policy.schedule.state_dict(), "rng": rng_states(), "next_batch": progress.next_batch,
             "kept": progress.kept, "minibatches": progress.minibatches, "evals": progress.evals,
             "eval_rows": progress.eval_rows, "unlabelled": progress.unlabelled, "labels": progress.labels,
-            "refreshes": progress.refreshes}
+            "refreshes": progress.refreshes, "guard": progress.guard}
 
 
 def resume(checkpoints, policy: Policy) -> Progress:
@@ -624,7 +666,7 @@ def resume(checkpoints, policy: Policy) -> Progress:
     policy.schedule.load_state_dict(state["schedule"])
     set_rng_states(state["rng"])
     progress = Progress(state["next_batch"], state["kept"], state["minibatches"], state["evals"], state["eval_rows"],
-                        state["unlabelled"], state["labels"], state["refreshes"])
+                        state["unlabelled"], state["labels"], state["refreshes"], state.get("guard", []))
     log.info("online: resuming after mini-batch %d (%d kept completions so far)", progress.next_batch - 1,
              len(progress.kept))
     return progress
@@ -638,6 +680,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
     batches, every, eval_every = int(online.minibatches), int(online.checkpoint_every), int(online.eval_every)
     seed_everything(int(cfg.seed))
     settings = sampling_settings(cfg.sample, cfg.draft)
+    stream = prompt_stream(cfg)
+    check_batch_size(stream, int(online.prompts_per_batch))  # before the policy loads
     model, tokenizer, source = load_policy(cfg, None, device)
     log.info("online: %s learns over %d mini-batches of %d prompts x %s completions (%s, %d steps each)", source,
              batches, int(online.prompts_per_batch), cfg.sample.num_samples, online.mode, int(online.steps_per_batch))
@@ -654,7 +698,6 @@ def build(cfg: DictConfig, job: Job) -> Built:
         log.info("online: snapshots judged by %s", folder or scoring.judge_spec(cfg))
     ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
                   eval_scorer=scorer)
-    stream = prompt_stream(cfg)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
     refresh = int(online.refresh_every)
     checkpoints = job.loop_checkpoints() if every or refresh else None  # kept by the main process, read by every one
@@ -664,6 +707,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
             checkpoints.folder.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
     progress = resume(checkpoints if every else None, policy)
+    stopped = None  # online.guard's reason to end early (action=stop)
     if progress.refreshes:  # the model the newest refresh wrote before the checkpoint
         ctx.scorer = scoring.open_reward(cfg, device, ctx.refreshed.model(len(progress.refreshes)))
     with tqdm(total=batches, initial=progress.next_batch, desc="online", unit="mini-batch",
@@ -671,6 +715,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
         for batch in range(progress.next_batch, batches):
             if eval_every and batch % eval_every == 0:
                 snapshot(ctx, held_out, progress, batch, job.tracker)
+                stopped = watch_range(ctx, progress, batch, final=False)
+                if stopped:
+                    break
             metrics = run_minibatch(ctx, stream, progress, batch)
             progress.minibatches.append(metrics)
             progress.next_batch = batch + 1
@@ -685,16 +732,18 @@ def build(cfg: DictConfig, job: Job) -> Built:
                 if distributed.is_main():
                     checkpoints.save(batch + 1, checkpoint_state(policy, progress))
                 distributed.barrier()
-    if eval_every:
+    if eval_every and not stopped:
         snapshot(ctx, held_out, progress, batches, job.tracker)
+        watch_range(ctx, progress, batches, final=True)
     final = policy.final()
     losses = [m["loss"] for m in progress.minibatches if m["loss"] is not None]
     check_trained(final, losses[-1] if losses else None, online, "online")
     completions, tokens, wall = progress.sampled()
-    stats = {"minibatches": batches, "completions_sampled": completions, "tokens_sampled": tokens,
+    stats = {"minibatches": len(progress.minibatches), "completions_sampled": completions, "tokens_sampled": tokens,
              "wall_seconds": wall, "kept": len(progress.kept), "steps": sum(m["steps"] for m in progress.minibatches),
              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "world_size": distributed.world_size(), "reward_refreshes": len(progress.refreshes)}
+             "world_size": distributed.world_size(), "reward_refreshes": len(progress.refreshes),
+             "stopped": stopped, "guard": progress.guard}
     if progress.evals:
         stats.update({f"eval_{k}": v for k, v in progress.evals[-1]["metrics"].items()
                       if k in ("reward_mean", "gold_mean", "judge_mean") and v is not None})

@@ -64,12 +64,13 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     inputs = ([paths.prefs] if cfg.reward.data.path is None else []) + paths.refresh_labels(round_idx)
     return Plan(outputs=[paths.round_reward(round_idx)], inputs=inputs + ([start_from] if start_from else []),
                 user_files=pair_files(cfg.reward.data),
-                first=[OmegaConf.merge(cfg, {"stage": "labels", "round": r}) for r in range(round_idx + 1)])
+                first=[OmegaConf.merge(cfg, {"stage": "labels", "round": r}) for r in range(round_idx + 1)],
+                given={"start_from": start_from})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx = job.paths, int(cfg.round)
-    start_from = start_model(cfg, paths, round_idx)
+    start_from = job.plan.given["start_from"]
     initial_train, initial_test, source = load_pairs(cfg)
     rounds = [load_dataset_artifact(paths.round_prefs(r)) for r in range(round_idx + 1)]
     train = pooled([initial_train, *(split["train"] for split in rounds)])

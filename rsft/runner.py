@@ -58,6 +58,7 @@ class Plan:
     first: list[DictConfig] = field(default_factory=list)   # stage configs to run before this one
     sources: dict = field(default_factory=dict)             # reward sources' identity (rsft.scoring.source_identity)
     names: list[str] = field(default_factory=list)          # each output's name in messages (default: the stage)
+    given: dict = field(default_factory=dict)               # what plan() decided that build() uses (job.plan.given)
 
 
 @dataclass

@@ -148,7 +148,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     outputs, names = [paths.selected(round_idx)], ["select"]
     if cfg.select.pairs:
         outputs, names = outputs + [paths.pairs(round_idx)], names + ["select (pairs)"]
-    return Plan(outputs=outputs, inputs=[paths.scored(r) for r in rounds], names=names)
+    return Plan(outputs=outputs, inputs=[paths.scored(r) for r in rounds], names=names, given={"rounds": rounds})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
@@ -156,7 +156,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     (select_groups), and each output's write reads them again to write what was decided (selected_rows,
     pair_rows)."""
     select_cfg, round_idx, want_pairs = cfg.select, int(cfg.round), bool(cfg.select.pairs)
-    rounds = candidate_rounds(round_idx, int(select_cfg.pool_rounds))
+    rounds = job.plan.given["rounds"]
     groups = PromptGroups.index(load_scored(job.paths, rounds))
     samples_per_prompt = groups.most_per_prompt()
     if want_pairs and samples_per_prompt < 2:

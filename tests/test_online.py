@@ -262,3 +262,13 @@ def test_online_vs_rounds_pairs_each_snapshot_with_the_rounds_last_evaluation(tm
     lines = [line for line in out.splitlines() if line.startswith(f"| {online.online} | after 2 mini-batches")]
     assert "| 0.50 |" in lines[-1] and "+0.050 [+0.050, +0.050]" in lines[-1]
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_a_minibatch_larger_than_the_prompt_stream_is_refused(make_cfg):
+    """online.prompts_per_batch above the stream's prompts would put a prompt in one mini-batch twice (its 2K
+    completions competing under one id): refused, naming the setting and the count."""
+    cfg = make_cfg(*ONLINE, "data.limit=3", "data.rotate=false")
+    stream = rsft.online.prompt_stream(cfg)
+    assert len(rsft.online.minibatch_prompts(stream, 1, 3)) == 3  # every prompt once: allowed
+    with pytest.raises(ConfigError, match="online.prompts_per_batch=4: more than the 3 train prompts"):
+        rsft.online.minibatch_prompts(stream, 0, 4)

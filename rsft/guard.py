@@ -1,0 +1,53 @@
+"""The collapse guard (issue 48): a bound on an evaluation's measure of range that the loop and online learning watch.
+
+Training on its own best outputs narrows a policy: distinct-2 across prompts, the distinct answers per prompt,
+pass@k and token entropy fall while pass@1 rises (docs/diversity.md). Every evaluation measures them
+(rsft.eval's metrics; online's snapshots). `loop.guard` and `online.guard` name one of them and a floor (`min`)
+or a ceiling (`max`, for alike_share or top_opening_share); when an evaluation after training crosses it:
+  - action=stop: the loop stops after that round (online: after that mini-batch), with the reason in the log,
+    summary.md and the artifact's record, as loop.stop stops;
+  - action=lower_lr: later training takes lr_factor times the learning rate, once per crossing (the loop: the
+    next rounds' sft.learning_rate and dpo.learning_rate; online: the optimiser's rate and its schedule's).
+The initial policy's evaluation is not judged (nothing has trained yet); it is logged when it already lies past
+the bound. Decisions are a function of recorded evaluations, so a rerun or a resumed run decides alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from rsft.errors import MissingInput
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("stop", "lower_lr")
+# the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
+METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|mean_entropy|"
+                    r"top_opening_share|([a-z]+_)?pass_at_[0-9]+)$")
+
+
+def crossed(guard, metrics: dict, key: str, where: str) -> str | None:
+    """None when `metrics`' guard.metric lies within the guard's bounds, else why it does not (a sentence naming the
+    value, the bound and the setting `key`). A metric the evaluation lacks is refused (a pass@k needs a verifier's
+    0/1 column and eval.num_samples >= k; mean_entropy a sampler that records it)."""
+    name = str(guard.metric)
+    value = metrics.get(name)
+    if not isinstance(value, (int, float)):
+        measured = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and METRIC.match(k))
+        raise MissingInput(f"{key}.metric={name}: {where} did not measure it; it measured {', '.join(measured) or 'none'}")
+    low, high = guard.get("min"), guard.get("max")
+    if low is not None and value < float(low):
+        return f"{where}: {name} = {value:.4f} fell below {key}.min={low}"
+    if high is not None and value > float(high):
+        return f"{where}: {name} = {value:.4f} rose above {key}.max={high}"
+    return None
+
+
+def watch_initial(guard, metrics: dict, key: str) -> None:
+    """The initial policy's evaluation is not judged; say so when it already lies past the bound."""
+    if guard.metric is None:
+        return
+    reason = crossed(guard, metrics, key, "the initial policy's evaluation")
+    if reason:
+        log.warning("%s (%s judges evaluations after training only)", reason, key)

@@ -1,0 +1,84 @@
+"""The collapse guard (rsft.guard): loop.guard and online.guard watch an evaluation's measure of range after
+training and stop, or lower the learning rate, when it crosses its bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from rsft.errors import ConfigError, MissingInput
+from tests.test_online import ONLINE
+from tests.test_overoptimisation import LOOP
+
+# distinct_1 is at most 1: a floor above it is crossed by every evaluation (a guard that always trips)
+ALWAYS = ["loop.guard.metric=distinct_1", "loop.guard.min=1.01"]
+
+
+def test_the_guard_stops_the_loop_after_the_first_round_that_crosses_it_and_says_why(make_cfg):
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import is_complete
+
+    cfg = make_cfg(*LOOP, "loop.rounds=3", *ALWAYS, "run_name=guarded")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    assert loop.meta["rounds"] == 1 and not is_complete(paths.samples(1))
+    assert loop.meta["stopped"].startswith("the collapse guard stopped the loop after round 0: round 0's evaluation: "
+                                           "distinct_1 = ")
+    assert "fell below loop.guard.min=1.01" in loop.meta["stopped"]
+    assert "**loop.guard**: the collapse guard stopped the loop after round 0" in paths.summary.read_text()
+    again = run_stage(make_cfg(*LOOP, "loop.rounds=3", *ALWAYS, "run_name=guarded"))  # reused: the same decision
+    assert again.meta["rounds"] == 1 and again.meta["stopped"] == loop.meta["stopped"]
+
+
+def test_lower_lr_trains_the_rounds_after_a_crossing_at_the_lowered_rate(make_cfg):
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=2", *ALWAYS, "loop.guard.action=lower_lr", "loop.guard.lr_factor=0.25",
+                   "run_name=lowered")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    rates = [read_meta(paths.policy(r))["config"]["sft"]["learning_rate"] for r in range(2)]
+    assert rates == [pytest.approx(1e-3), pytest.approx(2.5e-4)]
+    assert loop.meta["rounds"] == 2 and len(loop.meta["guard"]) == 2  # both rounds crossed; round 1's lowers nothing
+    assert "the rounds after round 0 train at 0.25 x the learning rate" in loop.meta["guard"][0]
+
+
+def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg):
+    from rsft.run import run_stage
+
+    with pytest.raises(MissingInput, match="loop.guard.metric=pass_at_2: the initial policy's evaluation did not measure "
+                                           "it; it measured .*distinct_2"):
+        run_stage(make_cfg(*LOOP, "loop.rounds=1", "loop.guard.metric=pass_at_2", "loop.guard.min=0.5",
+                           "run_name=no-verifier"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["loop.guard.metric=distinct_2"], "loop.guard.min=None: expected a number"),
+    (["loop.guard.min=0.5"], "loop.guard.metric=None: expected a measure to bound"),
+    (["loop.guard.metric=gold_mean", "loop.guard.min=0.5"], "loop.guard.metric='gold_mean': expected null"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.eval=false"], "loop.eval=False: expected true"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.lr_factor=1"], "loop.guard.lr_factor=1"),
+])
+def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
+    from rsft.checks import check_config
+
+    with pytest.raises((ConfigError, ValueError), match=message):
+        check_config(make_cfg(*LOOP, *overrides))
+
+
+def test_the_online_guard_stops_after_the_snapshot_that_crosses_it_or_lowers_the_rate(make_cfg):
+    from rsft.run import run_stage
+
+    common = [*ONLINE, "online.minibatches=3", "online.eval_every=1", "data.eval_limit=2", "eval.num_samples=2",
+              "online.guard.metric=distinct_1", "online.guard.min=1.01"]
+    cfg = make_cfg(*common, "run_name=online-stop")
+    stats = run_stage(cfg).meta["stats"]
+    assert stats["minibatches"] == 1 and stats["stopped"].startswith("the snapshot after 1 mini-batches: distinct_1")
+    assert [g["batch"] for g in stats["guard"]] == [1] and stats["guard"][0]["action"] == "stop"
+    lowered = run_stage(make_cfg(*common, "online.guard.action=lower_lr", "run_name=online-lower"))
+    minibatches = lowered.meta["minibatches"]
+    assert len(minibatches) == 3 and [g["batch"] for g in lowered.meta["stats"]["guard"]] == [1, 2, 3]
+    rates = [m["learning_rate"] for m in minibatches]
+    assert rates == [pytest.approx(1e-3), pytest.approx(5e-4), pytest.approx(2.5e-4)]
