@@ -35,6 +35,7 @@ A ground-floor module: it imports nothing of rsft but rsft.errors and rsft.sampl
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -44,8 +45,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
 from rsft.errors import ConfigError
-from rsft.guard import ACTIONS as GUARD_ACTIONS
-from rsft.guard import METRIC as GUARD_METRIC
 from rsft.sampling.budget import (
     check_checkpoints,
     check_checkpoints_below,
@@ -1042,6 +1041,12 @@ class DpoConfig(TrainingConfig):
                                      "smaller; 0 keeps every pair.",
                                 check=typed(float, "a number (a gap in reward_normalised; 0 keeps every pair)"))
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
+
+
+GUARD_ACTIONS = ("stop", "lower_lr")  # rsft.guard
+# the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
+GUARD_METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|"
+                          r"mean_entropy|top_opening_share|([a-z]+_)?pass_at_[0-9]+)$")
 
 
 def _guard_metric(key: str, value) -> None:

@@ -15,16 +15,11 @@ the bound. Decisions are a function of recorded evaluations, so a rerun or a res
 from __future__ import annotations
 
 import logging
-import re
 
+from rsft.config import GUARD_METRIC
 from rsft.errors import MissingInput
 
 log = logging.getLogger(__name__)
-
-ACTIONS = ("stop", "lower_lr")
-# the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
-METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|mean_entropy|"
-                    r"top_opening_share|([a-z]+_)?pass_at_[0-9]+)$")
 
 
 def crossed(guard, metrics: dict, key: str, where: str) -> str | None:
@@ -34,7 +29,7 @@ def crossed(guard, metrics: dict, key: str, where: str) -> str | None:
     name = str(guard.metric)
     value = metrics.get(name)
     if not isinstance(value, (int, float)):
-        measured = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and METRIC.match(k))
+        measured = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and GUARD_METRIC.match(k))
         raise MissingInput(f"{key}.metric={name}: {where} did not measure it; it measured {', '.join(measured) or 'none'}")
     low, high = guard.get("min"), guard.get("max")
     if low is not None and value < float(low):

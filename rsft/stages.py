@@ -61,6 +61,9 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     # the rows per forward change nothing while sampling plainly
     "sample.batch_rows": lambda cfg: cfg.get("stage") == "sample" and cfg.draft.kind == "none",
     "prefs.batch_rows": lambda cfg: True,  # prefs samples plainly, always
+    # a CUDA graph's fixed-shape step computes the packed step's draws: only the float rounding of the forward differs
+    "sample.cuda_graphs": lambda cfg: True,
+    "prefs.cuda_graphs": lambda cfg: True,
     # the run's own trained model is an input artifact (its folder's digest), not a setting
     "reward_source.": lambda cfg: cfg.reward_source.kind == "trained",
     # how a server is asked (its scores are what they are): never in a fingerprint
@@ -161,12 +164,12 @@ STAGES = (
                  When(("distill",), lambda cfg: not _FEATURE(cfg), "draft=distilled"), "policy",
                  "data.system_prompt", *SAMPLING,
                  "sample.batch_rows"),
-          uses=("draft",),
+          uses=("draft", "sample.cuda_graphs"),
           reads_doc="samples, the round's policy", writes="`draft/`, `round_XX/draft/`",
           does="trains a distilled or feature draft on the policy's own samples, for the speculative sampler",
           one_process=True),
     Stage("eval", "rsft.eval", reads=("eval", "policy", *SAMPLING, *ENGINE, *EVAL_PROMPTS, "reward_source"),
-          uses=("sample.shard_prompts", "sample.batch_rows", "reward.score_batch_size"),
+          uses=("sample.shard_prompts", "sample.batch_rows", "sample.cuda_graphs", "reward.score_batch_size"),
           reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
           does="reward, gold or judge score with intervals, win rates, diversity and length on held-out prompts"),
     Stage("online", "rsft.online",
