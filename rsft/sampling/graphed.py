@@ -85,7 +85,8 @@ class FixedShapeStep:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.strategy, self.leniency, self.record_entropy = strategy, leniency, record_entropy
         self.graphs: dict[tuple[int, bool], _Graph] = {}  # (width, with draft probabilities) -> its graph
-        self.replays = 0
+        self.replays = 0  # steps run
+        self.captured = 0  # graphs captured and released
         self.layout = self._layout()
 
     def _layout(self) -> tuple:
@@ -97,11 +98,11 @@ class FixedShapeStep:
         """False once the batch grew its cache (an admission past the reserved rows): make a new step."""
         return self._layout() == self.layout
 
-    @property
-    def graph(self):
-        """The plain step's graph (None until captured, or when not capturing)."""
-        plain = self.graphs.get((1, False))
-        return None if plain is None else plain.graph
+    def release(self) -> None:
+        """Free the graphs and their memory pools (the logits of every width stay allocated in them otherwise); the
+        counts stay. The sampler calls it when generate() returns."""
+        self.captured += sum(g.graph is not None for g in self.graphs.values())
+        self.graphs = {}
 
     def _compute(self, g: _Graph) -> tuple[torch.Tensor, ...]:
         """Device work only: -> num_accepted [B], tokens [B, n], kinds [B, n], num_emitted [B], finite [B] (the

@@ -316,6 +316,8 @@ class Sampler:
                 done.extend(finished.values())
                 bar.update(len(finished))
         self._tally.flush_into(self.stats)
+        if self._fixed is not None:  # the graphs' memory pools hold every width's logits: not kept past the call
+            self._fixed.release()
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
 
