@@ -108,7 +108,8 @@ def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
 
 
 RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results"
-RECORDED_METRICS = ("eos_fraction", "mean_tokens", "distinct_2", "distinct_2_all")
+RECORDED_METRICS = ("eos_fraction", "mean_tokens", "distinct_2", "distinct_2_all", "alike_share", "distinct_answers",
+                    "mean_entropy")
 
 
 def run_facts(run: Path, column: str) -> dict:
@@ -200,6 +201,7 @@ def main(argv=None) -> None:
             measured = folder / "metrics.json"
             metrics = json.loads(measured.read_text()) if measured.is_file() else {}
             row[f"{side}_metrics"] = {key: metrics.get(key) for key in RECORDED_METRICS}
+            row[f"{side}_metrics"].update({key: value for key, value in metrics.items() if key.startswith("pass_at_")})
             row[f"{side}_metrics"][f"{column}_win_rate_vs_initial"] = metrics.get(f"{column}_win_rate_vs_initial")
             if previous is not None:
                 change = stats.paired_difference(values, previous[side])

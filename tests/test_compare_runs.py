@@ -130,6 +130,10 @@ def test_a_comparison_is_recorded_and_the_docs_tables_are_rendered_from_the_reco
     rendered = gen_docs.with_record_tables(page, "README.md")
     assert "| stale |" not in rendered and "| after round 0 |" in rendered and "**+1.000 [+1.000, +1.000]**" in rendered
     assert rendered.startswith("before\n") and rendered.endswith("\nafter")
+    comparison = gen_docs.comparison_table(record)  # no range measures recorded here: no extra columns
+    assert comparison[0] == "| policy | A judge [95% CI] | B judge [95% CI] | A - B (paired) | verdict |"
+    assert comparison[3].startswith("| round 0 | 4.000 [") and comparison[3].endswith(
+        "| **+1.000 [+1.000, +1.000]** | better (m = 0) |")
     (tmp_path / "records" / "demo.json").unlink()
     with pytest.raises(InputError, match="demo.json, which does not exist"):
         gen_docs.with_record_tables(page, "README.md")
