@@ -1081,16 +1081,6 @@ class GuardConfig(Checked):
 
 
 @dataclass
-class LoopGuardConfig(GuardConfig):
-    """loop.guard: judged on each round's evaluation; lower_lr lowers the next rounds' sft (and dpo) rate."""
-
-
-@dataclass
-class OnlineGuardConfig(GuardConfig):
-    """online.guard: judged on each eval snapshot after training began; lower_lr lowers the optimiser's rate."""
-
-
-@dataclass
 class OnlineConfig(Checked):
     """stage=online (rsft.online): the policy learns while it samples. Each mini-batch takes the next
     prompts_per_batch train prompts, samples sample.num_samples completions of each with the current weights,
@@ -1137,8 +1127,8 @@ class OnlineConfig(Checked):
                                        "once the artifact is written); a rerun after a kill redoes at most C. 0 = none.",
                                     check=at_least(0, "(0 = none)"))
     progress: bool = setting(True, "Show a progress bar over the mini-batches.", check=boolean())
-    guard: OnlineGuardConfig = setting(OnlineGuardConfig, "The collapse guard: a bound on the snapshots' evaluated "
-                                                          "range (off by default).")
+    guard: GuardConfig = setting(GuardConfig, "The collapse guard: a bound on the snapshots' evaluated range (off "
+                                              "by default).")
 
     def __post_init__(self):
         super().__post_init__()
@@ -1241,8 +1231,8 @@ class LoopConfig(Checked):
                         check=boolean())
     stop: StopConfig = setting(StopConfig, "Stop the rounds early when they stop paying (off by default; "
                                            "loop.rounds is then the most rounds).")
-    guard: LoopGuardConfig = setting(LoopGuardConfig, "The collapse guard: a bound on each round's evaluated range "
-                                                      "(off by default).")
+    guard: GuardConfig = setting(GuardConfig, "The collapse guard: a bound on each round's evaluated range (off by "
+                                              "default).")
 
     def __post_init__(self):
         super().__post_init__()

@@ -87,16 +87,11 @@ class FixedShapeStep:
         self.graphs: dict[tuple[int, bool], _Graph] = {}  # (width, with draft probabilities) -> its graph
         self.replays = 0  # steps run
         self.captured = 0  # graphs captured and released
-        self.layout = self._layout()
-
-    def _layout(self) -> tuple:
-        """What a captured graph is bound to: the cache buffers' addresses, its rows and its capacity."""
-        b = self.batch
-        return b.buffer_rows, b.capacity, tuple(t.data_ptr() for t in b.keys + b.values)
+        self.allocation = batch.allocations  # a captured graph is bound to these buffers' addresses and shapes
 
     def fits(self) -> bool:
         """False once the batch grew its cache (an admission past the reserved rows): make a new step."""
-        return self._layout() == self.layout
+        return self.batch.allocations == self.allocation
 
     def release(self) -> None:
         """Free the graphs and their memory pools (the logits of every width stay allocated in them otherwise); the
@@ -149,7 +144,7 @@ class FixedShapeStep:
         keys [rows, 2] -> (their verification result, finite [rows], entropy [rows, n]). Moves nothing: the
         caller advances the cache's lengths (by n) and commits what was accepted."""
         batch = self.batch
-        rows, width = inputs.shape
+        width = inputs.shape[1]
         key = (width, draft_probs is not None)
         g = self.graphs.get(key)
         if g is None:

@@ -219,6 +219,7 @@ class KVBatch:
         # device to size its keys: + n per forward of n tokens a row, exact after `note_max_length`
         self.length_bound = 0
         self.key_length = 0  # keys handed to attention this forward
+        self.allocations = 0  # times the buffers were (re)allocated
         self._cache = _BufferCache(self)
         if keep_features:
             self.hidden_size = config.hidden_size
@@ -265,6 +266,7 @@ class KVBatch:
             grown_k.append(k)
             grown_v.append(v)
         self.keys, self.values = grown_k, grown_v
+        self.allocations += 1  # new buffers: whatever holds the old ones' addresses (a CUDA graph) is stale
         if self.keep_features:
             features = torch.zeros(rows, capacity, self.hidden_size, dtype=self.dtype, device=self.device)
             tokens = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
