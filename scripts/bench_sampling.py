@@ -432,36 +432,48 @@ def step_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperatur
             **{key: statistics.median(r[key] for r in runs) for key in keys}}
 
 
-def kernel_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, top: int = 15) -> None:
-    """torch.profiler over one generate() of `plain` at `rows` through the fixed-shape step run op by op
+def kernel_profile(model, eos_ids, prompt_ids, k, rows, max_new_tokens, temperature, seed, top: int = 15,
+                   oracle: tuple[int, float, int] | None = None) -> None:
+    """torch.profiler over one generate() at `rows` through the fixed-shape step run op by op
     (sample.cuda_graphs=eager: the kernels a CUDA graph replays, each one visible), after a warm-up: the operators
     with the most device time, and the device time a step against the graphed step's wall time (is the step
-    bound by the card's work, or by what is left around it?)."""
+    bound by the card's work, or by what is left around it?). `plain`, or with oracle = (token, a, gamma) the
+    set-acceptance draft's verification steps on the peaked policy (--methods oracle)."""
     from torch.profiler import ProfilerActivity, profile
 
     device = next(model.parameters()).device
     prompts = prompt_ids[:max(rows // k, 1)]
-    rsft_sample(model, eos_ids, prompts, k, rows, 4, temperature, seed, None, 0, False, graphs="eager")  # warm-up
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        out = rsft_sample(model, eos_ids, prompts, k, rows, max_new_tokens, temperature, seed, None, 0, False,
-                          graphs="eager")
+    head, what, draft, gamma = nullcontext(), "plain", lambda: None, 0
+    if oracle is not None:
+        token, acceptance, gamma = oracle
+        head = peaked_head(model, token, acceptance, temperature)
+        what, draft = f"oracle a={acceptance:g} g={gamma}", lambda: OracleDraft(token)
+
+    def sample(length: int, graphs: str) -> dict:
+        return rsft_sample(model, eos_ids, prompts, k, rows, length, temperature, seed, draft(), gamma, False,
+                           graphs=graphs)
+
+    with head:
+        sample(4, "eager")  # warm-up
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            out = sample(max_new_tokens, "eager")
+            sync(device)
+        events = prof.key_averages()
+        steps = out["steps"]
+        # the kernels alone (an operator's own device time counts its kernels again)
+        device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"\nkernel profile, {what} through the fixed-shape step uncaptured, {rows} rows, {steps} steps (prefill "
+              f"included): device time {device_us / 1000 / steps:.2f} ms a step")
+        sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(events.table(sort_by=sort, row_limit=top, max_name_column_width=60))
         sync(device)
-    events = prof.key_averages()
-    steps = out["steps"]
-    # the kernels alone (an operator's own device time counts its kernels again)
-    device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"\nkernel profile, plain through the fixed-shape step uncaptured, {rows} rows, {steps} steps (prefill "
-          f"included): device time {device_us / 1000 / steps:.2f} ms a step")
-    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(events.table(sort_by=sort, row_limit=top, max_name_column_width=60))
-    sync(device)
-    started = time.perf_counter()
-    graphed = rsft_sample(model, eos_ids, prompts, k, rows, max_new_tokens, temperature, seed, None, 0, False)
-    sync(device)
-    wall = time.perf_counter() - started
-    print(f"kernel profile: the same generate() as a stage runs it (cuda_graphs=auto): {1000 * wall / graphed['steps']:.2f} "
-          f"ms a step, wall time, capture included")
+        started = time.perf_counter()
+        graphed = sample(max_new_tokens, "auto")
+        sync(device)
+        wall = time.perf_counter() - started
+    print(f"kernel profile: {what}, the same generate() as a stage runs it (cuda_graphs=auto): "
+          f"{1000 * wall / graphed['steps']:.2f} ms a step, wall time, capture included")
 
 
 def print_step_profile(profiles: list[dict], device: torch.device) -> None:
@@ -691,7 +703,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--forward-cost: one draft forward's cost as a fraction of a plain policy step "
                              "(default 0.06, the feature draft's measured cost)")
     parser.add_argument("--kernel-profile", action="store_true",
-                        help="torch.profiler over `plain` at each --batch-rows: the operators with the most device "
+                        help="torch.profiler over `plain` (or, with --methods oracle, the oracle draft at the first "
+                             "--acceptance and --gammas) at each --batch-rows: the operators with the most device "
                              "time, and device time a step against the graphed step's wall time")
     parser.add_argument("--step-profile", action="store_true",
                         help="only time `plain` at each --batch-rows (--repeats runs after a warm-up): the policy "
@@ -729,8 +742,10 @@ def main(argv: list[str] | None = None) -> None:
         prompts = load_prompts(cfg.data, args.split)
         prompt_ids = [prompt_token_ids(tokenizer, p, cfg.data.system_prompt)[0] for p in prompts["prompt"]]
     if args.kernel_profile:
+        oracle = (args.oracle_token, args.acceptance[0], args.gammas[0]) if "oracle" in args.methods else None
         for rows in args.batch_rows:
-            kernel_profile(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature, args.seed)
+            kernel_profile(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature, args.seed,
+                           oracle=oracle)
         return
     if args.step_profile:
         profiles = [step_profile(model, eos, prompt_ids, args.k, rows, args.max_new_tokens, args.temperature,

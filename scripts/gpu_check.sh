@@ -7,7 +7,12 @@
 #       rows, bfloat16 at 512) and of a 1.5B Llama (bfloat16, 512 rows), HF generate against rsft's plain sampler
 #       (a replayed CUDA graph a step, sample.cuda_graphs=auto) and its packed step (cuda_graphs=off), 128 new
 #       tokens, T=0.7, each as a share of the card's decode ceiling; the set-acceptance (oracle) draft at a=0.8,
-#       gamma 3 on the 1.5B shape; and the packed step's cost outside the policy forward.
+#       gamma 3 on the 1.5B shape; and the packed step's cost outside the policy forward;
+#   (s) speculation where a step is far from the card's compute: the oracle draft (a = 0.5, 0.7, 0.8, 0.9, gamma 3)
+#       against plain sampling of the same peaked 1.5B policy at 64 and 128 rows, and the verification step's
+#       kernel profile at 512 rows;
+#   (t) the whole test suite but the real-model tests (`-m "not slow"`: no weights travel), on the GPU machine,
+#       over pytest-xdist when it is there (tests/test_gpu.py among them).
 #
 #   bash scripts/gpu_check.sh                       (from anywhere; it runs in the repository root)
 #   WHEELS=shared/wheels bash scripts/gpu_check.sh  (the default: the wheels scripts/gpu_wheels.sh fetched)
@@ -18,7 +23,8 @@
 # is set), QUICK=1 (tiny sizes: to try this script on a CPU, with DEVICE=cpu), PARTS (the parts to run, by the
 # first word of their names, e.g. "a c1 c3 c5"; default all).
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
-# commit, the card and the date printed at the top). Exit status 1 when a part failed or was skipped.
+# commit, the card and the date printed at the top). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
+# when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD
@@ -144,28 +150,48 @@ if part "b-loop-first" 120 python -m rsft.run "${LOOP[@]}"; then
   fi
 fi
 
-# --- (c) the sampling table ------------------------------------------------------------------------------------------
+# --- the benches' settings ------------------------------------------------------------------------------------------
 # the decode ceiling's memory bandwidth: the card's (about 90% of its peak); the bench's defaults are an H200's
 case "$CARD" in
   *H100*PCIe*) CEILING=(--bandwidth-gbs 1800) ;;
   *H100*) CEILING=(--bandwidth-gbs 3000) ;;
   *) CEILING=() ;;
 esac
-SMALL=smollm2-135m LARGE=llama-1.5b ROWS_SMALL=128 ROWS=512 PROMPTS_SMALL=16 PROMPTS=64 TOKENS=128 REPEATS=2
+SMALL=smollm2-135m LARGE=llama-1.5b ROWS_SMALL=128 ROWS=512 PROMPTS_SMALL=16 PROMPTS=64 TOKENS=128 REPEATS=${REPEATS:-3}
+ROWS_FEW=(64 128)
+read -ra C_METHODS <<< "${C_METHODS:-hf plain packed}"  # (c)'s methods: packed is the step without the graph
 if [[ $QUICK == 1 ]]; then  # the script itself, on a CPU: everything tiny (the 1.5B shape alone is 6 GB in float32)
-  LARGE=smollm2-135m ROWS_SMALL=4 ROWS=8 PROMPTS_SMALL=1 PROMPTS=2 TOKENS=8 REPEATS=1
+  LARGE=smollm2-135m ROWS_SMALL=4 ROWS=8 PROMPTS_SMALL=1 PROMPTS=2 TOKENS=8 REPEATS=1 ROWS_FEW=(4 8)
 fi
 BENCH=(python scripts/bench_sampling.py --device "$DEVICE" --k 8 --max-new-tokens "$TOKENS" --temperature 0.7
        --repeats "$REPEATS" "${CEILING[@]}")
+# --- (s) speculation at fewer rows: a = 0.5 .. 0.9, gamma 3, against plain sampling of the same peaked policy ------
+part "s1-speculation-1.5b-few-rows" 150 "${BENCH[@]}" --prompts "$PROMPTS_SMALL" --policy-config "$LARGE" \
+  --dtype bfloat16 --batch-rows "${ROWS_FEW[@]}" --methods oracle --acceptance 0.5 0.7 0.8 0.9 --gammas 3 --ceiling \
+  --out "$WORK/s1.json"
+part "s2-kernel-profile-verify-1.5b" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$LARGE" --dtype bfloat16 \
+  --batch-rows "$ROWS" --max-new-tokens 16 --kernel-profile --methods oracle --acceptance 0.8 --gammas 3
+
+# --- (t) the test suite on the GPU machine -------------------------------------------------------------------------
+SUITE=(tests/)
+[[ $QUICK == 1 ]] && SUITE=(tests/test_gpu.py tests/sampling/test_graphed.py)
+XDIST=()
+if python -c 'import xdist' 2>/dev/null && [[ $QUICK != 1 ]]; then
+  XDIST=(-n "$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))" --dist loadfile)
+fi
+OMP_NUM_THREADS=2 RSFT_GPU_TEST_DEVICE=$DEVICE part "t-suite" 300 python -m pytest -m "not slow" "${SUITE[@]}" -q \
+  -p no:cacheprovider -rs "${XDIST[@]}"
+
+# --- (c) the sampling table --------------------------------------------------------------------------------------
 # 128 rows: 16 prompts x K=8, one wave of rows (the issue's table); 512 rows: 64 prompts x 8
 part "c1-smollm2-float32-128" 90 "${BENCH[@]}" --prompts "$PROMPTS_SMALL" --policy-config "$SMALL" \
-  --dtype float32 --batch-rows "$ROWS_SMALL" --methods hf plain packed --ceiling --out "$WORK/c1a.json"
+  --dtype float32 --batch-rows "$ROWS_SMALL" --methods "${C_METHODS[@]}" --ceiling --out "$WORK/c1a.json"
 part "c1-smollm2-float32-512" 90 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype float32 \
-  --batch-rows "$ROWS" --methods hf plain packed --ceiling --out "$WORK/c1b.json"
+  --batch-rows "$ROWS" --methods "${C_METHODS[@]}" --ceiling --out "$WORK/c1b.json"
 part "c2-smollm2-bfloat16" 90 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype bfloat16 \
-  --batch-rows "$ROWS" --methods hf plain packed --ceiling --out "$WORK/c2.json"
+  --batch-rows "$ROWS" --methods "${C_METHODS[@]}" --ceiling --out "$WORK/c2.json"
 part "c3-llama1.5b-bfloat16" 180 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$LARGE" --dtype bfloat16 \
-  --batch-rows "$ROWS" --methods hf plain packed oracle --acceptance 0.8 --gammas 3 --ceiling --out "$WORK/c3.json"
+  --batch-rows "$ROWS" --methods "${C_METHODS[@]}" oracle --acceptance 0.8 --gammas 3 --ceiling --out "$WORK/c3.json"
 part "c4-step-profile" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-config "$SMALL" --dtype bfloat16 \
   --batch-rows "$ROWS" --step-profile
 # where a graphed step's time goes: the kernels with the most device time, and device time against wall time
@@ -177,11 +203,15 @@ part "c5-kernel-profile-1.5b" 60 "${BENCH[@]}" --prompts "$PROMPTS" --policy-con
 # --- the tables, together, and the verdict -------------------------------------------------------------------------
 echo -e "\n# Tables ($commit; ${CARD:-no card}; $(date -u +%Y-%m-%d))"
 for name in c1-smollm2-float32-128 c1-smollm2-float32-512 c2-smollm2-bfloat16 c3-llama1.5b-bfloat16 c4-step-profile \
-    c5-kernel-profile-float32 c5-kernel-profile-1.5b; do
+    c5-kernel-profile-float32 c5-kernel-profile-1.5b s1-speculation-1.5b-few-rows s2-kernel-profile-verify-1.5b; do
   [[ -f $WORK/$name.log ]] || continue
   echo -e "\n### $name"
   grep -E '^(\||Decode ceiling|- [0-9]+ rows|plain, |kernel profile)' "$WORK/$name.log"
 done
+if [[ -f $WORK/t-suite.log ]]; then
+  echo -e "\n### t-suite"
+  grep -E '^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed)' "$WORK/t-suite.log" | tail -40
+fi
 [[ -n ${OUT:-} ]] && cp "$WORK"/*.json "$OUT"/ 2>/dev/null
 echo -e "\nGPU check done in $((SECONDS - START))s; log: $LOG"
 if ((${#FAILED[@]})); then

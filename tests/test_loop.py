@@ -3,6 +3,8 @@ that ends with the same artifacts as a run that never crashed; wandb offline fil
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from datasets import load_from_disk
@@ -14,13 +16,17 @@ from rsft.paths import RunPaths
 from rsft.store import is_complete
 from rsft.run import run_stage
 
+# wandb is a dependency; a machine that lacks it (the GPU check's, which carries no wandb wheel) runs the loop
+# with logger=none and checks everything but the wandb records
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
 LOOP = ["stage=loop", "loop.rounds=2", "reward=tiny", "prefs.num_prompts=4", "prefs.num_samples=3",
         "prefs.max_new_tokens=8", "data.eval_limit=2", "eval.num_samples=2", "sft.learning_rate=1e-3",
         "select.drop_truncated=false", "device=cpu"]  # the random tiny policy rarely stops within 8 tokens
 
 
 def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypatch):
-    straight = RunPaths(run_stage(make_cfg(*LOOP, "run_name=straight", "logger=wandb", "logger.mode=offline")).path)
+    logger = ["logger=wandb", "logger.mode=offline"] if HAS_WANDB else ["logger=none"]
+    straight = RunPaths(run_stage(make_cfg(*LOOP, "run_name=straight", *logger)).path)
 
     real_sft = rsft.sft.build
 
@@ -63,6 +69,8 @@ def test_loop_killed_mid_round_resumes_to_the_same_artifacts(make_cfg, monkeypat
     assert "| initial |" in summary and "| round 1 |" in summary and "gold [95% CI]" in summary
     assert "gold vs previous" in summary and (straight.plots / "diversity.png").is_file()
 
+    if not HAS_WANDB:
+        return
     # one offline wandb run for the loop, holding the per-round metrics, the summary and the plots
     runs = list(straight.wandb.glob("offline-run-*"))
     assert len(runs) == 1
