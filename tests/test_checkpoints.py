@@ -41,8 +41,8 @@ def _dpo(make_cfg, run_name, tmp_path):
 def _reward(make_cfg, run_name, tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(f'{{"prompt": "q{i}", "chosen": "good {i}", "rejected": "bad {i}"}}\n' for i in range(12)))
-    return make_cfg("stage=reward", f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25", "reward.epochs=8",
-                    "reward.checkpoint_steps=3", "reward.batch_size=9", "device=cpu", f"run_name={run_name}")
+    return make_cfg("stage=reward", "reward=tiny", f"reward.data.path={pairs}", "reward.data.eval_fraction=0.25",
+                    "reward.epochs=8", "reward.checkpoint_steps=3", "reward.batch_size=9", "device=cpu", f"run_name={run_name}")
 
 
 STAGES = {"sft": _sft, "dpo": _dpo, "reward": _reward}

