@@ -23,7 +23,8 @@
 # is set), QUICK=1 (tiny sizes: to try this script on a CPU, with DEVICE=cpu), PARTS (the parts to run, by the
 # first word of their names, e.g. "a c1 c3 c5"; default all).
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
-# commit, the card and the date printed at the top). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
+# commit, the card and the date printed at the top). TESTS and DIST (part t: the tests to run, default the whole
+# suite, and pytest-xdist's --dist, default loadfile). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
 # when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -173,11 +174,11 @@ part "s2-kernel-profile-verify-1.5b" 60 "${BENCH[@]}" --prompts "$PROMPTS" --pol
   --batch-rows "$ROWS" --max-new-tokens 16 --kernel-profile --methods oracle --acceptance 0.8 --gammas 3
 
 # --- (t) the test suite on the GPU machine -------------------------------------------------------------------------
-SUITE=(tests/)
+read -ra SUITE <<< "${TESTS:-tests/}"  # TESTS: some test files or ids instead of the whole suite
 [[ $QUICK == 1 ]] && SUITE=(tests/test_gpu.py tests/sampling/test_graphed.py)
 XDIST=()
 if python -c 'import xdist' 2>/dev/null && [[ $QUICK != 1 ]]; then
-  XDIST=(-n "$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))" --dist loadfile)
+  XDIST=(-n "$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))" --dist "${DIST:-loadfile}")
 fi
 OMP_NUM_THREADS=2 RSFT_GPU_TEST_DEVICE=$DEVICE part "t-suite" 300 python -m pytest -m "not slow" "${SUITE[@]}" -q \
   -p no:cacheprovider -rs "${XDIST[@]}"

@@ -38,6 +38,8 @@ warm-up runs on a side stream, as torch requires, and the capture), paid once pe
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from rsft.sampling.keyed_random import keyed_uniforms
@@ -87,6 +89,7 @@ class FixedShapeStep:
         self.graphs: dict[tuple[int, bool], _Graph] = {}  # (width, with draft probabilities) -> its graph
         self.replays = 0  # steps run
         self.captured = 0  # graphs captured and released
+        self.capture_seconds = 0.0  # wall time of the captures (their warm-ups included), synchronised
         self.allocation = batch.allocations  # a captured graph is bound to these buffers' addresses and shapes
 
     def fits(self) -> bool:
@@ -123,6 +126,8 @@ class FixedShapeStep:
     def _captured(self, g: _Graph) -> tuple[torch.Tensor, ...]:
         """Warm up on a side stream (torch's rule for capture), record the graph, and replay it."""
         device = self.batch.device
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -133,6 +138,8 @@ class FixedShapeStep:
         with torch.cuda.graph(g.graph):
             g.outputs = self._compute(g)
         g.graph.replay()
+        torch.cuda.synchronize(device)
+        self.capture_seconds += time.perf_counter() - started
         return g.outputs
 
     @torch.no_grad()

@@ -245,7 +245,8 @@ class Sampler:
         self.stats = AcceptanceStats()
         self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
         self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
-                        "prefill_seconds": 0.0, "budget_reward_seconds": 0.0}
+                        "prefill_seconds": 0.0, "budget_reward_seconds": 0.0,
+                        "graph_capture_seconds": 0.0}
         self._draft_behind = False  # a step ran without the draft: it has tokens to catch up on
 
     def _processed(self, logits: torch.Tensor) -> torch.Tensor:
@@ -317,6 +318,7 @@ class Sampler:
                 bar.update(len(finished))
         self._tally.flush_into(self.stats)
         if self._fixed is not None:  # the graphs' memory pools hold every width's logits: not kept past the call
+            self.timings["graph_capture_seconds"] += self._fixed.capture_seconds
             self._fixed.release()
         done.sort(key=lambda c: (c.prompt_index, c.sample_idx))
         return done
@@ -391,8 +393,11 @@ class Sampler:
         inputs = state.last[:, None] if width == 0 else torch.cat([state.last[:, None], verified], 1)  # [rows, 1+w]
         if fixed is not None:  # every buffer row at [1 + w] tokens, captured once per width and replayed
             q = None if draft_probs is None else draft_probs[:, :width]  # [rows, w, vocab]
-            if 0 < width < chosen:  # rows near their budget draft fewer: padded to the step's gamma (its graph), the
-                inputs = F.pad(inputs, (0, chosen - width))  # padding past every row's num_drafts, never read
+            # rows near their budget draft fewer: padded to the step's gamma (its graph), the padding past every row's
+            # num_drafts, never read. So are the last steps, where every row has one token left and none drafts: one
+            # step at the wide graph costs less than capturing the plain graph for them (its warm-ups and capture)
+            if width < chosen and self.draft is not None:
+                inputs = F.pad(inputs, (0, chosen - width))
                 q = None if q is None else F.pad(q, (0, 0, 0, chosen - width))
             result, finite_rows, entropy = fixed.run(target.slot, inputs, q, num_drafts, state.keys, state.emitted)
             target.length[target.slot] += inputs.shape[1]  # what the packed forward does; the commit keeps the accepted
