@@ -17,7 +17,7 @@ from transformers import LlamaConfig
 
 from rsft.checks import check_config
 from rsft.data import duplicate_prompts, load_prompts, prompt_room, prompt_token_ids
-from rsft.errors import ConfigError
+from rsft.errors import ConfigError, MissingPackage
 from rsft.models import build_byte_tokenizer
 from rsft.stages import BY_NAME as STAGES
 from tests.conftest import REPO
@@ -40,7 +40,7 @@ def test_the_shipped_config_passes_for_every_stage(make_cfg, stage, tiny):
     cfg = make_cfg(f"stage={stage}", tiny=tiny)
     if cfg.logger.kind == "wandb" and importlib.util.find_spec("wandb") is None:
         # a machine without the wandb dependency (the GPU check's carries none): named before any work
-        with pytest.raises(errors.MissingPackage, match="^logger=wandb needs the wandb package"):
+        with pytest.raises(MissingPackage, match="^logger=wandb needs the wandb package"):
             check_config(cfg)
         return
     check_config(cfg)
