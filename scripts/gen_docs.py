@@ -259,21 +259,30 @@ def gpu_sampling_table(record: dict) -> list[str]:
 
 
 def gpu_speculation_table(record: dict) -> list[str]:
-    """The set-acceptance (oracle) draft of a gpu_check record against plain sampling of the same peaked policy."""
+    """The set-acceptance (oracle) draft of a gpu_check record against plain sampling of the same peaked policy at
+    the same rows; where the record has it, the same ratio past the CUDA graphs' capture (a stage captures once)."""
     import statistics
 
-    lines = ["| policy shape | rows | draft | plain, same policy | speculative | vs plain, medians | acceptance per position "
-             "| tokens per policy forward (theory) | policy forwards |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| policy shape | rows | draft | plain, same policy | speculative | vs plain, medians | vs plain past the "
+             "graph capture | acceptance per position | tokens per policy forward (theory) | policy forwards |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for part in record["parts"]:
-        for method in dict.fromkeys(r["method"] for r in part["runs"] if r["method"].startswith("oracle")):
-            runs = [r for r in part["runs"] if r["method"] == method]
+        for rows, method in dict.fromkeys((r["batch_rows"], r["method"]) for r in part["runs"]
+                                          if r["method"].startswith("oracle")):
+            at_rows = [r for r in part["runs"] if r["batch_rows"] == rows]
+            runs = [r for r in at_rows if r["method"] == method]
             first = runs[0]
-            baseline = _speeds(part["runs"], f"plain a={first['acceptance_set']:g}")
-            speeds = _speeds(part["runs"], method)
+            plain_runs = [r for r in at_rows if r["method"] == f"plain a={first['acceptance_set']:g}"]
+            baseline, speeds = _speeds(plain_runs, plain_runs[0]["method"]), _speeds(runs, method)
+            past = "-"
+            if all("tokens_per_second_past_capture" in r for r in runs + plain_runs):
+                past = (statistics.median(r["tokens_per_second_past_capture"] for r in runs)
+                        / statistics.median(r["tokens_per_second_past_capture"] for r in plain_runs))
+                past = f"{past:.2f}"
             acceptance = " / ".join(f"{a:.2f}" for a in first["acceptance_per_position"] or [])
-            lines.append(f"| {POLICY_SHAPES.get(part['policy'], part['policy'])} | {first['batch_rows']} | {method} | "
+            lines.append(f"| {POLICY_SHAPES.get(part['policy'], part['policy'])} | {rows} | {method} | "
                          f"{_median_range(baseline)} | {_median_range(speeds)} | "
-                         f"{statistics.median(speeds) / statistics.median(baseline):.2f} | {acceptance} | "
+                         f"{statistics.median(speeds) / statistics.median(baseline):.2f} | {past} | {acceptance} | "
                          f"{first['tokens_per_target_forward']:.2f} ({first['theoretical_tokens_per_forward']:.2f}) | "
                          f"{first['steps']} |")
     return lines

@@ -26,6 +26,7 @@ RECORDS = ROOT / "docs" / "results"
 KEPT = ("method", "batch_rows", "repeat", "seconds", "tokens_per_second", "peak_mb", "ceiling_share", "steps",
         "acceptance_set", "gamma", "acceptance_per_position", "tokens_per_target_forward",
         "theoretical_tokens_per_forward")
+OPTIONAL = ("graph_capture_seconds", "tokens_per_second_past_capture")  # kept where the log has them (from 83dd691 on)
 
 
 def parse_log(text: str, path: Path) -> dict:
@@ -50,7 +51,8 @@ def parse_log(text: str, path: Path) -> dict:
             current.update(policy=bench.get("policy"), dtype=bench.get("dtype"), device=bench.get("card"))
         elif current is not None and line.startswith('{"method"'):
             run = json.loads(line)
-            current["runs"].append({key: run.get(key) for key in KEPT})
+            current["runs"].append({key: run.get(key) for key in KEPT}
+                                   | {key: run[key] for key in OPTIONAL if key in run})
     return {"commit": header("commit: "), "card": header("card: "), "date": date,
             "versions": next((line for line in text.splitlines() if line.startswith("torch ")), None),
             "passed": "all parts passed" in text, "parts": [p for p in parts if p["runs"]]}

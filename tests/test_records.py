@@ -45,7 +45,7 @@ def test_a_gpu_check_log_becomes_a_record_and_its_tables(tmp_path, monkeypatch):
     # medians 150 and 400: 2.67x; against HF's faster run (200) 2.00x; plain's share of the ceiling 4.0%
     assert "| bfloat16 | 64 x 8 = 512 | 150 (100-200) | 400 (300-500) | - | 2.67 | 2.00 | 4.0% |" in sampling
     speculation = gen_docs.gpu_speculation_table(record)[2]
-    assert "| oracle a=0.8 g=3 | 400 (400-400) | 600 (600-600) | 1.50 | 0.80 / 0.79 / 0.81 | 2.90 (2.92) | 52 |" in speculation
+    assert "| oracle a=0.8 g=3 | 400 (400-400) | 600 (600-600) | 1.50 | - | 0.80 / 0.79 / 0.81 | 2.90 (2.92) | 52 |" in speculation
 
 
 def test_a_log_that_is_not_a_gpu_check_is_refused(tmp_path, monkeypatch):
