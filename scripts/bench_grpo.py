@@ -1,10 +1,10 @@
 """TRL's GRPOTrainer against rsft on the verifiable task (issue 37): pass@1 at the same number of sampled
 completions, wall time, sampled tokens, token entropy and how often a prompt's answers are all alike.
 
-    python scripts/bench_grpo.py train --out runs/grpo --seed 0 --learning-rate 1e-6       # one GRPO run
-    python scripts/bench_grpo.py compare runs/verifiable-s0 runs/grpo/grpo-s0-lr1e-06 [...] [--plot PNG]
+    python scripts/bench_grpo.py train --out runs/grpo --seed 0 --learning-rate 1e-5       # one GRPO run
+    python scripts/bench_grpo.py compare runs/verifiable-s0 runs/grpo/grpo-s0-lr1e-05-lora-p8-t0.7 [...] [--plot PNG]
     python scripts/bench_grpo.py train --task demo-gold --out runs/grpo --seed 0 --learning-rate 1e-5
-    python scripts/bench_grpo.py compare --task demo-gold runs/demo-gold runs/grpo/grpo-demo-gold-s0-lr1e-05
+    python scripts/bench_grpo.py compare --task demo-gold runs/demo-gold runs/grpo/grpo-demo-gold-s0-lr1e-05-lora-p8-t0.7
 
 `--task demo-gold` is the ceiling on the demo task: its gold oracle (reward.gold:gold_reward, a perfect
 verifier) is GRPO's only reward and rsft's `function` reward (`reward_source=function
@@ -23,15 +23,28 @@ sampling settings as every rsft evaluation, so completions pair by (prompt, samp
 writes `<out>/grpo-s<seed>-lr<lr>/`: `point_XX/` (each a run directory holding that policy's eval_initial/),
 `policy_XX/` and `grpo.json` (the settings, the per-step logs, the training wall seconds and sampled tokens).
 
-GRPO's settings are TRL's GRPOConfig defaults (1.16: num_generations 8, per-device batch 8 completions = one
-prompt per step, loss_type dapo, beta 0, epsilon 0.2, temperature 1.0, linear decay, AdamW) except, each
-for a stated reason:
-- use_cpu=True, bf16=False (fp32): the default bf16 is refused on a machine without a GPU;
+GRPO is configured as a TRL user matching rsft's recipe would configure it (issue 47); each setting that differs
+from TRL's GRPOConfig defaults (1.16: num_generations 8, per-device batch 8 completions, no accumulation = one
+prompt per optimiser step, loss_type dapo, beta 0, epsilon 0.2, temperature 1.0, linear decay, AdamW, every
+weight trained) does so for a stated reason:
+- temperature = --temperature, default the recipe's sample.temperature (0.7): both sides sample, and are
+  evaluated, at one temperature;
+- --mode lora (default: the recipe's sft.mode) trains peft's LoRA with the recipe's sft.lora settings (r=16),
+  the adapter rsft's SFT trains; --mode full trains every weight;
+- --prompts-per-step P (default 8) = gradient_accumulation_steps with per_device_train_batch_size =
+  num_generations: TRL's GRPOConfig generates one batch per optimiser step of per_device_train_batch_size x
+  processes x steps_per_generation (= gradient_accumulation_steps) completions, so P prompts x 8 completions make
+  one update. With one prompt per update and an initial pass@1 of 0.16, a group of 8 has no right answer a
+  quarter of the time (0.84^8) and gives no gradient; with 8 prompts an update holds about 6 groups that do;
+- --device (default cuda where there is one): use_cpu on the CPU, bf16 on a GPU that has it, fp32 on the CPU
+  (TRL's default bf16 is refused without a GPU);
 - gradient_checkpointing=False: it re-runs the forward pass for a memory saving a 135M model does not need
   (on this CPU a reward model's step went from 5.5 s to 160 s with TRL's defaults, docs/results.md);
 - max_completion_length = sample.max_new_tokens (the recipe's 16): the same answer budget as rsft's samples;
-- learning_rate = --learning-rate (TRL's 1e-6 by default; the sweep's other values are given on the command);
-- max_steps = completions / per_device_train_batch_size, one pass; logging_steps=1; no saving, no reporting.
+- learning_rate = --learning-rate (TRL's 1e-6 by default; a sweep gives the others on the command);
+- max_steps = completions / (8 P), one pass; logging_steps=1; no saving, no reporting.
+The first comparison (docs/results.md#against-trls-grpotrainer) ran TRL's defaults: `--temperature 1.0 --mode full
+--prompts-per-step 1`. A run's folder names the settings: grpo-s<seed>-lr<lr>-<mode>-p<P>-t<temperature>.
 
 `compare` reads rsft loop runs (their evaluations after each round, the wall seconds of the stages that
 sampled, scored, selected and trained, and the tokens their samples hold: rsft.online_report.round_points)
@@ -50,6 +63,7 @@ against wall seconds. The CPU is printed first.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import subprocess
@@ -73,6 +87,13 @@ TASKS = {  # per task: rsft's settings, the prompt column its reward reads besid
     "demo-gold": {"recipe": ["reward_source=function", "reward_source.spec=reward.gold:gold_reward"], "reads": "task",
                   "column": "gold", "truth": "gold", "prefix": "grpo-demo-gold"},
 }
+
+
+def bench_device(name: str):
+    """--device: auto (cuda where there is one), cpu, cuda or cuda:N."""
+    from rsft.models import resolve_device
+
+    return resolve_device(name)
 
 
 def recipe(task: str) -> list[str]:
@@ -131,20 +152,28 @@ def train(args) -> None:
     column = TASKS[args.task]["reads"]
     rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), column: r}
             for p, r in zip(prompts["prompt"], prompts[column])]
-    model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))
+    device = bench_device(args.device)
+    model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))  # the trainer places it on `device`
+    temperature = float(cfg.sample.temperature) if args.temperature is None else args.temperature
+    mode = str(cfg.sft.mode) if args.mode is None else args.mode
     if args.task == "verifiable":
         reward = checker_reward
     else:
         eos = model.generation_config.eos_token_id
         eos_ids = {*([] if eos is None else [eos] if isinstance(eos, int) else eos), tokenizer.eos_token_id}
         reward = gold_reward_for({i for i in eos_ids if i is not None})
-    name = f"{TASKS[args.task]['prefix']}-s{args.seed}-lr{args.learning_rate:g}"
+    name = (f"{TASKS[args.task]['prefix']}-s{args.seed}-lr{args.learning_rate:g}-{mode}-p{args.prompts_per_step}"
+            f"-t{temperature:g}")
     out = args.out / name
     out.mkdir(parents=True, exist_ok=True)
-    config = GRPOConfig(output_dir=str(out / "trainer"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+    on_gpu = device.type == "cuda"
+    config = GRPOConfig(output_dir=str(out / "trainer"), use_cpu=not on_gpu,
+                        bf16=on_gpu and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
+                        temperature=temperature, gradient_accumulation_steps=args.prompts_per_step,
                         max_completion_length=int(cfg.sample.max_new_tokens), learning_rate=args.learning_rate,
                         logging_steps=1, save_strategy="no", report_to="none", seed=args.seed)
-    steps = math.ceil(completions / config.per_device_train_batch_size)
+    per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps  # completions an update
+    steps = math.ceil(completions / per_step)
     config.max_steps = steps
     points = sorted({round(steps * (i + 1) / args.points) for i in range(args.points)})
     history: list[dict] = []
@@ -161,28 +190,38 @@ def train(args) -> None:
         def on_step_end(self, _args, state, control, **kwargs):
             if state.global_step in points:
                 started = time.perf_counter()
-                trainer.model.save_pretrained(out / f"policy_{state.global_step:04d}")
+                saved = trainer.model
+                if mode == "lora":  # a full model folder, as stage=eval reads it: the adapter merged into a copy
+                    saved = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model)).merge_and_unload()
+                saved.save_pretrained(out / f"policy_{state.global_step:04d}")
                 tokenizer.save_pretrained(out / f"policy_{state.global_step:04d}")
                 self.saving += time.perf_counter() - started
 
     callback = Points()
+    peft = None
+    if mode == "lora":
+        from rsft.policy_training import lora_config
+
+        peft = lora_config(cfg.sft)  # the recipe's adapter: rsft's SFT trains the same one
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_list(rows),
-                          processing_class=tokenizer, callbacks=[callback])
-    print(f"{describe(machine())}\nGRPO: {source}, {len(rows)} train prompts, {steps} steps x "
-          f"{config.per_device_train_batch_size} completions = {steps * config.per_device_train_batch_size} "
-          f"(budget {completions}), lr {args.learning_rate:g}, evaluated after steps {points}", flush=True)
+                          processing_class=tokenizer, callbacks=[callback], peft_config=peft)
+    print(f"{describe(machine())}\nGRPO: {source} on {device}, {len(rows)} train prompts, {steps} updates x "
+          f"{per_step} completions ({args.prompts_per_step} prompts x {config.num_generations}) = {steps * per_step} "
+          f"(budget {completions}), {mode}, temperature {temperature:g}, lr {args.learning_rate:g}, evaluated after "
+          f"updates {points}", flush=True)
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started - callback.saving
-    per_step = [entry for entry in history if "completions/mean_length" in entry]
-    batch = config.per_device_train_batch_size
-    record = {"task": args.task, "source": source, "steps": steps, "completions_per_step": batch, "points": points,
-              "learning_rate": args.learning_rate, "seed": args.seed, "train_seconds": wall,
-              "tokens": sum(entry["completions/mean_length"] * batch for entry in per_step),
+    logged = [entry for entry in history if "completions/mean_length" in entry]  # one entry an update
+    record = {"task": args.task, "source": source, "steps": steps, "completions_per_step": per_step, "points": points,
+              "learning_rate": args.learning_rate, "seed": args.seed, "train_seconds": wall, "mode": mode,
+              "temperature": temperature, "prompts_per_step": args.prompts_per_step, "device": str(device),
+              "tokens": sum(entry["completions/mean_length"] * per_step for entry in logged),
               "settings": {k: str(v) for k, v in config.to_dict().items()
                            if k in ("num_generations", "per_device_train_batch_size", "loss_type", "beta", "epsilon",
                                     "temperature", "learning_rate", "lr_scheduler_type", "max_completion_length",
-                                    "scale_rewards", "num_iterations", "gradient_checkpointing", "bf16", "use_cpu")},
+                                    "scale_rewards", "num_iterations", "gradient_checkpointing", "bf16", "use_cpu",
+                                    "gradient_accumulation_steps")},
               "logs": history, "machine": machine()}
     (out / "grpo.json").write_text(json.dumps(record, indent=2, default=str))
     print(f"GRPO trained in {wall:.0f} s (saving the points left out); evaluating the points", flush=True)
@@ -280,14 +319,14 @@ def at_equal_mean(series: list[list[dict]], column: str, task: str) -> None:
                   f"{stats.shown(stats.paired_difference(mine, theirs), True)} | {stats.shown(alike, True)} |")
 
 
-def token_entropy(policy: Path | None, ds, cfg) -> float:
+def token_entropy(policy: Path | None, ds, cfg, device_name: str = "auto") -> float:
     """The policy's mean next-token entropy (nats, at eval's temperature) over its own held-out completion tokens."""
     import torch
 
     from rsft.data import prompt_token_ids
     from rsft.models import load_policy
 
-    device = torch.device("cpu")
+    device = bench_device(device_name)
     if policy is None or is_complete(policy):  # the configured policy, or an rsft round's
         model, tokenizer, _ = load_policy(cfg, policy, device)
     else:  # a GRPO point: a save_pretrained folder of the trainer's model
@@ -344,7 +383,7 @@ def compare(args) -> None:
     first = series[0][0]
     for p in [first] + [p for points in series for p in points if p["policy"] is not None]:
         counts = list(distinct_counts(p["eval"], args.task).values())
-        entropy = token_entropy(p["policy"], p["eval"], cfg)
+        entropy = token_entropy(p["policy"], p["eval"], cfg, args.device)
         print(f"| {p['run']} | {p['point']} | {mean_of(p, column):.3f} | {entropy:.3f} | "
               f"{sum(c == 1 for c in counts) / len(counts):.2f} | {sum(counts) / len(counts):.2f} |")
     at_equal_mean(series, column, args.task)
@@ -383,19 +422,28 @@ def main(argv=None) -> None:
     run.add_argument("--threads", type=int, default=0)
     run.add_argument("--task", choices=sorted(TASKS), default="verifiable")
     run.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
+    run.add_argument("--temperature", type=float, default=None, help="default: the recipe's sample.temperature")
+    run.add_argument("--mode", choices=("lora", "full"), default=None, help="default: the recipe's sft.mode")
+    run.add_argument("--prompts-per-step", type=int, default=8,
+                     help="prompts (of num_generations completions each) an optimiser step: gradient accumulation")
+    run.add_argument("--device", default="auto", help="auto (cuda where there is one), cpu, cuda or cuda:N")
     cmp = sub.add_parser("compare", help="pass@1, wall time, tokens, entropy: rsft runs and GRPO runs")
     cmp.add_argument("runs", type=Path, nargs="+", help="the first is the reference of the paired differences; "
                      "an rsft loop run's folder, its online/ folder, or a GRPO run")
     cmp.add_argument("--task", choices=sorted(TASKS), default="verifiable")
     cmp.add_argument("--plot", type=Path, default=None, metavar="PNG")
     cmp.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
+    cmp.add_argument("--device", default="auto", help="where token entropy is computed: auto, cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
     if args.command == "train":
         for name, value, ok in (("--learning-rate", args.learning_rate, args.learning_rate > 0),
                                 ("--points", args.points, args.points >= 1),
-                                ("--completions", args.completions, args.completions is None or args.completions >= 1)):
+                                ("--completions", args.completions, args.completions is None or args.completions >= 1),
+                                ("--prompts-per-step", args.prompts_per_step, args.prompts_per_step >= 1),
+                                ("--temperature", args.temperature, args.temperature is None or args.temperature > 0)):
             if not ok:
-                raise InputError(f"{name} {value}: expected {'> 0' if name == '--learning-rate' else 'at least 1'}")
+                raise InputError(f"{name} {value}: expected "
+                                 f"{'> 0' if name in ('--learning-rate', '--temperature') else 'at least 1'}")
         train(args)
     else:
         compare(args)

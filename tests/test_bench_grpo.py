@@ -17,11 +17,14 @@ TINY = ["policy=tiny", "sample.max_new_tokens=8", "data.eval_limit=4", "eval.num
 def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = [sys.executable, str(REPO / "scripts" / "bench_grpo.py")]
-    subprocess.run([*script, "train", "--out", str(tmp_path / "grpo"), "--completions", "16", "--points", "2",
-                    "--threads", "1", "--override", *TINY], check=True, cwd=REPO, env=env, timeout=600)
-    run = tmp_path / "grpo" / "grpo-s0-lr1e-06"
+    # 2 prompts an update, LoRA (the recipe's sft.mode), at the recipe's temperature
+    subprocess.run([*script, "train", "--out", str(tmp_path / "grpo"), "--completions", "32", "--points", "2",
+                    "--prompts-per-step", "2", "--threads", "1", "--device", "cpu", "--override", *TINY],
+                   check=True, cwd=REPO, env=env, timeout=600)
+    run = tmp_path / "grpo" / "grpo-s0-lr1e-06-lora-p2-t0.7"
     record = json.loads((run / "grpo.json").read_text())
-    assert record["steps"] == 2 and record["completions_per_step"] == 8 and record["points"] == [1, 2]
+    assert record["steps"] == 2 and record["completions_per_step"] == 16 and record["points"] == [1, 2]
+    assert record["settings"]["gradient_accumulation_steps"] == "2" and record["settings"]["temperature"] == "0.7"
     assert record["tokens"] > 0 and record["settings"]["gradient_checkpointing"] == "False"
     assert all((run / f"point_{s:04d}" / "eval_initial" / "meta.json").is_file() for s in (1, 2))
     subprocess.run([sys.executable, "-m", "rsft.run", "stage=loop", "+experiment=verifiable", "logger=none", *TINY,
@@ -29,8 +32,9 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
                     f"paths.runs_root={tmp_path}"], check=True, cwd=REPO, env=env, timeout=600)
     out = subprocess.run([*script, "compare", str(tmp_path / "v"), str(run), "--override", *TINY], check=True,
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600).stdout
-    rows = [line for line in out.splitlines() if line.startswith("| grpo-s0-lr1e-06 | step") and line.count("|") == 8]
-    assert [r.split(" | ")[2] for r in rows] == ["8", "16"]  # completions sampled at each point
+    rows = [line for line in out.splitlines()
+            if line.startswith("| grpo-s0-lr1e-06-lora-p2-t0.7 | step") and line.count("|") == 8]
+    assert [r.split(" | ")[2] for r in rows] == ["16", "32"]  # completions sampled at each point
     assert "| v | round 0 |" in out and "token entropy" in out
 
 
