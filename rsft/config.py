@@ -637,6 +637,10 @@ class DataCheckableConfig(DataDemoConfig):
     limit: Optional[int] = setting(64, "Train prompts per round (null = all 192).")
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all 64).")
     seed: int = setting(0, "Which questions: the operand pairs and their order.", check=a_seed())
+    held_out: str = setting("unordered", "unordered: a held-out operand pair's swapped twin is held out too, so no "
+                            "test question is a train question up to its operands' order; ordered: the split of the "
+                            "results recorded before the rule (16 test questions of + and x had their swapped twin "
+                            "in train).", check=one_of(("unordered", "ordered")))
 
 
 @dataclass

@@ -81,8 +81,9 @@ def demo_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]
 def checkable_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
     from rsft.checkable_prompts import build_checkable_prompts
 
-    return Dataset.from_list(build_checkable_prompts(split, int(cfg.get("seed", 0)))), \
-        f"checkable prompts (split {split})"
+    held_out = cfg.get("held_out", "unordered")
+    return Dataset.from_list(build_checkable_prompts(split, int(cfg.get("seed", 0)), held_out)), \
+        f"checkable prompts (split {split}, held_out={held_out})"
 
 
 def local_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:

@@ -24,6 +24,30 @@ def test_the_splits_are_disjoint_fixed_and_every_answer_is_right():
         build_checkable_prompts("validation")
 
 
+def _operands(prompt: str) -> tuple[str, frozenset] | None:
+    """(the form, its operands as an unordered set) of a + or x question; None for the others."""
+    import re
+
+    found = re.match(r"What is (\d+) (\+|times) (\d+)\?", prompt)
+    return (found.group(2), frozenset((found.group(1), found.group(3)))) if found else None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_test_question_is_a_train_question_up_to_the_order_of_its_operands(seed):
+    train, test = (build_checkable_prompts(s, seed) for s in ("train", "test"))
+    assert (len(train), len(test)) == (192, 64)
+    seen = {_operands(r["prompt"]) for r in train} - {None}
+    assert not {_operands(r["prompt"]) for r in test} & seen
+    # the split before the rule, kept for the results recorded on it: 16 test questions had a swapped twin in train
+    old_train, old_test = (build_checkable_prompts(s, seed, "ordered") for s in ("train", "test"))
+    assert (len(old_train), len(old_test)) == (192, 64)
+    old_seen = {_operands(r["prompt"]) for r in old_train} - {None}
+    twins = [r for r in old_test if _operands(r["prompt"]) in old_seen]
+    assert twins and not {r["prompt"] for r in old_test} & {r["prompt"] for r in old_train}
+    with pytest.raises(ConfigError, match="data.held_out='both'"):
+        build_checkable_prompts("test", seed, "both")
+
+
 def test_the_checker_reads_the_first_number_and_has_nothing_to_check_without_a_reference():
     completions = ["42", "The answer is 42.", "7 times 6 is 42", "forty-two", "42", "-3"]
     reference = ["42", "42", "42", "42", None, "-3"]
