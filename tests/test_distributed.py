@@ -146,3 +146,29 @@ def test_more_processes_than_gpus_is_refused_before_the_process_group_starts(mon
     distributed.check_devices_per_process("cpu", wants_cuda=False)  # CPU processes: any number
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     distributed.check_devices_per_process("cuda", wants_cuda=True)  # one process, one GPU
+
+
+def test_a_cpu_world_on_a_machine_with_a_gpu_waits_at_a_cpu_barrier(monkeypatch):
+    """accelerate's wait_for_everyone passes device_ids=[local rank] to torch.distributed.barrier, which then puts
+    the barrier on cuda:<local rank> even in a gloo CPU world: rank 1 of two CPU processes on a one-GPU machine
+    died there (the GPU check of 2026-11-27). init gives such a world a plain barrier (no device ids)."""
+    import accelerate
+
+    from rsft import distributed
+
+    class TwoCpuProcesses:  # what PartialState(cpu=True) is under a launcher of two processes
+        def __init__(self, cpu: bool):
+            assert cpu
+            self.num_processes = 2
+
+        def wait_for_everyone(self):
+            raise AssertionError("accelerate's own wait: device_ids=[local rank]")
+
+    barriers = []
+    monkeypatch.setattr(accelerate, "PartialState", TwoCpuProcesses)
+    monkeypatch.setattr(distributed, "_STATE", None)
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distributed.torch.distributed, "barrier", lambda *a, **k: barriers.append((a, k)))
+    distributed.init("cpu")
+    distributed.barrier()
+    assert barriers == [((), {})]  # no device_ids: torch runs a gloo group's barrier on the CPU
