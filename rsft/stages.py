@@ -82,8 +82,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
 _HH = When(("data.path", "data.split", "data.data_dir", "data.eval_fraction", "data.split_seed"),
            lambda cfg: cfg.data.kind == "hh_rlhf", "data=hh_rlhf")
 PROMPT_SET: Keys = ("data.kind", "data.name", "data.config_name", "data.prompt_column", "data.id_column",
-                    "data.system_prompt", _HH, When(("data.seed",), lambda cfg: cfg.data.kind == "checkable",
-                                                     "data=checkable"))
+                    "data.system_prompt", _HH, When(("data.seed", "data.held_out"),
+                                                     lambda cfg: cfg.data.kind == "checkable", "data=checkable"))
 TRAIN_PROMPTS: Keys = (*PROMPT_SET, "data.path", "data.split", "data.limit", "data.rotate")
 EVAL_PROMPTS: Keys = (*PROMPT_SET, "data.eval_path", "data.eval_split", "data.eval_limit")
 # the sample settings that shape a completion (not num_samples, not batch_rows)

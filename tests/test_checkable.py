@@ -52,3 +52,13 @@ def test_the_checker_reads_the_first_number_and_has_nothing_to_check_without_a_r
     completions = ["42", "The answer is 42.", "7 times 6 is 42", "forty-two", "42", "-3"]
     reference = ["42", "42", "42", "42", None, "-3"]
     assert first_number([""] * 6, completions, reference) == [1.0, 1.0, 0.0, 0.0, None, 1.0]
+
+
+def test_the_held_out_rule_is_part_of_the_samples_fingerprint(make_cfg):
+    """Samples drawn under one split rule are not reused under the other: the prompts differ."""
+    from rsft.runner import wanted_fingerprint
+
+    fingerprints = [wanted_fingerprint(make_cfg("stage=sample", "+experiment=verifiable", f"data.held_out={rule}"))
+                    for rule in ("unordered", "ordered")]
+    assert fingerprints[0] != fingerprints[1]
+    assert [f["config"].get("data.held_out") for f in fingerprints] == ["unordered", "ordered"]
