@@ -84,8 +84,8 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
     return RewardConfig(
         output_dir=output_dir,
         **training_arguments(cfg, "reward", device),
-        seed=int(cfg.seed),
-        data_seed=int(cfg.seed),
+        seed=cfg.seed,
+        data_seed=cfg.seed,
         center_rewards_coefficient=cfg.get("center_rewards_coefficient"),
         max_length=None,  # our pairs are already truncated to reward.max_length; None disables TRL's filter
         eval_strategy="no",

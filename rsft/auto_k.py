@@ -68,8 +68,8 @@ def resolved(cfg: DictConfig) -> tuple[DictConfig, dict | None]:
     the runner records it in the artifacts' meta.json (`auto_k`)."""
     if cfg.sample.num_samples != AUTO:
         return cfg, None
-    choice = choose(cfg, RunPaths.from_config(cfg), max(int(cfg.round), 0))
-    k, cap, k0 = choice["k"], int(cfg.sample.auto_k.cap), int(cfg.sample.adaptive_k.k0)
+    choice = choose(cfg, RunPaths.from_config(cfg), max(cfg.round, 0))
+    k, cap, k0 = choice["k"], cfg.sample.auto_k.cap, cfg.sample.adaptive_k.k0
     if k0 > 0 and k < cap:  # adaptive K spends a mean of k per prompt where another sample can change the pick
         choice["adaptive_k"] = {"k0": k0, "mean": float(k)}
         resolved_sample = {"num_samples": cap, "adaptive_k": {"mean": float(k)}}

@@ -65,8 +65,8 @@ def _check_held_out_prompts(cfg: DictConfig) -> None:
     held-out prompts that are all train prompts stops now, not after prefs and the reward model; some of
     them: a warning with the counts (rsft.data.check_held_out_prompts)."""
     without = {"loop": "loop.eval=false", "online": "online.eval_every=0"}.get(cfg.stage)
-    evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and bool(cfg.loop.eval)) or (
-        cfg.stage == "online" and int(cfg.online.eval_every) > 0)
+    evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval) or (
+        cfg.stage == "online" and cfg.online.eval_every > 0)
     if evaluates:
         from rsft.data import (
             check_held_out_prompts,  # imports datasets: only for a command that evaluates
@@ -92,7 +92,7 @@ def _check_round_labels(cfg: DictConfig) -> None:
         check_round_labels,  # loads the reward stack: only when there are files to read
     )
 
-    check_round_labels(cfg, range(int(cfg.loop.rounds)) if cfg.stage == "loop" else range(int(cfg.round) + 1))
+    check_round_labels(cfg, range(cfg.loop.rounds) if cfg.stage == "loop" else range(cfg.round + 1))
 
 
 def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:
@@ -102,7 +102,7 @@ def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     opened for the stages."""
     from rsft import scoring
 
-    device = resolve_device(str(cfg.device))
+    device = resolve_device(cfg.device)
     try:
         if "reward_source" in groups and cfg.reward_source.kind != "trained":
             scoring.source_identity(cfg, device)
@@ -190,7 +190,7 @@ def _check_required(cfg: DictConfig, groups: tuple[str, ...]) -> None:
 
 
 def _check_device(cfg: DictConfig) -> None:
-    check_device(str(cfg.device))
+    check_device(cfg.device)
 
 
 def check_device(name: str, key: str = "device") -> torch.device:

@@ -805,6 +805,15 @@ class AutoKConfig(Checked):
                 _fail(self._AT + "start", self.start, f"between auto_k.floor={self.floor} and auto_k.cap={self.cap}")
 
 
+def samples_per_prompt(sample) -> int:
+    """sample.num_samples where it is a number: `auto` is resolved to the round's K (rsft.auto_k) before a stage
+    samples, so a sampler that meets it unresolved is a bug, not a user's mistake."""
+    k = sample.num_samples
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise RuntimeError(f"sample.num_samples={k!r} reached the sampler unresolved (rsft.auto_k resolves auto)")
+    return k
+
+
 def most_samples(sample) -> int:
     """The most completions per prompt a round can sample: num_samples, or with auto the cap."""
     return int(sample.auto_k.cap) if sample.num_samples == "auto" else int(sample.num_samples)
@@ -1521,7 +1530,7 @@ def _check_online(cfg) -> None:
     if cfg.draft.kind not in ("none", "ngram"):
         raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
                           f"weights change every mini-batch; set draft=none or draft=ngram")
-    if int(cfg.online.refresh_every) > 0:
+    if cfg.online.refresh_every > 0:
         if not simulated_labels_available(cfg):
             raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} labels the mini-batches' samples with the "
                               f"demo task's simulated annotators, and data.kind={cfg.data.kind} has none (your labels, "
@@ -1553,7 +1562,7 @@ def check_across_groups(cfg, groups) -> None:
                           f"gives every completion of a prompt the same text; set sample.strategy=exact (sampling at "
                           f"sample.temperature), or sample.num_samples=1")
     if cfg.stage in ("prefs", "loop") and "prefs" in groups and cfg.prefs.strategy == "greedy" \
-            and int(cfg.prefs.num_samples) > 1:
+            and cfg.prefs.num_samples > 1:
         raise ConfigError(f"prefs.strategy=greedy with prefs.num_samples={cfg.prefs.num_samples}: greedy decoding "
                           f"gives every completion of a prompt the same text, and the pairs labelled among them tie; "
                           f"set sample.strategy=exact (prefs.strategy follows it) or prefs.strategy=exact")
@@ -1571,7 +1580,7 @@ def check_across_groups(cfg, groups) -> None:
     if "refresh" in groups and refresh_reward_on(cfg) and simulated_labels_available(cfg) \
             and cfg.refresh.pairs is None and most_samples(cfg.sample) < 2:
         # the demo's labels pair completions of one prompt: with one each, a refresh labels nothing
-        raise ConfigError(f"loop.refresh_reward={str(cfg.loop.refresh_reward).lower()} labels pairs among each "
+        raise ConfigError(f"loop.refresh_reward={f'{cfg.loop.refresh_reward}'.lower()} labels pairs among each "
                           f"prompt's first refresh.samples_per_prompt completions, and sample.num_samples="
                           f"{cfg.sample.num_samples} gives one: set sample.num_samples >= 2, or "
                           f"loop.refresh_reward=false")
@@ -1598,7 +1607,7 @@ def check_across_groups(cfg, groups) -> None:
             raise ConfigError("loop.stop.enabled=true stops on the rounds' gains on held-out prompts: set "
                               "loop.eval=true, or loop.stop.enabled=false")
         # the judge's column exists only where eval.judge names one (rsft.loop.stop_column reads it)
-        if cfg.loop.stop.enabled and str(cfg.loop.stop.truth) == "judge" and cfg.eval.get("judge") is None:
+        if cfg.loop.stop.enabled and cfg.loop.stop.truth == "judge" and cfg.eval.get("judge") is None:
             raise ConfigError("loop.stop.truth=judge stops on the judge's gains, and eval.judge is not set: set "
                               "eval.judge=<a reward model folder, a run name or a reward spec>, or loop.stop.truth="
                               "auto (the judge when set, else gold where the task has an oracle)")

@@ -185,7 +185,7 @@ def _overlap_settings(cfg: DictConfig) -> tuple[str, str, str]:
     """(the train prompts, the held-out prompts, what to do) in the words of this data kind's settings."""
     if cfg.kind == "local":
         # one datasets folder for both sets is read at two splits (docs/own-data.md): name them
-        folder = str(cfg.path) == str(cfg.get("eval_path")) and Path(str(cfg.path)).expanduser().is_dir()
+        folder = cfg.path == cfg.get("eval_path") and Path(cfg.path).expanduser().is_dir()
         return (f"data.path={cfg.path}" + (f" (data.split={cfg.split})" if folder else ""),
                 f"data.eval_path={cfg.get('eval_path')}" + (f" (data.eval_split={cfg.get('eval_split')})" if folder
                                                              else ""),
@@ -410,7 +410,7 @@ def prompt_room(model_config, max_new_tokens: int, setting: str = "sample.max_ne
 def prompt_files(cfg: DictConfig, which: str = "train") -> list[str]:
     """The user's prompt file or folder a prompt set is read from (none for the demo and hub sets)."""
     if cfg.kind == "hh_rlhf":  # one transcript file holds both sets; a hub name is not a file
-        return [cfg.path] if cfg.get("path") is not None and Path(str(cfg.path)).expanduser().exists() else []
+        return [cfg.path] if cfg.get("path") is not None and Path(cfg.path).expanduser().exists() else []
     if cfg.kind != "local":
         return []
     path = cfg.path if which == "train" else cfg.get("eval_path")

@@ -54,16 +54,16 @@ def trainer_config(cfg: DictConfig, device, output_dir: str):
     return DPOConfig(
         output_dir=output_dir,
         **training_arguments(cfg.dpo, "dpo", device),
-        beta=float(cfg.dpo.beta),
-        max_length=int(cfg.dpo.max_length),
-        seed=int(cfg.seed) + int(cfg.round),
+        beta=cfg.dpo.beta,
+        max_length=cfg.dpo.max_length,
+        seed=cfg.seed + cfg.round,
         disable_tqdm=True,
     )
 
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """Every dpo setting, the seed and round (the trainer's seed), the pairs and the SFT policy."""
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     if not paths.dpo:
         raise ConfigError("stage=dpo writes round_XX/dpo, which only loop.dpo=true samples from and evaluates; add "
                           "loop.dpo=true (to this command and to the loop's)")
@@ -78,14 +78,14 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 def build(cfg: DictConfig, job: Job) -> Built:
     from trl import DPOTrainer
 
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     source, init_path = job.plan.inputs
     pairs = load_dataset_artifact(source)
     for column in ("chosen_reward_normalised", "rejected_reward_normalised"):
         if column not in pairs.column_names:
             raise ArtifactError(f"{source} has no {column!r} column (an older stage=select wrote it); rebuild it "
                                 f"with `python -m rsft.run stage=select round={round_idx} overwrite=true`")
-    kept = margin_filter(pairs, float(cfg.dpo.min_margin))
+    kept = margin_filter(pairs, cfg.dpo.min_margin)
     if len(kept) == 0:
         raise InputError(f"dpo: none of the {len(pairs)} pairs in {source} has a normalised reward gap >= "
                          f"dpo.min_margin={cfg.dpo.min_margin}; lower dpo.min_margin or set loop.dpo=false")

@@ -117,7 +117,7 @@ def build_draft_model(policy, num_layers: int, head_token_ids: list[int], seed: 
 
 def training_sources(cfg: DictConfig, paths: RunPaths) -> list:
     """The samples (and kept set) of round max(r, 0): what the draft imitates the policy on."""
-    data_round = max(int(cfg.round), 0)
+    data_round = max(cfg.round, 0)
     sources = [p for p in (paths.samples(data_round), paths.selected(data_round)) if is_complete(p)]
     if not sources:
         raise MissingInput(f"stage=draft trains on the policy's samples, but {paths.samples(data_round)} "
@@ -130,14 +130,14 @@ def extra_feature_sources(cfg: DictConfig, paths: RunPaths) -> list:
     (the initial policy's), the other sequences of the policy's family at hand (training only)."""
     if not cfg.draft.train.get("more_samples"):
         return []
-    earlier = [paths.samples(r) for r in range(max(int(cfg.round), 0))]
+    earlier = [paths.samples(r) for r in range(max(cfg.round, 0))]
     return [p for p in (*earlier, paths.prefs) if is_complete(p)]
 
 
 def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -> list:
     """(prompt ids, completion ids + EOS) of each distinct completion of `sources`: sample artifacts
     (completion_ids) or the prefs DatasetDict (chosen / rejected texts, tokenized again)."""
-    room = prompt_room(teacher_config, int(cfg.sample.max_new_tokens))
+    room = prompt_room(teacher_config, cfg.sample.max_new_tokens)
     texts, sequences = set(), []
     for path in sources:
         data = load_dataset_artifact(path)
@@ -158,13 +158,13 @@ def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -
 
 def _teacher_and_data(cfg: DictConfig, paths: RunPaths, sources: list, device):
     """The policy the draft must imitate, and the token sequences to imitate it on."""
-    teacher, tokenizer, teacher_name = load_policy(cfg, paths.draft_teacher(int(cfg.round)), device)
+    teacher, tokenizer, teacher_name = load_policy(cfg, paths.draft_teacher(cfg.round), device)
     rows = concatenate_datasets([load_dataset_artifact(p).select_columns(["prompt", "completion_ids"])
                                  for p in sources])
     sequences = []
     for prompt, completion in zip(rows["prompt"], rows["completion_ids"]):
         prefix, _ = prompt_token_ids(tokenizer, prompt, cfg.data.get("system_prompt"),
-                                     prompt_room(teacher.config, int(cfg.sample.max_new_tokens)))
+                                     prompt_room(teacher.config, cfg.sample.max_new_tokens))
         sequences.append((prefix, list(completion) + [tokenizer.eos_token_id]))
     log.info("draft: imitating %s on %d completions from %s", teacher_name, len(sequences), [str(s) for s in sources])
     return teacher, tokenizer, sequences, teacher_name
@@ -269,7 +269,7 @@ def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictC
     """Train `draft` in place (AdamW, linear decay, clipped gradients); held-out loss before and after.
     checkpoints: where to save every distill.checkpoint_steps steps and resume from (None: not resumable)."""
     head_tensor = torch.tensor(head_ids, device=device)
-    distill, batch_size = bool(dcfg.distill), int(dcfg.batch_size)
+    distill, batch_size = bool(dcfg.distill), dcfg.batch_size
 
     def heldout_loss() -> float:
         draft.eval()
@@ -279,22 +279,22 @@ def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictC
         return sum(losses) / len(losses)
 
     before = heldout_loss()
-    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=float(dcfg.learning_rate),
-                                  weight_decay=float(dcfg.weight_decay))
-    steps = int(dcfg.epochs) * math.ceil(len(train) / batch_size)
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=dcfg.learning_rate,
+                                  weight_decay=dcfg.weight_decay)
+    steps = dcfg.epochs * math.ceil(len(train) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
 
     def step(batch) -> dict:
         loss = distillation_loss(draft, teacher, *(t.to(device) for t in batch), head_tensor, distill)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), float(dcfg.max_grad_norm))
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), dcfg.max_grad_norm)
         optimizer.step()
         schedule.step()
         return {"loss": f"{loss.item():.3f}"}
 
     started = time.perf_counter()
-    resumable_epochs(int(dcfg.epochs), steps, lambda: _batches(train, batch_size, rng, pad_id), step,
+    resumable_epochs(dcfg.epochs, steps, lambda: _batches(train, batch_size, rng, pad_id), step,
                      Trained(draft, optimizer, schedule, rng), checkpoints, int(dcfg.get("checkpoint_steps") or 0),
                      "distilling draft")
     train_seconds = time.perf_counter() - started
@@ -308,9 +308,9 @@ def train_draft(draft, teacher, train, heldout, head_ids: list[int], dcfg: DictC
 def measure_acceptance(policy, draft, prompt_ids, eos_ids, cfg: DictConfig, train: DictConfig) -> dict:
     """Speculative sampling of held-out prompts with `draft` (a ModelDraft or FeatureDraft) at the
     sample stage's settings and a fixed gamma (train.eval_gamma): the verifier's acceptance statistics."""
-    settings = dataclasses.replace(sampling_settings(cfg.sample), gamma=int(train.eval_gamma), adaptive=False)
+    settings = dataclasses.replace(sampling_settings(cfg.sample), gamma=train.eval_gamma, adaptive=False)
     sampler = Sampler(policy, settings, eos_ids, draft=draft)
-    sampler.generate(prompt_ids, int(train.eval_samples), seed=int(train.eval_seed), progress=False)
+    sampler.generate(prompt_ids, train.eval_samples, seed=train.eval_seed, progress=False)
     return sampler.stats.summary()
 
 
@@ -323,8 +323,8 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     sequences it trains on, and the sampling settings its acceptance is measured at (rsft.stages)."""
     sources = training_sources(cfg, paths)
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
-    teacher_path = paths.draft_teacher(int(cfg.round))
-    return Plan(outputs=[paths.draft_output(int(cfg.round))],
+    teacher_path = paths.draft_teacher(cfg.round)
+    return Plan(outputs=[paths.draft_output(cfg.round)],
                 inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])])
 
 
@@ -337,13 +337,13 @@ def build(cfg: DictConfig, job: Job) -> Built:
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:
     """(held-out, train) sequences, shuffled with the run's seed."""
     sequences = list(sequences)
-    random.Random(int(cfg.seed)).shuffle(sequences)
-    n_heldout = max(1, int(len(sequences) * float(train.heldout_fraction)))
+    random.Random(cfg.seed).shuffle(sequences)
+    n_heldout = max(1, int(len(sequences) * train.heldout_fraction))
     return sequences[:n_heldout], sequences[n_heldout:]
 
 
 def _heldout_prompts(heldout, train: DictConfig) -> list[list[int]]:
-    return [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: int(train.eval_prompts)]]
+    return [list(p) for p in sorted({tuple(p) for p, _ in heldout})[: train.eval_prompts]]
 
 
 def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
@@ -351,21 +351,21 @@ def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
         write_files(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2))
 
-    meta = {"stage": "draft", "kind": kind, "round": int(cfg.round), "metrics": metrics}
+    meta = {"stage": "draft", "kind": kind, "round": cfg.round, "metrics": metrics}
     return Built([(meta, write)], {f"draft/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
-                 step=max(int(cfg.round), 0))
+                 step=max(cfg.round, 0))
 
 
 def distil(cfg: DictConfig, paths: RunPaths, sources: list, device, checkpoints: LoopCheckpoints | None = None) -> Built:
     """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
     dcfg = cfg.distill
     teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
-    rng = random.Random(int(cfg.seed))
+    rng = random.Random(cfg.seed)
     rng.shuffle(sequences)
-    n_heldout = max(1, int(len(sequences) * float(dcfg.heldout_fraction)))
+    n_heldout = max(1, int(len(sequences) * dcfg.heldout_fraction))
     heldout, train = sequences[:n_heldout], sequences[n_heldout:]
-    head_ids = frequent_tokens(train, int(dcfg.head_tokens), tokenizer.eos_token_id)
-    draft = build_draft_model(teacher, int(dcfg.num_layers), head_ids, int(cfg.seed)).to(device)
+    head_ids = frequent_tokens(train, dcfg.head_tokens, tokenizer.eos_token_id)
+    draft = build_draft_model(teacher, dcfg.num_layers, head_ids, cfg.seed).to(device)
     untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
     teacher.eval()
     training = train_draft(draft, teacher, train, heldout, head_ids, dcfg, tokenizer.pad_token_id, rng, device,
@@ -379,9 +379,9 @@ def distil(cfg: DictConfig, paths: RunPaths, sources: list, device, checkpoints:
                                           cfg, dcfg)
     metrics = {
         "kind": "distilled", "teacher": teacher_name, "train_sequences": len(train), "heldout_sequences": len(heldout),
-        "num_layers": int(dcfg.num_layers), "head_tokens": len(head_ids),
+        "num_layers": dcfg.num_layers, "head_tokens": len(head_ids),
         "parameters": draft.num_parameters(), "policy_parameters": teacher.num_parameters(),
-        **training, **_acceptance_metrics(int(dcfg.eval_gamma), accept_trained, accept_untrained),
+        **training, **_acceptance_metrics(dcfg.eval_gamma, accept_trained, accept_untrained),
     }
     log.info("draft: held-out loss %.3f -> %.3f, acceptance %.3f (untrained %.3f)", metrics["heldout_loss_before"],
              metrics["heldout_loss_after"], metrics["acceptance_rate"] or 0, metrics["untrained_acceptance_rate"] or 0)
@@ -488,12 +488,12 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device,
     held_keys = {(tuple(p), tuple(c)) for p, c in heldout}  # the held-out sequences stay out of training
     training_set += [s for s in extra_sequences(tokenizer, cfg, policy.config, extra_feature_sources(cfg, paths))
                      if (tuple(s[0]), tuple(s[1])) not in held_keys]
-    head_ids = (frequent_tokens(training_set, int(train.head_tokens), tokenizer.eos_token_id)
-                if int(train.head_tokens) > 0 else None)
-    draft = build_feature_draft(policy, int(train.num_layers), head_ids, int(cfg.seed))
+    head_ids = (frequent_tokens(training_set, train.head_tokens, tokenizer.eos_token_id)
+                if train.head_tokens > 0 else None)
+    draft = build_feature_draft(policy, train.num_layers, head_ids, cfg.seed)
     untrained = copy.deepcopy(draft).eval()  # the same draft before training, for the acceptance baseline
-    batch_size, weight = int(train.batch_size), float(train.feature_weight)
-    unroll, temperature = int(train.unroll_steps), float(train.kl_temperature)
+    batch_size, weight = train.batch_size, train.feature_weight
+    unroll, temperature = train.unroll_steps, train.kl_temperature
     started = time.perf_counter()
     examples = [(p, c, f) for (p, c), f in zip(training_set, policy_features(policy, training_set, batch_size,
                                                                             tokenizer.pad_token_id, device))]
@@ -510,22 +510,22 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device,
 
     before = heldout_kl()
     parameters = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=float(train.learning_rate), weight_decay=float(train.weight_decay))
-    steps = int(train.epochs) * math.ceil(len(examples) / batch_size)
+    optimizer = torch.optim.AdamW(parameters, lr=train.learning_rate, weight_decay=train.weight_decay)
+    steps = train.epochs * math.ceil(len(examples) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
-    rng = random.Random(int(cfg.seed))
+    rng = random.Random(cfg.seed)
 
     def step(batch) -> dict:
         loss, kls = feature_draft_loss(draft, *(t.to(device) for t in batch), weight, unroll, temperature)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(parameters, float(train.max_grad_norm))
+        torch.nn.utils.clip_grad_norm_(parameters, train.max_grad_norm)
         optimizer.step()
         schedule.step()
         return {"loss": f"{loss.item():.3f}", "kl": f"{kls[0].item():.3f}"}
 
     started = time.perf_counter()
-    resumable_epochs(int(train.epochs), steps, lambda: _feature_batches(examples, batch_size, rng, whole_sequence=True),
+    resumable_epochs(train.epochs, steps, lambda: _feature_batches(examples, batch_size, rng, whole_sequence=True),
                      step, Trained(draft, optimizer, schedule, rng), checkpoints,
                      int(train.get("checkpoint_steps") or 0), "training feature draft")
     train_seconds = time.perf_counter() - started
@@ -538,11 +538,11 @@ def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device,
     accept_untrained = measure_acceptance(policy, FeatureDraft(untrained), prompts, eos_ids, cfg, train)
     metrics = {
         "kind": "feature", "teacher": teacher_name, "train_sequences": len(examples), "heldout_sequences": len(held),
-        "num_layers": int(train.num_layers), "head_tokens": len(head_ids) if head_ids else policy.config.vocab_size,
+        "num_layers": train.num_layers, "head_tokens": len(head_ids) if head_ids else policy.config.vocab_size,
         "parameters": sum(p.numel() for p in parameters), "policy_parameters": policy.num_parameters(),
         "heldout_kl_before": round(before, 4), "heldout_kl_after": round(after, 4),
         "feature_seconds": round(feature_seconds, 1), "train_seconds": round(train_seconds, 1),
-        **_acceptance_metrics(int(train.eval_gamma), accept_trained, accept_untrained),
+        **_acceptance_metrics(train.eval_gamma, accept_trained, accept_untrained),
     }
     log.info("draft: feature draft, held-out KL %.3f -> %.3f, acceptance %.3f (untrained %.3f)", before, after,
              metrics["acceptance_rate"] or 0, metrics["untrained_acceptance_rate"] or 0)

@@ -81,7 +81,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     a round's also the baseline, which it builds first when missing, and the round's scored samples
     (best-of-N). The initial evaluation's best-of-N curve is a snapshot of round 0's scored samples if they
     existed when it ran; they are not part of its fingerprint."""
-    round_idx, initial = int(cfg.round), cfg.eval.policy == "initial"
+    round_idx, initial = cfg.round, cfg.eval.policy == "initial"
     sampling_settings(cfg.sample)  # plain: a draft would change nothing but speed
     policy_path = None if initial else paths.eval_policy(round_idx)
     if policy_path is not None and not is_complete(policy_path):
@@ -107,7 +107,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    paths, round_idx, initial = job.paths, int(cfg.round), cfg.eval.policy == "initial"
+    paths, round_idx, initial = job.paths, cfg.round, cfg.eval.policy == "initial"
     settings = sampling_settings(cfg.sample)
     policy_path, judge = job.plan.given["policy"], job.plan.given["judge"]
     warnings = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
@@ -117,14 +117,14 @@ def build(cfg: DictConfig, job: Job) -> Built:
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
 
-    model, tokenizer, source, engine = open_policy(cfg, policy_path, device, settings, int(cfg.eval.seed))
+    model, tokenizer, source, engine = open_policy(cfg, policy_path, device, settings, cfg.eval.seed)
     provenance = {"round": -1 if initial else round_idx, "policy": source,
                   "sampler": json.dumps({**settings.__dict__, "draft": "none",
                                          **({"backend": "vllm"} if engine is not None else {})}, sort_keys=True)}
     # a killed evaluation resumes at its first unfinished shard of prompts
-    ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, int(cfg.eval.num_samples),
-                                  int(cfg.eval.seed), cfg.data.get("system_prompt"), provenance,
-                                  shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine,
+    ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, cfg.eval.num_samples,
+                                  cfg.eval.seed, cfg.data.get("system_prompt"), provenance,
+                                  shard_prompts=cfg.sample.shard_prompts, store=job.shards(), engine=engine,
                                   entropy=True)
     if engine is not None:
         engine.close()

@@ -89,26 +89,26 @@ def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed:
 
 
 def _ngram_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    return NgramDraft(int(cfg.draft.max_ngram), int(cfg.draft.min_ngram))
+    return NgramDraft(cfg.draft.max_ngram, cfg.draft.min_ngram)
 
 
 def _model_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
     # draft.source says how to load it (hf: a hub id or folder; tiny / pypi_gguf as for policies)
     model_cfg = OmegaConf.merge(cfg.draft, {"kind": cfg.draft.get("source", "hf")})
     model, tokenizer = load_causal_lm(model_cfg, cfg.paths.cache_dir, device)
-    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(cfg.draft.name_or_path))
+    check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, cfg.draft.name_or_path)
     return ModelDraft(model)
 
 
 def _distilled_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+    path = RunPaths.from_config(cfg).sampling_draft(cfg.round)
     model, tokenizer, head = load_distilled_draft(path, device)
     check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, model, str(path))
     return ModelDraft(model, head_token_ids=head)
 
 
 def _feature_draft(cfg: DictConfig, policy_model, policy_tokenizer, device):
-    path = RunPaths.from_config(cfg).sampling_draft(int(cfg.round))
+    path = RunPaths.from_config(cfg).sampling_draft(cfg.round)
     model, tokenizer = load_feature_draft(path, policy_model, device)
     check_same_vocabulary(policy_tokenizer, tokenizer, policy_model, policy_model, str(path))
     return FeatureDraft(model)

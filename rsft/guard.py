@@ -26,7 +26,7 @@ def crossed(guard, metrics: dict, key: str, where: str) -> str | None:
     """None when `metrics`' guard.metric lies within the guard's bounds, else why it does not (a sentence naming the
     value, the bound and the setting `key`). A metric the evaluation lacks is refused (a pass@k needs a verifier's
     0/1 column and eval.num_samples >= k; mean_entropy a sampler that records it)."""
-    name = str(guard.metric)
+    name = guard.metric  # set: the callers watch only a guard with a metric
     value = metrics.get(name)
     if not isinstance(value, (int, float)):
         measured = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and GUARD_METRIC.match(k))

@@ -98,11 +98,11 @@ def first_rows(samples: Dataset, per_prompt: int) -> list[int]:
 def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple[DatasetDict, dict]:
     """Pairs among the first refresh.samples_per_prompt completions per prompt (rows stopped by pruning are
     prefixes, not completions, and are passed over), labelled by the demo's annotators."""
-    subset = samples.select(first_rows(samples, int(cfg.refresh.samples_per_prompt)))
+    subset = samples.select(first_rows(samples, cfg.refresh.samples_per_prompt))
     golds = [gold_score(t, c, f) for t, c, f in zip(subset["task"], subset["completion"], subset["finish_reason"])]
-    rng = random.Random(round_seed(int(cfg.prefs.seed), round_idx))
-    rows, identical = label_pairs(subset, golds, float(cfg.prefs.tau), bool(cfg.prefs.soft), rng)
-    splits = split_by_prompt(rows, float(cfg.prefs.test_fraction), rng)
+    rng = random.Random(round_seed(cfg.prefs.seed, round_idx))
+    rows, identical = label_pairs(subset, golds, cfg.prefs.tau, cfg.prefs.soft, rng)
+    splits = split_by_prompt(rows, cfg.prefs.test_fraction, rng)
     counts = {"completions": len(subset), "pairs": len(rows), "identical_pairs_skipped": identical,
               "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
     return splits, counts
@@ -262,25 +262,25 @@ def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None
     (`scorer`) is least sure (pair_uncertainty), or by its head's posterior (posterior_design). Each pair is
     labelled from its own seed (pair_seed)."""
     refresh = cfg.refresh
-    seed = round_seed(int(cfg.prefs.seed), round_idx)
+    seed = round_seed(cfg.prefs.seed, round_idx)
     scorable = [p for p, f in zip(samples["prompt_id"], samples["finish_reason"]) if f != PRUNED]
-    test_ids = test_prompt_ids(list(set(scorable)), float(cfg.prefs.test_fraction), random.Random(seed))
+    test_ids = test_prompt_ids(list(set(scorable)), cfg.prefs.test_fraction, random.Random(seed))
     train_ids = set(scorable) - test_ids
-    firsts = set(first_rows(samples, int(refresh.samples_per_prompt)))
+    firsts = set(first_rows(samples, refresh.samples_per_prompt))
     held_out = [pair for pair in candidate_pairs(samples, test_ids) if set(pair) <= firsts]
     candidates = candidate_pairs(samples, train_ids)
     # null: as many as refresh.choose=first labels on these prompts, so that choices compare at equal labels
-    budget = int(refresh.label_budget) if refresh.label_budget is not None else sum(
+    budget = refresh.label_budget if refresh.label_budget is not None else sum(
         set(pair) <= firsts for pair in candidates)
     uncertainty = None
     if refresh.choose in MODEL_CHOICES:
-        chosen, uncertainty = model_choice(scorer, samples, candidates, str(refresh.choose), budget,
-                                           int(refresh.dropout_passes), seed)
+        chosen, uncertainty = model_choice(scorer, samples, candidates, refresh.choose, budget,
+                                           refresh.dropout_passes, seed)
     else:
-        chosen = choose_pairs(candidates, str(refresh.choose), budget, random.Random(seed + 1))
+        chosen = choose_pairs(candidates, refresh.choose, budget, random.Random(seed + 1))
     golds = {i: gold_score(samples[i]["task"], samples[i]["completion"], samples[i]["finish_reason"])
              for pair in chosen + held_out for i in pair}
-    tau, soft = float(cfg.prefs.tau), bool(cfg.prefs.soft)
+    tau, soft = cfg.prefs.tau, cfg.prefs.soft
 
     def labelled(pairs):
         rows = []
@@ -296,7 +296,7 @@ def chosen_labels(cfg: DictConfig, samples: Dataset, round_idx: int, scorer=None
                          f"({len(candidates)} candidate pairs of {len(train_ids)} prompts); the round's completions "
                          f"are too few or too alike to label (raise sample.num_samples or refresh.samples_per_prompt)")
     counts = {"completions": len(scorable), "pairs": len(train) + len(test), "candidate_pairs": len(candidates),
-              "choose": str(refresh.choose), "label_budget": budget,
+              "choose": refresh.choose, "label_budget": budget,
               "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in train + test)}
     if uncertainty is not None:
         picked = set(chosen)
@@ -310,7 +310,7 @@ def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
     pairs_cfg = cfg.reward.data
     raw, source = load_raw(OmegaConf.merge(pairs_cfg, {"path": path}), setting="refresh.pairs")
     pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
-    pairs = pairs.shuffle(seed=int(cfg.reward.seed))
+    pairs = pairs.shuffle(seed=cfg.reward.seed)
     if len(pairs) < 2:
         raise InputError(f"{source}: {len(pairs)} pair(s); a held-out share needs at least 2")
     n_test = min(max(1, round(float(pairs_cfg.eval_fraction) * len(pairs))), len(pairs) - 1)

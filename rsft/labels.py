@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The round's samples and how they are labelled, or the user's file of the round (rsft.stages)."""
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     if not paths.refresh_reward:
         raise ConfigError("stage=labels writes round_XX/prefs, which only loop.refresh_reward=true reads; add "
                           "loop.refresh_reward=true (to this command and to the loop's)")
@@ -69,7 +69,7 @@ def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     user_file = job.plan.given.get("user_file")
     if user_file is None and cfg.refresh.choose != "first":
         scorer = None
@@ -77,7 +77,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
             model = judged_by(cfg, job.paths, round_idx)
             scorer = load_scorer(model, resolve_device(cfg.device))
             log.info("labels: round %d's pairs chosen where %s is least sure (%s)", round_idx, model,
-                     f"{int(cfg.refresh.dropout_passes)} dropout passes" if cfg.refresh.choose == "uncertain"
+                     f"{cfg.refresh.dropout_passes} dropout passes" if cfg.refresh.choose == "uncertain"
                      else "its head's posterior, one pick at a time")
         splits, counts = chosen_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, scorer)
     elif user_file is None:

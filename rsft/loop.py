@@ -99,7 +99,7 @@ def sampling_draft(cfg: DictConfig, paths: RunPaths, round_idx: int) -> DictConf
 def stop_column(cfg: DictConfig, evaluation) -> str:
     """The score column loop.stop judges: loop.stop.truth, or with auto the judge when eval.judge is set, else
     gold where the task has an oracle, else the proxy reward."""
-    truth = str(cfg.loop.stop.truth)
+    truth = cfg.loop.stop.truth
     if truth != "auto":
         return truth
     columns = load_dataset_artifact(evaluation).column_names
@@ -120,13 +120,13 @@ def stop_decision(cfg: DictConfig, paths: RunPaths, round_idx: int, gains: list[
     if gain is None:
         raise MissingInput(f"loop.stop: round {round_idx}'s evaluation and {before.name} have no paired '{column}' "
                            f"scores to compare (another eval.num_samples or data.eval_limit?)")
-    gained = gain["low"] > float(stop.min_gain)
+    gained = gain["low"] > stop.min_gain
     gains.append({"round": round_idx, "column": column, "mean": gain["mean"], "low": gain["low"],
                   "high": gain["high"], "gained": gained})
     log.info("loop.stop: round %d's %s gain %+.3f [%+.3f, %+.3f]: %s", round_idx, column, gain["mean"], gain["low"],
              gain["high"], "a gain" if gained else f"no gain above {stop.min_gain}")
-    flat = [g for g in gains[-int(stop.patience):] if not g["gained"]]
-    if len(gains) < int(stop.patience) or len(flat) < int(stop.patience):
+    flat = [g for g in gains[-stop.patience:] if not g["gained"]]
+    if len(gains) < stop.patience or len(flat) < stop.patience:
         return None
     shown = "; ".join(f"round {g['round']} {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]" for g in flat)
     return (f"stopped after round {round_idx} of at most {cfg.loop.rounds}: {stop.patience} round(s) in a row without "
@@ -134,7 +134,7 @@ def stop_decision(cfg: DictConfig, paths: RunPaths, round_idx: int, gains: list[
 
 
 def run(cfg: DictConfig, tracker: Tracker | None = None):
-    paths, rounds = RunPaths.from_config(cfg), int(cfg.loop.rounds)
+    paths, rounds = RunPaths.from_config(cfg), cfg.loop.rounds
     if cfg.loop.refresh_reward == "auto":
         log.info("loop: loop.refresh_reward=auto -> %s (data.kind=%s, refresh.pairs=%s, select.strategy=%s)",
                  "on" if paths.refresh_reward else "off", cfg.data.kind, cfg.refresh.pairs, cfg.select.strategy)
@@ -160,8 +160,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                 stage_cfg = sampling_draft(cfg, paths, r) if name == "sample" else at_round(cfg, r, name)
                 if name in ("sft", "dpo") and rate_scale != 1.0:  # lowered by the guard's crossings before
                     stage_cfg = OmegaConf.merge(stage_cfg, {
-                        "sft": {"learning_rate": float(cfg.sft.learning_rate) * rate_scale},
-                        "dpo": {"learning_rate": float(cfg.dpo.learning_rate) * rate_scale}})
+                        "sft": {"learning_rate": cfg.sft.learning_rate * rate_scale},
+                        "dpo": {"learning_rate": cfg.dpo.learning_rate * rate_scale}})
                 run_named_stage(name, stage_cfg, tracker, records)
             if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
                 run_named_stage("draft", at_round(cfg, r, "draft"), tracker, records)
@@ -170,7 +170,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                                 tracker, records)
             if distributed.is_main():
                 tracker.log({f"round/{k}": v for k, v in report.round_metrics(paths, r, records).items()}, step=r)
-                tracker.log_table("examples", report.example_rows(paths, r, int(cfg.loop.examples)), step=r)
+                tracker.log_table("examples", report.example_rows(paths, r, cfg.loop.examples), step=r)
             if guard.metric is not None:  # every process decides alike, from the same evaluation
                 reason = crossed(guard, records.metrics(paths.eval(r)), "loop.guard", f"round {r}'s evaluation")
                 if reason and guard.action == "stop":
@@ -180,7 +180,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     done = r + 1
                     break
                 if reason:
-                    rate_scale *= float(guard.lr_factor)
+                    rate_scale *= guard.lr_factor
                     guarded.append(f"{reason}; the rounds after round {r} train at {rate_scale:g} x the learning rate")
                     log.warning("loop.guard: %s", guarded[-1])
             if cfg.loop.stop.enabled:  # every process decides alike, from the same artifacts
@@ -199,7 +199,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             for name, png in plots.items():
                 tracker.log_image(f"plots/{name}", png, step=done - 1)
             summary = report.write_summary(paths, done, plots,
-                                           report.example_rows(paths, done - 1, int(cfg.loop.examples)), records,
+                                           report.example_rows(paths, done - 1, cfg.loop.examples), records,
                                            notes)
             tracker.summary({f"final/{k}": v for k, v in report.round_metrics(paths, done - 1, records).items()}
                             | ({"loop/stopped_after_round": done - 1} if stopped else {}))

@@ -349,7 +349,7 @@ def build_tiny_causal_lm(cfg: DictConfig | dict, vocab_size: int, tokenizer=None
 
 def hub_or_folder(cfg: DictConfig, cache_dir: str | Path) -> Path | str:
     """kind=hf: a local save_pretrained folder (which must exist), else a hub id."""
-    source = str(cfg.name_or_path)
+    source = cfg.name_or_path
     looks_local = source.startswith((".", "/", "~")) or Path(source).exists()
     if looks_local and not Path(source).expanduser().is_dir():
         raise MissingInput(f"name_or_path={source!r}: no such folder; expected a save_pretrained folder or a "
@@ -426,7 +426,7 @@ def load_policy(cfg: DictConfig, path: str | Path | None, device: torch.device) 
     configured one (conf/policy). Which path a round uses is rsft.paths.RunPaths's business."""
     if path is None:
         model, tokenizer = load_causal_lm(cfg.policy, cfg.paths.cache_dir, device)
-        return model, tokenizer, str(cfg.policy.name_or_path)
+        return model, tokenizer, cfg.policy.name_or_path
     if not is_complete(path):
         raise MissingInput(f"the policy at {path} is missing or incomplete; run the stage=sft that writes it "
                            f"(round_XX/policy is written by `python -m rsft.run stage=sft round=XX`)")

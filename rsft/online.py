@@ -85,7 +85,7 @@ from tqdm import tqdm
 from reward.formats import pair_files
 from reward.scoring import load_scorer, save_reward_model
 from rsft import distributed, scoring
-from rsft.config import uses_trained_reward
+from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import ConfigError, InputError
 from rsft.guard import crossed as guard_crossed
@@ -129,17 +129,17 @@ def check_scheduler(name: str) -> None:
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The reward (the run's reward/ by digest, any other source by its identity) and the prompt files."""
-    check_scheduler(str(cfg.online.lr_scheduler))
+    check_scheduler(cfg.online.lr_scheduler)
     sampling_settings(cfg.sample, cfg.draft)
     trained = [scoring.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
-    evaluates = int(cfg.online.eval_every) > 0
+    evaluates = cfg.online.eval_every > 0
     files = prompt_files(cfg.data, "train") + (prompt_files(cfg.data, "eval") if evaluates else [])
     sources = scoring.source_identity(cfg, resolve_device(cfg.device))
     judge = scoring.judge_model(cfg) if evaluates else None  # a bad eval.judge stops here, before any work
     if evaluates and scoring.judge_spec(cfg) is not None:
         sources["judge"] = scoring.open_judge(cfg, resolve_device(cfg.device), None).identity()
     labels = []
-    if int(cfg.online.refresh_every) > 0:  # the initial labels every refresh pools with its own
+    if cfg.online.refresh_every > 0:  # the initial labels every refresh pools with its own
         labels = [paths.prefs] if cfg.reward.data.path is None else []
         files += pair_files(cfg.reward.data)
     return Plan(outputs=[paths.online], inputs=trained + labels + ([judge] if judge is not None else []),
@@ -189,7 +189,7 @@ class Policy:
         from transformers import get_scheduler
 
         reference = None
-        if float(online.dpo_weight) > 0 and online.mode != "lora":  # LoRA's reference is the adapter turned off
+        if online.dpo_weight > 0 and online.mode != "lora":  # LoRA's reference is the adapter turned off
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         wrapper = None
         if online.mode == "lora":
@@ -198,9 +198,9 @@ class Policy:
             wrapper = get_peft_model(model, lora_config(online))  # its A matrices are drawn from torch's RNG
             model = wrapper.get_base_model()
         trainable = [p for p in (wrapper or model).parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=float(online.learning_rate),
-                                      weight_decay=float(online.weight_decay))
-        schedule = get_scheduler(str(online.lr_scheduler), optimizer, num_warmup_steps=int(online.warmup_steps),
+        optimizer = torch.optim.AdamW(trainable, lr=online.learning_rate,
+                                      weight_decay=online.weight_decay)
+        schedule = get_scheduler(online.lr_scheduler, optimizer, num_warmup_steps=online.warmup_steps,
                                  num_training_steps=total_steps)
         return cls(model, wrapper, optimizer, schedule, device, reference)
 
@@ -376,7 +376,7 @@ def keep(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
     groups = lambda: iter(by_prompt.items())  # the rule reads the groups twice: decide, then take
     try:
         chosen = select_groups(groups, [r["reward"] for r in candidates if r["reward"] is not None], cfg.select,
-                               int(cfg.seed), batch, want_pairs=False)
+                               cfg.seed, batch, want_pairs=False)
     except InputError as error:  # nothing kept: this mini-batch takes no step
         log.warning("online: mini-batch %d keeps nothing (%s); no optimiser step", batch, error)
         return []
@@ -402,7 +402,7 @@ def examples_of(ctx: Context, rows: list[dict]) -> list[dict]:
     if not rows:
         return []
     table = Dataset.from_dict({k: [r[k] for r in rows] for k in ("prompt", "completion", "finish_reason")})
-    cut = int(ctx.cfg.online.max_length)
+    cut = ctx.cfg.online.max_length
     return [{"input_ids": e["input_ids"][:cut], "completion_mask": e["completion_mask"][:cut]}
             for e in cut_examples(table, ctx.tokenizer, ctx.system_prompt).to_list()]
 
@@ -410,14 +410,14 @@ def examples_of(ctx: Context, rows: list[dict]) -> list[dict]:
 def dpo_pairs(ctx: Context, pairs: list[tuple[dict, dict]], pad_id: int) -> Pairs | None:
     """The DPO term's pairs, with the reference's log-probabilities (computed once: it is frozen)."""
     online = ctx.cfg.online
-    if not pairs or float(online.dpo_weight) == 0:
+    if not pairs or online.dpo_weight == 0:
         return None
     chosen, rejected = examples_of(ctx, [b for b, _ in pairs]), examples_of(ctx, [w for _, w in pairs])
     with torch.no_grad(), ctx.policy.as_reference() as reference:
         reference_chosen = -token_nll(reference, chosen, pad_id, ctx.policy.device)      # [pairs]
         reference_rejected = -token_nll(reference, rejected, pad_id, ctx.policy.device)  # [pairs]
-    return Pairs(chosen, rejected, reference_chosen, reference_rejected, float(online.dpo_beta),
-                 float(online.dpo_weight))
+    return Pairs(chosen, rejected, reference_chosen, reference_rejected, online.dpo_beta,
+                 online.dpo_weight)
 
 
 def train_on(ctx: Context, kept: list[dict], earlier: list[dict], batch: int,
@@ -426,27 +426,27 @@ def train_on(ctx: Context, kept: list[dict], earlier: list[dict], batch: int,
     online.dpo_weight, and the DPO term on the mini-batch's best-vs-worst pairs); the losses."""
     online = ctx.cfg.online
     replayed = []
-    if int(online.replay) and earlier:
-        draw = random.Random(f"{int(ctx.cfg.seed)}/replay/{batch}")
-        replayed = [earlier[i] for i in sorted(draw.sample(range(len(earlier)), min(int(online.replay), len(earlier))))]
+    if online.replay and earlier:
+        draw = random.Random(f"{ctx.cfg.seed}/replay/{batch}")
+        replayed = [earlier[i] for i in sorted(draw.sample(range(len(earlier)), min(online.replay, len(earlier))))]
     examples = examples_of(ctx, kept + replayed)
     if not examples:
         return {"steps": 0, "examples": 0, "replayed": 0, "loss": None}
     order = list(range(len(examples)))
-    random.Random(f"{int(ctx.cfg.seed)}/order/{batch}").shuffle(order)
-    size, losses, dpo_losses, at = min(int(online.batch_size), len(examples)), [], [], 0
+    random.Random(f"{ctx.cfg.seed}/order/{batch}").shuffle(order)
+    size, losses, dpo_losses, at = min(online.batch_size, len(examples)), [], [], 0
     pad_id = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else 0
     dpo = dpo_pairs(ctx, list(pairs), pad_id)
-    for _ in range(int(online.steps_per_batch)):
+    for _ in range(online.steps_per_batch):
         step = [examples[order[(at + j) % len(order)]] for j in range(size)]
         at += size
-        loss, dpo_loss = train_step(ctx.policy, step, pad_id, float(online.max_grad_norm), dpo)
+        loss, dpo_loss = train_step(ctx.policy, step, pad_id, online.max_grad_norm, dpo)
         losses.append(loss)
         dpo_losses += [dpo_loss] if dpo_loss is not None else []
     return {"steps": len(losses), "examples": len(examples), "replayed": len(replayed),
             "loss": statistics.fmean(losses), "loss_last": losses[-1],
             **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
-               if float(online.dpo_weight) > 0 else {}),
+               if online.dpo_weight > 0 else {}),
             "learning_rate": float(ctx.policy.schedule.get_last_lr()[0])}
 
 
@@ -458,24 +458,24 @@ def mean_or_none(values) -> float | None:
 def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int) -> dict:
     """Sample, score, select and train on mini-batch `batch`; its metrics (the kept rows join `progress`)."""
     cfg, started = ctx.cfg, time.perf_counter()
-    prompts = minibatch_prompts(stream, batch, int(cfg.online.prompts_per_batch))
+    prompts = minibatch_prompts(stream, batch, cfg.online.prompts_per_batch)
     provenance = {"round": batch, "policy": f"online (mini-batch {batch})",
-                  "sampler": json.dumps({**ctx.settings.__dict__, "draft": str(cfg.draft.kind)}, sort_keys=True)}
+                  "sampler": json.dumps({**ctx.settings.__dict__, "draft": cfg.draft.kind}, sort_keys=True)}
     prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
     ctx.policy.model.eval()
     with torch.no_grad():
         ds, sampling = sample_dataset(ctx.policy.model, ctx.tokenizer, ctx.draft, prompts, ctx.settings,
-                                      int(cfg.sample.num_samples), minibatch_seed(cfg.seed, batch), ctx.system_prompt,
+                                      samples_per_prompt(cfg.sample), minibatch_seed(cfg.seed, batch), ctx.system_prompt,
                                       provenance, progress=False, scorer=ctx.scorer if prune or adaptive else None,
                                       prune=prune, adaptive=adaptive)
-    refresh = int(cfg.online.refresh_every)
+    refresh = cfg.online.refresh_every
     if refresh:
         progress.unlabelled.extend({**r, "prompt_id": f"{r['prompt_id']}@{batch}"} for r in ds.to_list())
         if (batch + 1) % refresh == 0:
             refresh_reward(ctx, progress, batch)
     candidates = scored(ctx, ds, bool(cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate))
     kept = keep(cfg, candidates, batch)
-    pairs = best_and_worst(cfg, candidates) if float(cfg.online.dpo_weight) > 0 else []
+    pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     trained = train_on(ctx, kept, progress.kept, batch, pairs)
     progress.kept.extend(kept)
     completions, tokens, wall = progress.sampled()
@@ -539,7 +539,7 @@ def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
     target = ctx.refreshed.model(index + 1)
     if distributed.is_main():  # a reward model folder as stage=refresh writes one (a complete artifact)
         with atomic_artifact(target, {"stage": "online", "refresh": index + 1, "batch": batch, "metrics": metrics,
-                                      "backbone": str(cfg.reward.backbone.name_or_path)}) as tmp:
+                                      "backbone": cfg.reward.backbone.name_or_path}) as tmp:
             save_reward_model(model, tokenizer, tmp, stats)
     distributed.barrier()
     del model
@@ -562,8 +562,8 @@ def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
                   "sampler": json.dumps({**ctx.settings.__dict__, "draft": "none"}, sort_keys=True)}
     ctx.policy.model.eval()
     with torch.no_grad():
-        ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, int(cfg.eval.num_samples),
-                               int(cfg.eval.seed), ctx.system_prompt, provenance, progress=False, entropy=True)
+        ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, cfg.eval.num_samples,
+                               cfg.eval.seed, ctx.system_prompt, provenance, progress=False, entropy=True)
     rows = ds.remove_columns(["prompt", "completion"]).to_list()
     scorer = ctx.eval_scorer or ctx.scorer
     raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
@@ -581,7 +581,7 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
     ds = evaluate(ctx, prompts, batch)
     metrics = policy_metrics(ds, baseline)
     if ctx.judge is not None:
-        metrics["judge"] = str(ctx.cfg.eval.judge)
+        metrics["judge"] = ctx.cfg.eval.judge
     completions, tokens, wall = progress.sampled()
     record = {"batch": batch, "completions_sampled": completions, "tokens_sampled": tokens, "wall_seconds": wall,
               "metrics": metrics}
@@ -608,12 +608,12 @@ def watch_range(ctx: Context, progress: Progress, batch: int, final: bool) -> st
     reason = guard_crossed(guard, metrics, "online.guard", f"the snapshot after {batch} mini-batches")
     if reason is None:
         return None
-    action = "recorded (the last snapshot)" if final else str(guard.action)
+    action = "recorded (the last snapshot)" if final else guard.action
     progress.guard.append({"batch": batch, "reason": reason, "action": action})
     if final or guard.action == "stop":
         log.warning("online.guard: %s; %s", reason, "the run ends here" if not final else "recorded")
         return None if final else reason
-    factor = float(guard.lr_factor)
+    factor = guard.lr_factor
     for group in ctx.policy.optimizer.param_groups:
         group["lr"] *= factor
     if hasattr(ctx.policy.schedule, "base_lrs"):  # the schedule multiplies its base rates: they carry the factor on
@@ -677,15 +677,15 @@ def resume(checkpoints, policy: Policy) -> Progress:
 
 def build(cfg: DictConfig, job: Job) -> Built:
     online, device = cfg.online, resolve_device(cfg.device)
-    batches, every, eval_every = int(online.minibatches), int(online.checkpoint_every), int(online.eval_every)
-    seed_everything(int(cfg.seed))
+    batches, every, eval_every = online.minibatches, online.checkpoint_every, online.eval_every
+    seed_everything(cfg.seed)
     settings = sampling_settings(cfg.sample, cfg.draft)
     stream = prompt_stream(cfg)
-    check_batch_size(stream, int(online.prompts_per_batch))  # before the policy loads
+    check_batch_size(stream, online.prompts_per_batch)  # before the policy loads
     model, tokenizer, source = load_policy(cfg, None, device)
     log.info("online: %s learns over %d mini-batches of %d prompts x %s completions (%s, %d steps each)", source,
-             batches, int(online.prompts_per_batch), cfg.sample.num_samples, online.mode, int(online.steps_per_batch))
-    policy = Policy.build(model, online, device, batches * int(online.steps_per_batch))
+             batches, online.prompts_per_batch, cfg.sample.num_samples, online.mode, online.steps_per_batch)
+    policy = Policy.build(model, online, device, batches * online.steps_per_batch)
     trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
     scorer = scoring.open_reward(cfg, device, trained_folder)
     log.info("online: scored by %s", trained_folder or scoring.source_spec(cfg))
@@ -699,7 +699,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
                   eval_scorer=scorer)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
-    refresh = int(online.refresh_every)
+    refresh = online.refresh_every
     checkpoints = job.loop_checkpoints() if every or refresh else None  # kept by the main process, read by every one
     if refresh:
         ctx.refreshed = Refreshed(checkpoints.folder, trained_folder)

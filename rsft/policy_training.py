@@ -21,7 +21,7 @@ def lora_config(section: DictConfig):
 
     lora = section.lora
     modules = lora.target_modules
-    return LoraConfig(r=int(lora.r), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                       target_modules=modules if isinstance(modules, str) else list(modules), task_type="CAUSAL_LM")
 
 

@@ -46,25 +46,25 @@ def build(cfg: DictConfig, job: Job) -> Built:
     prompts = load_prompts(OmegaConf.merge(cfg.data, {"limit": limit}), "train")
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source, engine = open_policy(cfg, job.paths.sampling_policy(0), device, settings,
-                                                          int(p.seed))
+                                                          p.seed)
     log.info("prefs: sampling %d prompts x %d completions from %s", len(prompts), p.num_samples, policy_source)
     # killed prefs sampling resumes at its first unfinished shard of prompts
-    samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, int(p.num_samples), int(p.seed),
+    samples, summary = sample_dataset(model, tokenizer, None, prompts, settings, p.num_samples, p.seed,
                                       cfg.data.get("system_prompt"), {"round": 0, "policy": policy_source},
-                                      shard_prompts=int(cfg.sample.shard_prompts), store=job.shards(), engine=engine)
+                                      shard_prompts=cfg.sample.shard_prompts, store=job.shards(), engine=engine)
     if engine is not None:
         engine.close()
     golds = [gold_score(t, c, f) for t, c, f in zip(samples["task"], samples["completion"], samples["finish_reason"])]
-    rng = random.Random(int(p.seed))
-    rows, identical = label_pairs(samples, golds, float(p.tau), bool(p.soft), rng)
-    splits = split_by_prompt(rows, float(p.test_fraction), rng)
+    rng = random.Random(p.seed)
+    rows, identical = label_pairs(samples, golds, p.tau, bool(p.soft), rng)
+    splits = split_by_prompt(rows, p.test_fraction, rng)
     counts = {"prompts": len(prompts), "completions": len(samples), "pairs": len(rows),
               "train_pairs": len(splits["train"]), "test_pairs": len(splits["test"]),
               "identical_pairs_skipped": identical,
               "gold_ties": sum(r["gold_chosen"] == r["gold_rejected"] for r in rows),
               "label_against_gold": sum(r["gold_chosen"] < r["gold_rejected"] for r in rows)}
     stats = {"gold_mean": sum(golds) / len(golds), "label_prob_mean": sum(r["label_prob"] for r in rows) / len(rows)}
-    meta = {"stage": "prefs", "policy": policy_source, "seed": int(p.seed), "soft": bool(p.soft), "tau": float(p.tau),
+    meta = {"stage": "prefs", "policy": policy_source, "seed": p.seed, "soft": bool(p.soft), "tau": p.tau,
             "counts": counts, "stats": stats, "sampling": summary}
     log.info("labelled %d pairs (%d train / %d test) for %s; %d identical pairs skipped, %d labels disagree "
              "with the gold order", len(rows), counts["train_pairs"], counts["test_pairs"], job.out, identical,

@@ -56,7 +56,7 @@ def start_model(cfg: DictConfig, paths: RunPaths, round_idx: int) -> Path | None
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """Every reward setting, refresh.init / epochs, the initial labels (prefs/ or the user's pair files), every
     round's labels so far (stage=labels runs first for each), and the model it continues."""
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     if not paths.refresh_reward:
         raise ConfigError("stage=refresh writes round_XX/reward, which only loop.refresh_reward=true reads; add "
                           "loop.refresh_reward=true (to this command and to the loop's)")
@@ -69,7 +69,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    paths, round_idx = job.paths, int(cfg.round)
+    paths, round_idx = job.paths, cfg.round
     start_from = job.plan.given["start_from"]
     initial_train, initial_test, source = load_pairs(cfg)
     rounds = [load_dataset_artifact(paths.round_prefs(r)) for r in range(round_idx + 1)]
@@ -89,7 +89,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     check_trained(model, metrics["train_loss"], cfg.reward, "reward")
     metrics.update({"round": round_idx, "initial_labels": source, "continued_from": str(start_from or "")})
     meta = {"stage": "refresh", "round": round_idx, "data": source, "metrics": metrics,
-            "backbone": str(cfg.reward.backbone.name_or_path)}
+            "backbone": cfg.reward.backbone.name_or_path}
 
     def write(tmp):
         save_reward_model(model, tokenizer, tmp, stats)

@@ -58,7 +58,7 @@ def load_pairs(cfg: DictConfig) -> tuple[Dataset, Dataset, str]:
     raw, source = load_raw(pairs_cfg)
     pairs = to_preference_pairs(raw, pairs_cfg.format, pairs_cfg.label_column, source)
     pairs = partition(pairs, pairs_cfg.parts, pairs_cfg.part, pairs_cfg.part_by, int(pairs_cfg.part_seed), source)
-    pairs = pairs.shuffle(seed=int(cfg.reward.seed))
+    pairs = pairs.shuffle(seed=cfg.reward.seed)
     if pairs_cfg.limit is not None:
         pairs = pairs.select(range(min(len(pairs), int(pairs_cfg.limit))))
     if pairs_cfg.eval_path is not None:

@@ -77,13 +77,13 @@ def run_stage(cfg: DictConfig):
         check_config,  # imports torch and transformers: not needed for --help
     )
 
-    distributed.init(str(cfg.device))  # a world of one unless started by accelerate launch / torchrun
+    distributed.init(cfg.device)  # a world of one unless started by accelerate launch / torchrun
     if not distributed.is_main():  # process 0 reports; the others only warn
         logging.getLogger().setLevel(logging.WARNING)
     distributed.same_config(cfg)
     check_config(cfg)
     if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+        torch.set_num_threads(cfg.threads)
     log.info("stage=%s run_dir=%s round=%s (process %d of %d)", cfg.stage, cfg.paths.run_dir, cfg.round,
              distributed.rank(), distributed.world_size())
     with distributed.on_main(lambda: run_lock(cfg.paths.run_dir, f"stage={cfg.stage}")):
@@ -107,7 +107,7 @@ def write_report(cfg: DictConfig) -> None:
     from rsft.paths import RunPaths
 
     try:
-        summary = report.write_run_report(RunPaths.from_config(cfg), int(cfg.loop.examples))
+        summary = report.write_run_report(RunPaths.from_config(cfg), cfg.loop.examples)
     except Exception as error:  # the artifact is written: a broken report must not fail the command
         log.warning("the run's summary.md and plots were not written (%s: %s); stage=%s's artifact is complete",
                     type(error).__name__, error, cfg.stage, exc_info=not isinstance(error, errors.RsftError))

@@ -18,7 +18,7 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 
 from rsft import scoring
-from rsft.config import uses_trained_reward
+from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import duplicate_prompts, load_prompts, prompt_files
 from rsft.generation import (
     TRAINED_DRAFT_KINDS,
@@ -42,7 +42,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The samples read the policy and distilled draft artifacts they come from, the prompt file, and with
     pruning or adaptive K the reward model that decides them (their settings: rsft.stages)."""
     sampling_settings(cfg.sample, cfg.draft)  # bad settings stop here, before anything is loaded
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
@@ -55,7 +55,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    paths, round_idx = job.paths, int(cfg.round)
+    paths, round_idx = job.paths, cfg.round
     settings = sampling_settings(cfg.sample, cfg.draft)
     prompts = load_prompts(cfg.data, "train", round_idx)  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
@@ -82,8 +82,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
     }
     log.info("sampling %d x %d completions (draft=%s, gamma=%d, batch_rows=%d)", len(prompts),
              cfg.sample.num_samples, cfg.draft.kind, settings.gamma, settings.batch_rows)
-    ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, int(cfg.sample.num_samples), seed,
-                                 cfg.data.get("system_prompt"), provenance, shard_prompts=int(cfg.sample.shard_prompts),
+    ds, summary = sample_dataset(model, tokenizer, draft, prompts, settings, samples_per_prompt(cfg.sample), seed,
+                                 cfg.data.get("system_prompt"), provenance, shard_prompts=cfg.sample.shard_prompts,
                                  store=job.shards(), scorer=scorer, prune=prune, adaptive=adaptive, engine=engine)
     if engine is not None:
         engine.close()

@@ -48,7 +48,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         raise MissingInput(f"score needs round {cfg.round}'s samples at {source}; run "
                            f"`python -m rsft.run stage=sample round={cfg.round}` first")
     # the samples and what scores them: the trained model's folder by digest, any other source by its identity
-    trained = [scoring.reward_model(cfg, int(cfg.round))] if uses_trained_reward(cfg) else []
+    trained = [scoring.reward_model(cfg, cfg.round)] if uses_trained_reward(cfg) else []
     return Plan(outputs=[paths.scored(cfg.round)], inputs=[source, *trained],
                 sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
 
@@ -72,7 +72,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     log.info("score: round %s's samples scored by %s", cfg.round, trained[0] if trained and
              cfg.reward_source.kind == "trained" else scored_by)
     # a killed scoring run resumes at its first unfinished shard of rows
-    raw = scoring.score_in_shards(scorer, in_tables(completed(rows), int(cfg.reward.score_shard_rows)), job.shards())
+    raw = scoring.score_in_shards(scorer, in_tables(completed(rows), cfg.reward.score_shard_rows), job.shards())
     pruned = len(samples) - len(raw)
     if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
         log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
@@ -115,7 +115,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         "within_prompt_spread_mean": statistics.fmean(spread),
     }
     unscorable = len(raw) - len(scored_values)
-    meta = {"stage": "score", "round": int(cfg.round), "reward_model": str(trained[0]) if trained else scored_by,
+    meta = {"stage": "score", "round": cfg.round, "reward_model": str(trained[0]) if trained else scored_by,
             "scorer_mean": float(scorer.mean), "scorer_std": float(scorer.std),
             "counts": {"rows": len(raw), "prompts": len(prompts_seen),
                        **({"pruned_left_out": pruned} if pruned else {}),
@@ -139,4 +139,4 @@ def build(cfg: DictConfig, job: Job) -> Built:
             start += batch.num_rows
         writer.close()
 
-    return Built([(meta, write)], {f"score/{k}": v for k, v in stats.items()}, step=int(cfg.round))
+    return Built([(meta, write)], {f"score/{k}": v for k, v in stats.items()}, step=cfg.round)

@@ -139,8 +139,8 @@ EMPTY_PAIRS = ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "re
 
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
-    round_idx = int(cfg.round)
-    rounds = candidate_rounds(round_idx, int(cfg.select.pool_rounds))
+    round_idx = cfg.round
+    rounds = candidate_rounds(round_idx, cfg.select.pool_rounds)
     for r in rounds:
         if not is_complete(paths.scored(r)):
             raise MissingInput(f"select needs round {r}'s scored samples at {paths.scored(r)}; run "
@@ -155,7 +155,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     """Three passes over the scored rows, none of which holds them all: one indexes them by prompt, one decides
     (select_groups), and each output's write reads them again to write what was decided (selected_rows,
     pair_rows)."""
-    select_cfg, round_idx, want_pairs = cfg.select, int(cfg.round), bool(cfg.select.pairs)
+    select_cfg, round_idx, want_pairs = cfg.select, cfg.round, cfg.select.pairs
     rounds = job.plan.given["rounds"]
     groups = PromptGroups.index(load_scored(job.paths, rounds))
     samples_per_prompt = groups.most_per_prompt()
@@ -163,11 +163,11 @@ def build(cfg: DictConfig, job: Job) -> Built:
         raise InputError(f"select.pairs=true needs at least 2 completions per prompt, but the scored samples of "
                          f"rounds {rounds} have {samples_per_prompt} (sample.num_samples=1?); "
                          f"set select.pairs=false or sample.num_samples >= 2")
-    chosen = select_groups(groups, groups.rewards, select_cfg, int(cfg.seed), round_idx, want_pairs)
+    chosen = select_groups(groups, groups.rewards, select_cfg, cfg.seed, round_idx, want_pairs)
     top, share = chosen.top_opening
     stats = {**chosen.stats, "top_opening_share": share}
     if want_pairs and job.paths.dpo:  # only the data can tell; say so before SFT runs, naming the setting
-        margin = float(cfg.dpo.min_margin)
+        margin = cfg.dpo.min_margin
         if chosen.largest_pair_gap is None or not chosen.largest_pair_gap >= margin:
             raise InputError(f"select: none of round {round_idx}'s {chosen.counts['pairs']} best-vs-worst pairs has a "
                              f"normalised reward gap >= dpo.min_margin={cfg.dpo.min_margin}, so loop.dpo would have "

@@ -78,10 +78,10 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
     return SFTConfig(
         output_dir=output_dir,
         **training_arguments(cfg.sft, "sft", device),
-        max_length=int(cfg.sft.max_length),
+        max_length=cfg.sft.max_length,
         completion_only_loss=True,
         packing=False,
-        seed=int(cfg.seed) + int(cfg.round),
+        seed=cfg.seed + cfg.round,
         disable_tqdm=True,
     )
 
@@ -89,7 +89,7 @@ def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """Every sft setting, the seed and round (the trainer's seed), the prompt format, the policy it starts from
     (configured, or an artifact) and the selected completions."""
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     source, init_path = paths.selected(round_idx), paths.sft_init_policy(round_idx, cfg.sft.init)
     if not is_complete(source):
         raise MissingInput(f"sft needs round {round_idx}'s selected completions at {source}; run "
@@ -100,7 +100,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 def build(cfg: DictConfig, job: Job) -> Built:
     from trl import SFTTrainer
 
-    round_idx = int(cfg.round)
+    round_idx = cfg.round
     source, init_path = job.paths.selected(round_idx), job.paths.sft_init_policy(round_idx, cfg.sft.init)
     selected = load_dataset_artifact(source)
     if len(selected) == 0:

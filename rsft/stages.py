@@ -54,7 +54,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.min_reward": lambda cfg: cfg.select.get("min_reward") is None,
     "reward.label_smoothing": lambda cfg: float(cfg.reward.get("label_smoothing") or 0.0) == 0.0,
     "sample.prune.": lambda cfg: cfg.sample.get("prune") is None or not cfg.sample.prune.at,
-    "sample.adaptive_k.": lambda cfg: cfg.sample.get("adaptive_k") is None or int(cfg.sample.adaptive_k.k0) == 0,
+    "sample.adaptive_k.": lambda cfg: cfg.sample.get("adaptive_k") is None or cfg.sample.adaptive_k.k0 == 0,
     "sample.backend": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     "sample.vllm.": lambda cfg: cfg.sample.get("backend", "rsft") != "vllm",
     # each completion has its own random stream (its key) and a packed forward gives every row a plain forward's logits:
@@ -92,7 +92,7 @@ SAMPLING: Keys = ("sample.max_new_tokens", "sample.temperature", "sample.top_k",
 ENGINE: Keys = ("sample.backend", "sample.vllm")  # the vLLM engine's settings (WHILE_OFF with backend=rsft)
 _FEATURE = lambda cfg: cfg.draft.kind == "feature"  # noqa: E731
 _OWN_LABELS = lambda cfg: cfg.refresh.get("pairs") is not None  # noqa: E731
-_SPENDS = lambda cfg: bool(cfg.sample.prune.at) or int(cfg.sample.adaptive_k.k0) > 0  # noqa: E731
+_SPENDS = lambda cfg: bool(cfg.sample.prune.at) or cfg.sample.adaptive_k.k0 > 0  # noqa: E731
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ STAGES = (
           reads_doc="samples, the round's reward model", writes="`round_XX/scored/`",
           does="the reward model's raw and normalised score of each completion", round_step=True),
     Stage("select", "rsft.select", reads=("seed", "round", "select", "data.system_prompt"),
-          uses=(When(("dpo.min_margin",), lambda cfg: bool(cfg.loop.dpo) and bool(cfg.select.pairs),
+          uses=(When(("dpo.min_margin",), lambda cfg: cfg.loop.dpo and cfg.select.pairs,
                      "loop.dpo and select.pairs"),),
           reads_doc="scored (+ earlier rounds)", writes="`round_XX/selected/`, `round_XX/pairs/`",
           does="best-of-K (top-k, threshold, or the random baseline) after filters; best-vs-worst pairs for DPO",
@@ -175,11 +175,11 @@ STAGES = (
     Stage("online", "rsft.online",
           reads=("seed", "policy", *TRAIN_PROMPTS, "sample", "draft", "select", "online", "reward_source",
                  When(("eval.num_samples", "eval.seed", "eval.judge", "data.eval_path", "data.eval_split",
-                       "data.eval_limit"), lambda cfg: int(cfg.online.eval_every) > 0, "online.eval_every > 0"),
+                       "data.eval_limit"), lambda cfg: cfg.online.eval_every > 0, "online.eval_every > 0"),
                  When(("reward", "refresh.init", "refresh.epochs", "refresh.samples_per_prompt", "refresh.choose",
                        "refresh.label_budget", "refresh.dropout_passes", "prefs.tau", "prefs.soft",
                        "prefs.test_fraction", "prefs.seed"),
-                      lambda cfg: int(cfg.online.refresh_every) > 0, "online.refresh_every > 0")),
+                      lambda cfg: cfg.online.refresh_every > 0, "online.refresh_every > 0")),
           reads_doc="policy, the train prompt stream, the reward", writes="`online/`",
           does="the policy learns while it samples: per mini-batch of prompts sample, score, select and take a few "
                "optimiser steps (LoRA or full), resumable; eval snapshots against tokens sampled",

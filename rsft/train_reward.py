@@ -55,7 +55,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     model, tokenizer, stats, metrics = train_and_measure(cfg, train, test, resolve_device(cfg.device), job.tracker,
                                                          checkpoints=job.checkpoints())
     check_trained(model, metrics["train_loss"], cfg.reward, "reward")
-    meta = {"stage": "reward", "data": source, "backbone": str(cfg.reward.backbone.name_or_path), "metrics": metrics}
+    meta = {"stage": "reward", "data": source, "backbone": cfg.reward.backbone.name_or_path, "metrics": metrics}
 
     def write(tmp):
         save_reward_model(model, tokenizer, tmp, stats)

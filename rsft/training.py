@@ -55,15 +55,15 @@ def training_arguments(section: DictConfig, group: str, device: torch.device) ->
     warmup = float(section.warmup_steps)
     on_cuda = device.type == "cuda"
     return {
-        "learning_rate": float(section.learning_rate),
+        "learning_rate": section.learning_rate,
         "num_train_epochs": float(section.epochs),
-        "per_device_train_batch_size": distributed.per_device_batch(f"{group}.batch_size", int(section.batch_size)),
-        "gradient_accumulation_steps": int(section.grad_accum),
-        "weight_decay": float(section.weight_decay),
+        "per_device_train_batch_size": distributed.per_device_batch(f"{group}.batch_size", section.batch_size),
+        "gradient_accumulation_steps": section.grad_accum,
+        "weight_decay": section.weight_decay,
         "warmup_steps": warmup if 0 < warmup < 1 else int(warmup),
-        "lr_scheduler_type": str(section.lr_scheduler),
-        "max_grad_norm": float(section.max_grad_norm),
-        "logging_steps": int(section.logging_steps),
+        "lr_scheduler_type": section.lr_scheduler,
+        "max_grad_norm": section.max_grad_norm,
+        "logging_steps": section.logging_steps,
         "bf16": on_cuda and torch.cuda.is_bf16_supported(),
         "fp16": False,
         CHECKPOINTING: on_cuda and bool(section.activation_checkpointing),

@@ -109,3 +109,28 @@ def test_no_stage_module_imports_another_and_nothing_below_imports_a_stage():
         reached = imported & stage_mods
         assert not reached, f"{module} imports the stage module(s) {sorted(reached)}"
 
+
+
+def test_no_module_reads_a_setting_through_a_cast_of_the_raw_config():
+    """The settings are typed where they are declared (rsft.config's dataclasses, which Hydra's schema enforces:
+    an int field holds an int): int(cfg.sample.max_new_tokens) says nothing the schema does not, and hides the
+    place where a value of the wrong type came in. Conversions of a value to another type (an int count of
+    epochs to TrainingArguments' float) are not reads; `.get(key, default)` of a key older configs may lack is
+    not either."""
+    import re
+
+    cast = re.compile(r"\b(int|float|str)\((ctx\.)?cfg(\.[A-Za-z_][A-Za-z_0-9]*)+\)")
+    # the sections a module binds to a name, read the same way
+    sections = {"rsft/online.py": "online|guard", "rsft/loop.py": "stop|guard", "rsft/prefs.py": "p",
+                "rsft/labelling.py": "refresh", "rsft/policy_training.py": "lora", "rsft/draft.py": "dcfg|train",
+                "rsft/guard.py": "guard"}
+    conversions = {("rsft/training.py", "float(section.warmup_steps)"), ("rsft/training.py", "float(section.epochs)")}
+    offenders = []
+    for path in sorted([*ROOT.glob("rsft/*.py"), *ROOT.glob("rsft/sampling/*.py"), *ROOT.glob("reward/*.py")]):
+        name = path.relative_to(ROOT).as_posix()
+        text = path.read_text()
+        found = [m.group(0) for m in cast.finditer(text)]
+        if name in sections:
+            found += re.findall(rf"\b(?:int|float|str)\((?:{sections[name]})\.[a-z_]+\)", text)
+        offenders += [(name, f) for f in found if (name, f) not in conversions]
+    assert not offenders, offenders
