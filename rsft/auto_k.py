@@ -63,9 +63,10 @@ def choose(cfg: DictConfig, paths: RunPaths, round_idx: int) -> dict:
     return {"k": k, "why": why, "from_round": round_idx - 1, "enough": enough}
 
 
-def resolved(cfg: DictConfig) -> tuple[DictConfig, dict | None]:
+def resolved(cfg: DictConfig, announce: bool = False) -> tuple[DictConfig, dict | None]:
     """`cfg` with sample.num_samples=auto replaced by the round's K, and the choice (None when K is a number):
-    the runner records it in the artifacts' meta.json (`auto_k`)."""
+    the runner records it in the artifacts' meta.json (`auto_k`). announce: log the choice (the stage that samples
+    the round does; the others that read K resolve it alike, silently)."""
     if cfg.sample.num_samples != AUTO:
         return cfg, None
     choice = choose(cfg, RunPaths.from_config(cfg), max(cfg.round, 0))
@@ -77,6 +78,6 @@ def resolved(cfg: DictConfig) -> tuple[DictConfig, dict | None]:
     else:  # plain K (with adaptive K on, a round at the cap samples every prompt the cap: adaptive K off)
         resolved_sample = {"num_samples": k, "adaptive_k": {"k0": 0, "mean": None}}
         said = f"K={k}"
-    if cfg.stage == "sample":
+    if announce:
         log.info("sample.num_samples=auto: round %s samples %s: %s", cfg.round, said, choice["why"])
     return OmegaConf.merge(cfg, {"sample": resolved_sample}), choice

@@ -129,19 +129,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if engine is not None:
         engine.close()
     del model
-    rows = ds.remove_columns(["prompt", "completion"]).to_list()  # each row's other columns (a reference answer)
     scorer = scoring.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
-    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
-    ds = ds.add_column("reward", raw)
-    ds = ds.add_column("reward_normalised", scorer.normalise(raw))
     judge_scorer = scoring.open_judge(cfg, device, judge)
-    if judge_scorer is not None:
-        raw = scoring.score_rows(judge_scorer, ds["prompt"], ds["completion"], rows, progress=False)
-        ds = ds.add_column("judge", raw)
-        ds = ds.add_column("judge_normalised", judge_scorer.normalise(raw))
-    gold = gold_scores(ds)
-    if gold is not None:
-        ds = ds.add_column("gold", gold)
+    ds = scoring.scored_evaluation(ds, scorer, judge_scorer)
 
     metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
     if judge_scorer is not None:

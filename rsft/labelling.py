@@ -112,6 +112,20 @@ def simulated_labels(cfg: DictConfig, samples: Dataset, round_idx: int) -> tuple
 MODEL_CHOICES = ("uncertain", "posterior")
 
 
+def labelled_pairs(cfg: DictConfig, samples: Dataset, index: int, chooser: Path | None, device) -> tuple:
+    """(splits, counts): the labelled pairs of round (or online refresh) `index`'s samples by refresh.choose, as
+    stage=labels and online's refresh label them: first (simulated_labels), or chosen_labels with, for the
+    choices that read a reward model's uncertainty (MODEL_CHOICES), the one at `chooser`."""
+    if cfg.refresh.choose == "first":
+        return simulated_labels(cfg, samples, index)
+    scorer = None
+    if cfg.refresh.choose in MODEL_CHOICES:
+        from reward.scoring import load_scorer
+
+        scorer = load_scorer(chooser, device)
+    return chosen_labels(cfg, samples, index, scorer)
+
+
 def candidate_pairs(samples: Dataset, prompt_ids: set[str]) -> list[tuple[int, int]]:
     """Every within-prompt pair (row i, row j) of distinct completions of these prompts, rows stopped by
     pruning passed over, in prompt and sample order."""

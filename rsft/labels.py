@@ -24,15 +24,8 @@ import logging
 
 from omegaconf import DictConfig
 
-from reward.scoring import load_scorer
 from rsft.errors import ConfigError, MissingInput
-from rsft.labelling import (
-    MODEL_CHOICES,
-    chosen_labels,
-    round_pairs_path,
-    simulated_labels,
-    user_labels,
-)
+from rsft.labelling import MODEL_CHOICES, labelled_pairs, round_pairs_path, user_labels
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan
@@ -71,17 +64,15 @@ def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
 def build(cfg: DictConfig, job: Job) -> Built:
     round_idx = cfg.round
     user_file = job.plan.given.get("user_file")
-    if user_file is None and cfg.refresh.choose != "first":
-        scorer = None
+    if user_file is None:
+        chooser = None
         if cfg.refresh.choose in MODEL_CHOICES:
-            model = judged_by(cfg, job.paths, round_idx)
-            scorer = load_scorer(model, resolve_device(cfg.device))
-            log.info("labels: round %d's pairs chosen where %s is least sure (%s)", round_idx, model,
+            chooser = judged_by(cfg, job.paths, round_idx)
+            log.info("labels: round %d's pairs chosen where %s is least sure (%s)", round_idx, chooser,
                      f"{cfg.refresh.dropout_passes} dropout passes" if cfg.refresh.choose == "uncertain"
                      else "its head's posterior, one pick at a time")
-        splits, counts = chosen_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, scorer)
-    elif user_file is None:
-        splits, counts = simulated_labels(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx)
+        splits, counts = labelled_pairs(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, chooser,
+                                        resolve_device(cfg.device))
     else:
         splits, counts = user_labels(cfg, user_file)
     counts.update({"train_pairs": len(splits["train"]), "test_pairs": len(splits["test"])})

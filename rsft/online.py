@@ -83,7 +83,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from reward.formats import pair_files
-from reward.scoring import load_scorer, save_reward_model
+from reward.scoring import save_reward_model
 from rsft import distributed, scoring
 from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import load_prompts, prompt_files
@@ -97,12 +97,12 @@ from rsft.generation import (
     sample_dataset,
     sampling_settings,
 )
-from rsft.labelling import MODEL_CHOICES, chosen_labels, simulated_labels
+from rsft.labelling import labelled_pairs
 from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import cut_examples, lora_config, policy_writer
-from rsft.reward_training import load_pairs, pooled, train_and_measure
+from rsft.reward_training import load_pairs, pooled, refresh_training, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.sampling.budget import PRUNED
 from rsft.selection import select_groups, selected_rows, survivors
@@ -359,11 +359,7 @@ def scored(ctx: Context, ds: Dataset, calibrate: bool) -> list[dict]:
     others = [{k: v for k, v in r.items() if k not in ("prompt", "completion")} for r in rows]
     raw = scoring.score_rows(ctx.scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], others,
                              progress=False)
-    normalised = ctx.scorer.normalise(raw)
-    values = [v for v in raw if v is not None]
-    if calibrate and values:  # the mini-batch's own z-score, as stage=score makes a round's
-        mean, std = statistics.fmean(values), statistics.pstdev(values) or 1.0
-        normalised = [None if v is None else (v - mean) / std for v in raw]
+    normalised, _ = scoring.normalised_rewards(ctx.scorer, raw, calibrate, "the mini-batch")  # as stage=score's
     return [{**r, "reward": None if v is None else float(v), "reward_normalised": n}
             for r, v, n in zip(rows, raw, normalised)]
 
@@ -473,7 +469,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         progress.unlabelled.extend({**r, "prompt_id": f"{r['prompt_id']}@{batch}"} for r in ds.to_list())
         if (batch + 1) % refresh == 0:
             refresh_reward(ctx, progress, batch)
-    candidates = scored(ctx, ds, bool(cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate))
+    candidates = scored(ctx, ds, scoring.calibrates(cfg))
     kept = keep(cfg, candidates, batch)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     trained = train_on(ctx, kept, progress.kept, batch, pairs)
@@ -518,18 +514,13 @@ def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
     cfg, device, started = ctx.cfg, ctx.policy.device, time.perf_counter()
     index, current = len(progress.refreshes), ctx.refreshed.model(len(progress.refreshes))
     samples = Dataset.from_list(progress.unlabelled)
-    if cfg.refresh.choose == "first":
-        splits, counts = simulated_labels(cfg, samples, index)
-    else:
-        chooser = load_scorer(current, device) if cfg.refresh.choose in MODEL_CHOICES else None
-        splits, counts = chosen_labels(cfg, samples, index, chooser)
+    splits, counts = labelled_pairs(cfg, samples, index, current, device)  # as stage=labels labels a round
     progress.labels.append({"train": splits["train"].to_list(), "test": splits["test"].to_list()})
     initial_train, initial_test, source = load_pairs(cfg)
     train = pooled([initial_train, *(Dataset.from_list(s["train"]) for s in progress.labels if s["train"])])
     test = pooled([initial_test, *(Dataset.from_list(s["test"]) for s in progress.labels if s["test"])])
     start_from = None if cfg.refresh.init == "scratch" else current
-    train_cfg = cfg if start_from is None or cfg.refresh.epochs is None else OmegaConf.merge(
-        cfg, {"reward": {"epochs": cfg.refresh.epochs}})
+    train_cfg = refresh_training(cfg, start_from)
     log.info("online: refresh %d before scoring mini-batch %d: %d new labelled pairs; the reward model trains on %d "
              "pairs (%s and every refresh's), %s", index + 1, batch, counts["pairs"], len(train), source,
              "from scratch" if start_from is None else f"continuing {current}")
@@ -564,15 +555,7 @@ def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
     with torch.no_grad():
         ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, cfg.eval.num_samples,
                                cfg.eval.seed, ctx.system_prompt, provenance, progress=False, entropy=True)
-    rows = ds.remove_columns(["prompt", "completion"]).to_list()
-    scorer = ctx.eval_scorer or ctx.scorer
-    raw = scoring.score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
-    ds = ds.add_column("reward", raw).add_column("reward_normalised", scorer.normalise(raw))
-    if ctx.judge is not None:
-        judged = scoring.score_rows(ctx.judge, ds["prompt"], ds["completion"], rows, progress=False)
-        ds = ds.add_column("judge", judged).add_column("judge_normalised", ctx.judge.normalise(judged))
-    gold = gold_scores(ds)
-    return ds.add_column("gold", gold) if gold is not None else ds
+    return scoring.scored_evaluation(ds, ctx.eval_scorer or ctx.scorer, ctx.judge)
 
 
 def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tracker) -> None:

@@ -34,7 +34,7 @@ from reward.scoring import save_reward_model
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
-from rsft.reward_training import load_pairs, pooled, train_and_measure
+from rsft.reward_training import load_pairs, pooled, refresh_training, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
 from rsft.training import check_trained
@@ -76,8 +76,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     train = pooled([initial_train, *(split["train"] for split in rounds)])
     test = pooled([initial_test, *(split["test"] for split in rounds)])
     check_pairs(train, f"the pooled labels of rounds 0-{round_idx} and {source} (train)")
-    train_cfg = cfg if start_from is None or cfg.refresh.epochs is None else OmegaConf.merge(
-        cfg, {"reward": {"epochs": cfg.refresh.epochs}})
+    train_cfg = refresh_training(cfg, start_from)
     if cfg.reward_source.kind == "combination":
         others = [name for name, c in cfg.reward_source.components.items() if str(c.get("source")) != "trained"]
         log.info("refresh: retrains the trained component of reward_source=combination; %s are used as they are",

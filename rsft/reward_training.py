@@ -96,6 +96,14 @@ def pooled(parts: list[Dataset]) -> Dataset:
     return concatenate_datasets([p.select_columns(common) for p in parts])
 
 
+def refresh_training(cfg: DictConfig, start_from: Path | None) -> DictConfig:
+    """The config a refresh trains the reward model with (stage=refresh's rounds, online's refreshes): continuing a
+    model (refresh.init=continue) trains refresh.epochs where set, instead of reward.epochs."""
+    if start_from is None or cfg.refresh.epochs is None:
+        return cfg
+    return OmegaConf.merge(cfg, {"reward": {"epochs": cfg.refresh.epochs}})
+
+
 def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tracker: Tracker,
                       start_from: Path | None = None, checkpoints: TrainingCheckpoints | None = None):
     """Train the reward model on `train`; (model, tokenizer, normalisation stats, metrics). It starts from

@@ -138,7 +138,7 @@ def run(name: str, cfg: DictConfig, tracker: Tracker | None = None) -> Artifact:
         return module(stage).run(cfg, tracker)
     chosen = None
     if stages.reads_num_samples(stage, cfg):  # sample.num_samples=auto: the round's K, before anything reads it
-        cfg, chosen = auto_k.resolved(cfg)
+        cfg, chosen = auto_k.resolved(cfg, announce=stage.name == "sample")
     paths = RunPaths.from_config(cfg)
     plan = module(stage).plan(cfg, paths)
     recorded = {"auto_k": chosen} if chosen else {}

@@ -80,12 +80,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if not scored_values:
         raise InputError(f"score: {scored_by} found none of round {cfg.round}'s {len(raw)} completions scorable "
                          f"(it returned None for every one); check that it reads these completions")
-    calibration, normalised = None, scorer.normalise(raw)
-    if cfg.reward_source.kind != "trained" and cfg.reward_source.calibrate:
-        # the scored round's own mean and std (a round every answer of which scores alike keeps std 1)
-        mean, std = statistics.fmean(scored_values), statistics.pstdev(scored_values) or 1.0
-        normalised = [None if r is None else (r - mean) / std for r in raw]
-        calibration = {"rows": len(scored_values), "mean": mean, "std": std, "source": f"round {cfg.round}"}
+    normalised, calibration = scoring.normalised_rewards(scorer, raw, scoring.calibrates(cfg), f"round {cfg.round}")
     # the new columns, typed as Dataset.add_column types them (one inference over the whole column)
     added = {"reward": pa.array([None if r is None else float(r) for r in raw]),
              "reward_normalised": pa.array(normalised), "reward_model": pa.repeat(scored_by, len(raw))}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -214,6 +215,23 @@ def judge_warnings(judge: Path, proxy: Path) -> list[str]:
     return []
 
 
+def calibrates(cfg: DictConfig) -> bool:
+    """reward_source.calibrate, which a trained model does without (its scores are normalised by its own train set)."""
+    return cfg.reward_source.kind != "trained" and bool(cfg.reward_source.calibrate)
+
+
+def normalised_rewards(scorer: RewardSource, raw: list, calibrate: bool, source: str) -> tuple[list, dict | None]:
+    """(reward_normalised of `raw`, the calibration or None): the scorer's own normalisation, or with `calibrate` the
+    scored rows' own mean and std (rows that all score alike keep std 1); stage=score calibrates a round, online a
+    mini-batch. `source` names the rows in the calibration's record."""
+    values = [r for r in raw if r is not None]
+    if not (calibrate and values):
+        return scorer.normalise(raw), None
+    mean, std = statistics.fmean(values), statistics.pstdev(values) or 1.0
+    return ([None if r is None else (r - mean) / std for r in raw],
+            {"rows": len(values), "mean": mean, "std": std, "source": source})
+
+
 def score_rows(scorer: RewardSource, prompts, completions, rows: list[dict] | None = None, batch_size: int = 32,
                progress: bool = True) -> list[float | None]:
     """The source's raw rewards of policy samples (None: not scorable), prompts as the user wrote them (a
@@ -223,6 +241,23 @@ def score_rows(scorer: RewardSource, prompts, completions, rows: list[dict] | No
     shards = distributed.gather_each(scorer.score(list(prompts), list(completions), rows, batch_size, progress,
                                                   shard=(distributed.rank(), distributed.world_size())))
     return [next((part[i] for part in shards if part[i] is not None), None) for i in range(len(shards[0]))]
+
+
+def scored_evaluation(ds, scorer: RewardSource, judge: RewardSource | None):
+    """An evaluation's completions with their score columns, as stage=eval writes them and online's snapshots take
+    them: reward and reward_normalised by `scorer`, judge and judge_normalised by `judge` (when set), and gold where
+    the task has its oracle (rsft.metrics.gold_scores). Each row's other columns (a reference answer) reach the
+    scorers."""
+    from rsft.metrics import gold_scores
+
+    rows = ds.remove_columns(["prompt", "completion"]).to_list()
+    raw = score_rows(scorer, ds["prompt"], ds["completion"], rows, progress=False)
+    ds = ds.add_column("reward", raw).add_column("reward_normalised", scorer.normalise(raw))
+    if judge is not None:
+        judged = score_rows(judge, ds["prompt"], ds["completion"], rows, progress=False)
+        ds = ds.add_column("judge", judged).add_column("judge_normalised", judge.normalise(judged))
+    gold = gold_scores(ds)
+    return ds.add_column("gold", gold) if gold is not None else ds
 
 
 def score_in_shards(scorer, shards, store: ShardStore) -> list[float | None]:
