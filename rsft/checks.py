@@ -32,7 +32,7 @@ from rsft import config
 from rsft.distributed import per_device_batch
 from rsft.errors import ConfigError, MissingPackage, RsftError
 from rsft.models import resolve_device
-from rsft.stages import groups_read
+from rsft.stages import command_reads, groups_read
 from rsft.store import is_complete
 
 
@@ -41,7 +41,7 @@ def check_config(cfg: DictConfig) -> None:
     rsft.run.run_stage's to check; this reads a valid cfg.stage."""
     groups = tuple(g for g in dict.fromkeys(("policy", "loop", *groups_read(cfg.stage, cfg)))
                    if OmegaConf.is_dict(cfg.get(g)))  # the groups; top-level keys are checked with the run
-    if cfg.stage == "loop" and cfg.loop.dpo is False:  # a loop without DPO never reads dpo.*
+    if command_reads(cfg.stage, cfg, "loop.dpo") and cfg.loop.dpo is False:  # a loop without DPO never reads dpo.*
         groups = tuple(g for g in groups if g != "dpo")
     _check_command_line()
     _check_required(cfg, groups)
@@ -64,9 +64,13 @@ def _check_held_out_prompts(cfg: DictConfig) -> None:
     """A command that evaluates (stage=eval, stage=loop with loop.eval, stage=online with online.eval_every) on
     held-out prompts that are all train prompts stops now, not after prefs and the reward model; some of
     them: a warning with the counts (rsft.data.check_held_out_prompts)."""
-    without = {"loop": "loop.eval=false", "online": "online.eval_every=0"}.get(cfg.stage)
-    evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval) or (
-        cfg.stage == "online" and cfg.online.eval_every > 0)
+    reads = lambda key: command_reads(cfg.stage, cfg, key)  # noqa: E731
+    if reads("loop.eval"):
+        without, evaluates = "loop.eval=false", cfg.loop.eval
+    elif reads("online.eval_every"):
+        without, evaluates = "online.eval_every=0", cfg.online.eval_every > 0
+    else:
+        without, evaluates = None, reads("eval.policy")
     if evaluates:
         from rsft.data import (
             check_held_out_prompts,  # imports datasets: only for a command that evaluates
@@ -86,13 +90,15 @@ def _check_command_line() -> None:
 
 def _check_round_labels(cfg: DictConfig) -> None:
     """Every refresh.pairs round file the command will read: there, and readable as pairs."""
-    if cfg.stage not in ("loop", "refresh") or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
+    reads_pairs = command_reads(cfg.stage, cfg, "refresh.pairs")  # stage=refresh, and the loop that runs it
+    if not reads_pairs or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
         return
     from rsft.labelling import (
         check_round_labels,  # loads the reward stack: only when there are files to read
     )
 
-    check_round_labels(cfg, range(cfg.loop.rounds) if cfg.stage == "loop" else range(cfg.round + 1))
+    rounds = cfg.loop.rounds if command_reads(cfg.stage, cfg, "loop.rounds") else cfg.round + 1
+    check_round_labels(cfg, range(rounds))
 
 
 def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:

@@ -44,6 +44,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING
 
+from rsft import stages
 from rsft.errors import ConfigError
 from rsft.sampling.budget import (
     check_checkpoints,
@@ -363,9 +364,9 @@ def _threads(key: str, value) -> None:
 def check_top_level(run) -> None:
     """The settings every command reads (RunConfig's own fields, read from the dataclass or a composed cfg)."""
     check_fields(RunConfig, run)
-    # round's lowest value depends on the stage: stage=draft may read -1, the policy before any SFT
-    draft_stage = run.stage == "draft"
-    _integer("round", run.round, -1 if draft_stage else 0, "(stage=draft: -1 = before any SFT)" if draft_stage else "")
+    # round's lowest value is the stage's declared one: stage=draft may read -1, the policy before any SFT
+    lowest = stages.lowest_round(run.stage)
+    _integer("round", run.round, lowest, f"(stage={run.stage}: -1 = before any SFT)" if lowest < 0 else "")
 
 
 @dataclass
@@ -1549,19 +1550,21 @@ def _check_online(cfg) -> None:
 
 
 def check_across_groups(cfg, groups) -> None:
-    """The rules that span groups, for a command of stage cfg.stage reading `groups` (rsft.stages.groups_read)."""
+    """The rules that span groups, for a command of stage cfg.stage reading `groups` (rsft.stages.groups_read). A
+    rule about a setting applies to the commands that read it (rsft.stages.command_reads), not to stages by name."""
+    reads = lambda key: stages.command_reads(cfg.stage, cfg, key)  # noqa: E731
     if "select" in groups and cfg.select.pairs and most_samples(cfg.sample) < 2:
         # checked against this run's sampling settings; pairs pooled across rounds are not counted
         raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): a pair "
                           f"is the best and the worst completion of a prompt; or set select.pairs=false")
     # strategy=greedy takes the argmax at every step: K completions of one prompt are K copies of one, so
     # selection, pairs and labels have nothing to choose between (the run would end far later, elsewhere)
-    if cfg.stage in ("sample", "loop", "online") and "sample" in groups and cfg.sample.strategy == "greedy" \
+    if reads("sample.num_samples") and "sample" in groups and cfg.sample.strategy == "greedy" \
             and most_samples(cfg.sample) > 1:
         raise ConfigError(f"sample.strategy=greedy with sample.num_samples={cfg.sample.num_samples}: greedy decoding "
                           f"gives every completion of a prompt the same text; set sample.strategy=exact (sampling at "
                           f"sample.temperature), or sample.num_samples=1")
-    if cfg.stage in ("prefs", "loop") and "prefs" in groups and cfg.prefs.strategy == "greedy" \
+    if reads("prefs.num_samples") and "prefs" in groups and cfg.prefs.strategy == "greedy" \
             and cfg.prefs.num_samples > 1:
         raise ConfigError(f"prefs.strategy=greedy with prefs.num_samples={cfg.prefs.num_samples}: greedy decoding "
                           f"gives every completion of a prompt the same text, and the pairs labelled among them tie; "
@@ -1570,7 +1573,8 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"sample.backend=vllm samples without rsft's drafts: set draft=none (got draft="
                           f"{cfg.draft.kind}); vLLM's own speculative decoding is sample.vllm.engine_args."
                           f"speculative_config")
-    if cfg.stage == "prefs" and not simulated_labels_available(cfg):
+    # stage=prefs itself; the loop's own rule below says what it needs instead (its prefs runs only without pairs)
+    if reads("prefs.num_samples") and not reads("loop.rounds") and not simulated_labels_available(cfg):
         raise ConfigError(f"stage=prefs simulates labels with the demo task's gold oracle, and data.kind="
                           f"{cfg.data.kind} has none; bring your own pairs instead: stage=reward "
                           f"reward.data.path=<your pairs> (reward.data.format=preference|hh_rlhf)")
@@ -1589,7 +1593,7 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"loop.refresh_reward=true with data.kind={cfg.data.kind} needs your labelled pairs of each "
                           f"round: refresh.pairs=<a folder with round_00.jsonl, round_01.jsonl, ...>; the "
                           f"simulated labels need the demo task's gold oracle")
-    if cfg.stage == "loop":
+    if reads("loop.rounds"):  # the rounds' driver
         if cfg.loop.dpo and not cfg.select.pairs:
             raise ConfigError("loop.dpo=true trains on the pairs stage=select writes; set select.pairs=true")
         if uses_trained_reward(cfg) and not simulated_labels_available(cfg) and cfg.reward.data.path is None \
@@ -1611,9 +1615,10 @@ def check_across_groups(cfg, groups) -> None:
             raise ConfigError("loop.stop.truth=judge stops on the judge's gains, and eval.judge is not set: set "
                               "eval.judge=<a reward model folder, a run name or a reward spec>, or loop.stop.truth="
                               "auto (the judge when set, else gold where the task has an oracle)")
-    if cfg.stage == "online":
+    if reads("online.minibatches"):
         _check_online(cfg)
-    evaluates = cfg.stage == "eval" or (cfg.stage == "loop" and cfg.loop.eval)
+    # stage=eval, and the loop with loop.eval (online evaluates on its own schedule, checked with it)
+    evaluates = reads("eval.policy") and (cfg.loop.eval if reads("loop.eval") else True)
     if evaluates and cfg.data.kind == "local" and cfg.data.get("eval_path") is None:
         raise ConfigError("data.eval_path is not set: evaluation (stage=eval, or stage=loop with loop.eval=true) "
                           "needs held-out prompts of its own; add data.eval_path=<file> or set loop.eval=false")

@@ -109,6 +109,7 @@ class Stage:
     one_process: bool = False  # its build runs on the main process only (hand-written training loops)
     artifact: bool = True      # False: a driver that runs other stages (stage=loop)
     in_loop: bool = True       # False: stage=loop never runs it (its groups are not checked with the loop's)
+    lowest_round: int = 0      # the lowest `round` it takes (stage=draft: -1, the policy before any SFT)
 
 
 STAGES = (
@@ -167,7 +168,7 @@ STAGES = (
           uses=("draft", "sample.cuda_graphs"),
           reads_doc="samples, the round's policy", writes="`draft/`, `round_XX/draft/`",
           does="trains a distilled or feature draft on the policy's own samples, for the speculative sampler",
-          one_process=True),
+          one_process=True, lowest_round=-1),
     Stage("eval", "rsft.eval", reads=("eval", "policy", *SAMPLING, *ENGINE, *EVAL_PROMPTS, "reward_source"),
           uses=("sample.shard_prompts", "sample.batch_rows", "sample.cuda_graphs", "reward.score_batch_size"),
           reads_doc="a policy, held-out prompts", writes="`eval_initial/`, `round_XX/eval/`",
@@ -227,6 +228,19 @@ def declared_keys(stage: Stage, cfg: Any | None = None) -> list[str]:
 def reads_num_samples(stage: Stage, cfg: Any) -> bool:
     """Whether the stage reads sample.num_samples (rsft.auto_k chooses it for the round first)."""
     return any(key == "sample.num_samples" or key == "sample" for key in declared_keys(stage, cfg))
+
+
+def command_reads(name: str, cfg: Any, key: str) -> bool:
+    """Whether command `name` reads config key `key` (a key one of its stages declares, or the group or section
+    declared whole that holds it; with cfg's Whens): a rule across groups applies to the commands that read what it
+    is about (rsft.config.check_across_groups), whatever their names."""
+    return any(declared == key or key.startswith(declared + ".")
+               for stage in commands_stages(name) for declared in _keys((*stage.reads, *stage.uses), cfg))
+
+
+def lowest_round(name: str) -> int:
+    """The lowest `round` command `name` takes (0 for a name that is no stage: rsft.run refuses those itself)."""
+    return min((stage.lowest_round for stage in STAGES if stage.name == name), default=0)
 
 
 def commands_stages(name: str) -> tuple[Stage, ...]:

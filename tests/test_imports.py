@@ -15,7 +15,7 @@ GROUND_FLOOR = {
     "rsft.interrupts": set(),
     "rsft.stages": set(),
     "rsft.tables": {"rsft.errors"},
-    "rsft.config": {"rsft.errors", "rsft.sampling"},
+    "rsft.config": {"rsft.errors", "rsft.sampling", "rsft.stages"},  # its rules across groups key on the declared reads
 }
 # what reward/ may import from rsft: the ground floor and the model/training helpers below the stages
 REWARD_MAY_IMPORT = {"rsft.errors", "rsft.tables", "rsft.training", "rsft.models", "rsft.store", "rsft.distributed"}
@@ -133,4 +133,16 @@ def test_no_module_reads_a_setting_through_a_cast_of_the_raw_config():
         if name in sections:
             found += re.findall(rf"\b(?:int|float|str)\((?:{sections[name]})\.[a-z_]+\)", text)
         offenders += [(name, f) for f in found if (name, f) not in conversions]
+    assert not offenders, offenders
+
+
+def test_no_module_branches_on_the_stage_name():
+    """A rule about settings applies to the commands that read them (rsft.stages.command_reads, from each stage's
+    declared reads), so a new stage that reads them gets the rule, and one that does not is not refused by it. The
+    runner's dispatch (rsft.run, rsft.runner) looks a stage up by name; nothing else compares cfg.stage with one."""
+    import re
+
+    branch = re.compile(r"\.stage\s*(==|!=|in\b|not in\b)")
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted([*ROOT.glob("rsft/*.py"), *ROOT.glob("reward/*.py")])
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert not offenders, offenders
