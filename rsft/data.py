@@ -16,6 +16,7 @@ system turn), cut from the left when the policy's context cannot hold it and the
 
 from __future__ import annotations
 
+import functools
 import logging
 import unicodedata
 from collections import defaultdict
@@ -326,9 +327,15 @@ def _chat_ids(tokenizer, prompt: str, system_prompt: str | None) -> list[int]:
 
 def _sanitizes_control_tokens(tokenizer) -> bool:
     """Does this tokenizer's apply_chat_template take sanitize_control_tokens (transformers >= 5.20)?"""
+    return _class_sanitizes(type(tokenizer))
+
+
+@functools.lru_cache(maxsize=None)
+def _class_sanitizes(cls) -> bool:
+    """Read once per tokenizer class: every prompt of a set is tokenized through it."""
     import inspect
 
-    return "sanitize_control_tokens" in inspect.signature(tokenizer.apply_chat_template).parameters
+    return "sanitize_control_tokens" in inspect.signature(cls.apply_chat_template).parameters
 
 
 def _marked_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -341,8 +348,8 @@ def _marked_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template)
     controls = sorted({t.content for t in tokenizer.added_tokens_decoder.values()
                        if t.special or (t.content in template and not t.content.isspace())}, key=len, reverse=True)
-    text = "".join(m["content"] for m in messages)
-    found = [c for c in controls if c and c in text]
+    found = [c for c in controls if c and any(c in m["content"] for m in messages)]
+    text = "".join(m["content"] for m in messages)  # the markers must occur nowhere in it
     if not found:  # nothing to mark: the whole chat as one piece, as tokenize=True encodes it
         return tokenizer(chat_text_of(tokenizer, messages), add_special_tokens=False)["input_ids"]
     opening, closing = (next(chr(c) for c in range(start, start + 1000) if chr(c) not in text)

@@ -225,17 +225,21 @@ def declared_keys(stage: Stage, cfg: Any | None = None) -> list[str]:
     return _keys((*stage.reads, *stage.uses, *EVERY_STAGE), cfg)
 
 
+def _reads(declared: list[str], key: str) -> bool:
+    """`key` is among the declared keys, or inside a group or section declared whole."""
+    return any(d == key or key.startswith(d + ".") for d in declared)
+
+
 def reads_num_samples(stage: Stage, cfg: Any) -> bool:
     """Whether the stage reads sample.num_samples (rsft.auto_k chooses it for the round first)."""
-    return any(key == "sample.num_samples" or key == "sample" for key in declared_keys(stage, cfg))
+    return _reads(declared_keys(stage, cfg), "sample.num_samples")
 
 
 def command_reads(name: str, cfg: Any, key: str) -> bool:
     """Whether command `name` reads config key `key` (a key one of its stages declares, or the group or section
     declared whole that holds it; with cfg's Whens): a rule across groups applies to the commands that read what it
     is about (rsft.config.check_across_groups), whatever their names."""
-    return any(declared == key or key.startswith(declared + ".")
-               for stage in commands_stages(name) for declared in _keys((*stage.reads, *stage.uses), cfg))
+    return any(_reads(_keys((*stage.reads, *stage.uses), cfg), key) for stage in commands_stages(name))
 
 
 def lowest_round(name: str) -> int:

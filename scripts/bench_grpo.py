@@ -89,13 +89,6 @@ TASKS = {  # per task: rsft's settings, the prompt column its reward reads besid
 }
 
 
-def bench_device(name: str):
-    """--device: auto (cuda where there is one), cpu, cuda or cuda:N."""
-    from rsft.models import resolve_device
-
-    return resolve_device(name)
-
-
 def recipe(task: str) -> list[str]:
     return [*TASKS[task]["recipe"], "logger=none"]
 
@@ -142,7 +135,7 @@ def train(args) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from rsft.data import chat_messages, load_prompts
-    from rsft.models import load_policy
+    from rsft.models import load_policy, resolve_device
 
     cfg = composed([f"seed={args.seed}", *args.override], args.task)
     if args.threads:
@@ -152,7 +145,7 @@ def train(args) -> None:
     column = TASKS[args.task]["reads"]
     rows = [{"prompt": chat_messages(p, cfg.data.get("system_prompt")), column: r}
             for p, r in zip(prompts["prompt"], prompts[column])]
-    device = bench_device(args.device)
+    device = resolve_device(args.device)
     model, tokenizer, source = load_policy(cfg, None, torch.device("cpu"))  # the trainer places it on `device`
     temperature = float(cfg.sample.temperature) if args.temperature is None else args.temperature
     mode = str(cfg.sft.mode) if args.mode is None else args.mode
@@ -324,9 +317,9 @@ def token_entropy(policy: Path | None, ds, cfg, device_name: str = "auto") -> fl
     import torch
 
     from rsft.data import prompt_token_ids
-    from rsft.models import load_policy
+    from rsft.models import load_policy, resolve_device
 
-    device = bench_device(device_name)
+    device = resolve_device(device_name)
     if policy is None or is_complete(policy):  # the configured policy, or an rsft round's
         model, tokenizer, _ = load_policy(cfg, policy, device)
     else:  # a GRPO point: a save_pretrained folder of the trainer's model

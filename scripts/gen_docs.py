@@ -273,7 +273,7 @@ def gpu_speculation_table(record: dict) -> list[str]:
             runs = [r for r in at_rows if r["method"] == method]
             first = runs[0]
             plain_runs = [r for r in at_rows if r["method"] == f"plain a={first['acceptance_set']:g}"]
-            baseline, speeds = _speeds(plain_runs, plain_runs[0]["method"]), _speeds(runs, method)
+            baseline, speeds = [r["tokens_per_second"] for r in plain_runs], _speeds(runs, method)
             past = "-"
             if all("tokens_per_second_past_capture" in r for r in runs + plain_runs):
                 past = (statistics.median(r["tokens_per_second_past_capture"] for r in runs)
