@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 
-from rsft.errors import ConfigError
+from reward.refusals import ConfigError
 
 
 def preference_probability(gold_i: float, gold_j: float, temperature: float) -> float:

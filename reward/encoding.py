@@ -4,7 +4,7 @@ Layout, token level:
 - tokenizers with [CLS]/[SEP] (BERT-style, no EOS):  [CLS] prompt [SEP] completion [SEP]
 - others (causal LMs):                               prompt "\n\n" completion <eos>
 The reward head reads the last real token for causal LMs and [CLS] for encoders
-(reward.model.reward_forward). No chat template: the reward model sees the raw prompt text, which is
+(reward.backbone.reward_forward). No chat template: the reward model sees the raw prompt text, which is
 what the score stage passes in.
 
 Truncation, where TRL's RewardTrainer instead drops every pair longer than max_length: the prompt is
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from datasets import Dataset
 
-from rsft.errors import ConfigError
+from reward.refusals import ConfigError
 
 SEPARATOR = "\n\n"  # between prompt and completion for tokenizers without a [SEP] token
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from datasets import Dataset
 from omegaconf import DictConfig
 
-from rsft.errors import ConfigError, InputError, MissingInput, RsftError
-from rsft.tables import looks_local, read_table
+from reward.refusals import ConfigError, InputError, MissingInput, RsftError
+from reward.tables import looks_local, read_table
 
 log = logging.getLogger(__name__)
 

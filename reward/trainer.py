@@ -10,7 +10,7 @@ logging, metrics averaging), its preference collator and the already-tokenised d
   max_length, and its tokeniser appends `eos_token`, which BERT-style tokenizers do not have. So
   we hand it pairs already tokenised by reward.encoding (left-truncated prompts, counted) and set
   its max_length to None, which turns its filter off.
-- the reward read from the attention mask (reward.model.reward_forward) rather than the model's
+- the reward read from the attention mask (reward.backbone.reward_forward) rather than the model's
   own pad-id search, which misreads when pad == eos.
 - device-chosen precision: RewardConfig defaults to bf16=True and gradient checkpointing, which on
   a CPU without native bf16 made a MiniLM step ~30x slower. Here fp32 and no checkpointing on CPU,
@@ -30,8 +30,7 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 
 from reward.formats import LABEL_COLUMN
 from reward.loss import bradley_terry_loss
-from reward.model import reward_forward
-from rsft.training import training_arguments
+from reward.backbone import reward_forward
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +78,12 @@ class TrackerCallback(TrainerCallback):
             self.tracker.log({f"reward/train/{k}": v for k, v in logs.items()}, step=state.global_step)
 
 
-def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> RewardConfig:
-    """RewardConfig from `reward` config fields, precision and checkpointing chosen from the device."""
+def training_args(cfg: DictConfig, shared: dict, output_dir: str) -> RewardConfig:
+    """RewardConfig from `reward` config fields and `shared`, the TrainingArguments every rsft trainer sets alike
+    (precision, batch, schedule and checkpointing chosen from the device: rsft.trl_common.training_arguments)."""
     return RewardConfig(
         output_dir=output_dir,
-        **training_arguments(cfg, "reward", device),
+        **shared,
         seed=cfg.seed,
         data_seed=cfg.seed,
         center_rewards_coefficient=cfg.get("center_rewards_coefficient"),
@@ -93,12 +93,13 @@ def training_args(cfg: DictConfig, device: torch.device, output_dir: str) -> Rew
     )
 
 
-def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, device: torch.device, output_dir: str,
+def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, shared: dict, output_dir: str,
                        tracker=None, checkpoints=None) -> dict:
     """Train `model` in place on tokenised pairs (reward.encoding.tokenize_preferences); return train metrics.
-    checkpoints: the rsft.training.TrainingCheckpoints at output_dir to resume from and save verified
+    shared: the TrainingArguments every rsft trainer sets alike (training_args says which).
+    checkpoints: the rsft.trl_common.TrainingCheckpoints at output_dir to resume from and save verified
     checkpoints into (None: output_dir is scratch)."""
-    args = training_args(cfg, device, output_dir)
+    args = training_args(cfg, shared, output_dir)
     trainer = SoftLabelRewardTrainer(
         model=model, args=args, train_dataset=train_pairs, processing_class=tokenizer,
         data_collator=PreferenceCollator(pad_token_id=tokenizer.pad_token_id),
@@ -106,7 +107,7 @@ def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, device: t
     )
     log.info("training reward model: %d pairs, %s epochs, batch %d x %d, lr %g, %s on %s", len(train_pairs),
              cfg.epochs, cfg.batch_size, cfg.grad_accum, cfg.learning_rate,
-             "bf16" if args.bf16 else "fp32", device)
+             "bf16" if args.bf16 else "fp32", "the CPU" if args.use_cpu else "the accelerator")
     result = trainer.train() if checkpoints is None else checkpoints.train(trainer)
     model.eval()
     return dict(result.metrics)

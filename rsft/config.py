@@ -21,7 +21,7 @@ in its group, so its own checks name that path (its `_AT`: `lora.`, `train.`, `d
 The sampling settings' ranges, draft.gamma and sample.prune's rules are rsft.sampling's, written there
 once and called here (their messages start with the key they are given). Rules that span groups
 (select.pairs vs sample.num_samples, loop.dpo vs select.pairs, data.kind vs refresh.pairs) and the run
-name live together at the end of this module (check_across_groups, check_run_name); rsft.checks applies
+name live together at the end of this module (check_across_groups, check_run_name); rsft.preflight applies
 them all, and the device, before a command does any work.
 
 Value types are the YAML's (an int stays an int): artifact fingerprints hash these values. Where a
@@ -998,7 +998,7 @@ class LoraAdapterConfig(Checked):
 
 @dataclass
 class TrainingConfig(Checked):
-    """The settings every TRL trainer of rsft reads (rsft.training.training_arguments): sft, dpo and reward
+    """The settings every TRL trainer of rsft reads (rsft.trl_common.training_arguments): sft, dpo and reward
     take them from here, each with its own defaults."""
 
     learning_rate: float = setting(2.0e-4, "Peak learning rate.", check=positive(UNTRAINED_POLICY))
@@ -1331,7 +1331,7 @@ COMBINE_MODES = ("sum", "mean", "min")
 
 @dataclass
 class RewardSourceConfig(Checked):
-    """The reward every stage scores with (rsft.reward_sources via rsft.scoring): stage=score, pruning and
+    """The reward every stage scores with (reward.sources via rsft.reward_service): stage=score, pruning and
     adaptive K, select's thresholds and DPO pairs (through the scores), and eval's proxy."""
 
     kind: str = setting("trained", "trained (this run's Bradley-Terry model, reward/) | pretrained | function | http "

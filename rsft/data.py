@@ -5,7 +5,7 @@ columns (the demo task's `task` constraints, say) are kept. Bad input stops here
 is loaded, with a message naming the setting, the file (and line) and what was expected.
 
 Held-out prompts that are train prompts too (data.eval_path=data.path, data.eval_split=data.split, a copied
-file) are measured before a command that evaluates does any work (check_held_out_prompts, run by rsft.checks):
+file) are measured before a command that evaluates does any work (check_held_out_prompts, run by rsft.preflight):
 with the same text and after ignoring case, whitespace and punctuation. Some: a warning with the counts. All:
 refused, naming both settings.
 
@@ -26,7 +26,7 @@ from datasets import Dataset
 from omegaconf import DictConfig
 
 from rsft.errors import ConfigError, InputError
-from rsft.tables import read_table
+from reward.tables import read_table
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def checkable_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset,
 
 
 def local_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:
-    """data.path (train) or data.eval_path (held out): a file or datasets folder (rsft.tables)."""
+    """data.path (train) or data.eval_path (held out): a file or datasets folder (reward.tables)."""
     setting = "data.path" if which == "train" else "data.eval_path"
     path = cfg.path if which == "train" else cfg.get("eval_path")
     if path is None:
@@ -206,7 +206,7 @@ def _overlap_settings(cfg: DictConfig) -> tuple[str, str, str]:
 def check_held_out_prompts(cfg: DictConfig, without: str | None = None) -> dict:
     """Refuse held-out prompts that are all train prompts (ConfigError naming both settings and what to do;
     `without`: the setting that runs without evaluation, for the message), warn with the counts when some
-    are. Run before any work by rsft.checks for every command that evaluates; returns held_out_overlap."""
+    are. Run before any work by rsft.preflight for every command that evaluates; returns held_out_overlap."""
     overlap = held_out_overlap(cfg)
     train, held, fix = _overlap_settings(cfg)
     n, exact, normalised = overlap["held_out"], overlap["exact"], overlap["normalised"]
@@ -245,7 +245,7 @@ def hh_rlhf_prompts(cfg: DictConfig, which: str, split: str | None = None) -> tu
 
     data.path is a local file or folder of transcripts (`chosen`/`rejected` columns, as Anthropic ships
     them) or a hub name (Anthropic/hh-rlhf with data.data_dir, e.g. harmless-base), read by the reward
-    same reader as the reward stage's pairs (rsft.tables). A prompt is held out for evaluation when a seeded hash of
+    same reader as the reward stage's pairs (reward.tables). A prompt is held out for evaluation when a seeded hash of
     its text falls below data.eval_fraction, so the split never depends on the file's order and the two
     sets never share a prompt; ids are hashes of the text. Both sets keep the file's order of first
     appearance (data.limit / data.eval_limit take the first ones).

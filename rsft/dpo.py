@@ -22,7 +22,7 @@ Reads round_XX/policy (RunPaths.dpo_init_policy) and round_XX/pairs/; writes rou
   the adapter switched off as the reference (no second copy in memory), merged before saving;
   dpo.mode=full trains every weight against a second, frozen copy of the SFT policy.
 - DPOConfig, like SFTConfig, defaults to bf16 and gradient checkpointing, chosen for GPUs: precision
-  and checkpointing come from the device (rsft.training.training_arguments), fp32 without checkpointing
+  and checkpointing come from the device (rsft.trl_common.training_arguments), fp32 without checkpointing
   on a CPU.
 """
 
@@ -39,7 +39,7 @@ from rsft.paths import RunPaths
 from rsft.policy_training import LossHistory, lora_config, policy_writer, trained_policy
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
-from rsft.training import check_trained, training_arguments
+from rsft.trl_common import check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 

@@ -86,11 +86,11 @@ from rsft.models import (
 )
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan
-from rsft.sampling.drafts import FeatureDraft, ModelDraft
+from rsft.sampling.proposers import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
-from rsft.sampling.sampler import Sampler
+from rsft.sampling.batched import Sampler
 from rsft.store import is_complete, load_dataset_artifact
-from rsft.training import LoopCheckpoints
+from rsft.trl_common import LoopCheckpoints
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """rsft's error types, and how a command ends on one: the ground floor every other module may import (it
-imports nothing of rsft).
+imports nothing of rsft; the refusal types that reward/ raises too are defined in reward.refusals and re-exported
+here).
 
 A deliberate refusal, something the user can act on, is an RsftError: every entry point (rsft.run.main,
 each script in scripts/, `python -m rsft.serve_reward`) prints it as one line and exits 1;
@@ -35,25 +36,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-
-class RsftError(Exception):
-    """Base of every deliberate refusal: printed as one line by the entry point, never a traceback."""
-
-
-class ConfigError(RsftError, ValueError):
-    """A setting the command cannot run with: found by the checks before any work, or by the work where
-    only it can tell (training that diverges at this learning rate). Name the key and a value to set."""
-
-
-class InputError(RsftError, ValueError):
-    """A user's file, row or folder that cannot be used as it is (a prompt file without the prompt column,
-    a pair whose label is not a number, a model folder without a tokenizer): name the file (its setting),
-    the row and column where there is one, and what was expected."""
-
-
-class MissingInput(RsftError, FileNotFoundError):
-    """A file, folder or artifact the command needs that is not there: name it and the setting or the
-    stage (`python -m rsft.run stage=...`) that provides it."""
+from reward.refusals import ConfigError, InputError, MissingInput, MissingPackage, RsftError  # noqa: F401  (re-exported)
 
 
 class ArtifactError(RsftError, RuntimeError):
@@ -70,11 +53,6 @@ class DamagedArtifact(ArtifactError):
 
 class RunDirectoryBusy(RsftError, RuntimeError):
     """Another live command holds the run directory's lock."""
-
-
-class MissingPackage(RsftError, ImportError):
-    """An optional package the settings ask for is not installed (or cannot be imported): name the setting,
-    the package, how to install it and the setting that does without it."""
 
 
 # what the entry point turns into one line; every other exception is a bug and keeps its traceback

@@ -14,7 +14,7 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
   gold_mean                             the demo task's oracle (only when the prompts have `task`)
   judge_mean                            eval.judge's raw score: a reward model the proxy never was
                                         (trained on other pairs; Gao et al. 2022), the stand-in for
-                                        gold where there is no oracle (rsft.scoring.judge_model)
+                                        gold where there is no oracle (rsft.reward_service.judge_model)
   intervals                             95% bootstrap interval over prompts of every *_mean and win
                                         rate (rsft.stats: prompts are the independent draws)
   win_rate_vs_initial                   P(this policy's completion scores above the initial policy's
@@ -56,7 +56,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import scoring
+from rsft import reward_service
 from rsft.config import uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import MissingInput
@@ -90,13 +90,13 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
                            f"round={round_idx}` first (or eval.policy=initial for the configured policy)")
     trained = uses_trained_reward(cfg)
     if trained:
-        scoring.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
-    judge = scoring.judge_model(cfg)
+        reward_service.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
+    judge = reward_service.judge_model(cfg)
     inputs = ([paths.reward] if trained else []) + [p for p in (judge,) if p is not None]
     device = resolve_device(cfg.device)
-    sources = scoring.source_identity(cfg, device)
-    if scoring.judge_spec(cfg) is not None:
-        sources["judge"] = scoring.open_judge(cfg, device, None).identity()
+    sources = reward_service.source_identity(cfg, device)
+    if reward_service.judge_spec(cfg) is not None:
+        sources["judge"] = reward_service.open_judge(cfg, device, None).identity()
     if policy_path is not None:
         scored = paths.scored(round_idx)
         inputs += [policy_path, paths.initial_eval] + ([scored] if is_complete(scored) else [])
@@ -110,7 +110,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx, initial = job.paths, cfg.round, cfg.eval.policy == "initial"
     settings = sampling_settings(cfg.sample)
     policy_path, judge = job.plan.given["policy"], job.plan.given["judge"]
-    warnings = scoring.judge_warnings(judge, paths.reward) if judge is not None else []
+    warnings = reward_service.judge_warnings(judge, paths.reward) if judge is not None else []
     for warning in warnings:  # the judge then shares the proxy's taste and cannot stand in for an oracle
         log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
     curve_round = 0 if initial else round_idx
@@ -129,18 +129,18 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if engine is not None:
         engine.close()
     del model
-    scorer = scoring.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
-    judge_scorer = scoring.open_judge(cfg, device, judge)
-    ds = scoring.scored_evaluation(ds, scorer, judge_scorer)
+    scorer = reward_service.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
+    judge_scorer = reward_service.open_judge(cfg, device, judge)
+    ds = reward_service.scored_evaluation(ds, scorer, judge_scorer)
 
     metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
     if judge_scorer is not None:
-        metrics["judge"] = str(judge if judge is not None else scoring.judge_spec(cfg))
+        metrics["judge"] = str(judge if judge is not None else reward_service.judge_spec(cfg))
         metrics["judge_warnings"] = warnings
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))
         # the judge scores the round's K samples too: its curve is the truth the over-optimisation point reads
-        judged = None if judge_scorer is None else scoring.score_rows(
+        judged = None if judge_scorer is None else reward_service.score_rows(
             judge_scorer, scored["prompt"], scored["completion"],
             scored.remove_columns([c for c in ("prompt", "completion") if c in scored.column_names]).to_list(),
             progress=False)

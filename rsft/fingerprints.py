@@ -26,6 +26,7 @@ from rsft.errors import (
     MissingInput,
     StaleArtifact,
 )
+from reward.digests import user_files_digest
 from rsft.config import renamed_key
 from rsft.stages import UNCOUNTED
 from rsft.store import (
@@ -33,7 +34,6 @@ from rsft.store import (
     check_fresh,
     check_intact,
     is_complete,
-    user_files_digest,
 )
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ _ABSENT = object()
 def fingerprint(cfg, keys: Iterable[str], inputs: Iterable[str | os.PathLike] = (),
                 user_files: Iterable[str | os.PathLike] = (), sources: dict | None = None) -> dict[str, Any]:
     """What an artifact is made from: config keys (flattened), input artifacts' digests, user files, and the
-    reward sources other than a trained model folder (rsft.scoring.source_identity: their content)."""
+    reward sources other than a trained model folder (rsft.reward_service.source_identity: their content)."""
     config: dict[str, Any] = {}
     for key in keys:  # a key the composed config does not have (another data kind's setting) is left out
         value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)

@@ -32,8 +32,8 @@ from rsft.models import (
 from rsft.paths import RunPaths
 from rsft.rows import RowWriter, load_saved
 from rsft.sampling.budget import PRUNED, PruneSchedule, adaptive_counts, keepable
-from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
-from rsft.sampling.sampler import Completion, Sampler, SamplingSettings
+from rsft.sampling.proposers import FeatureDraft, ModelDraft, NgramDraft
+from rsft.sampling.batched import Completion, Sampler, SamplingSettings
 from rsft.sampling.verifier import AcceptanceStats, check_gamma
 from rsft.store import ShardStore
 
@@ -82,7 +82,7 @@ def open_policy(cfg: DictConfig, path, device, settings: SamplingSettings, seed:
                              tensor_parallel_size=int(v.tensor_parallel_size),
                              gpu_memory_utilization=float(v.gpu_memory_utilization), max_model_len=v.max_model_len,
                              engine_args=engine_args)
-    except ImportError as error:  # rsft.checks says it before any work; this is for a caller that skipped them
+    except ImportError as error:  # rsft.preflight says it before any work; this is for a caller that skipped them
         raise ConfigError(f"sample.backend=vllm: {error}") from None
     log.info("vLLM engine over %s started in %.1f s", folder, engine.timings["engine_start_seconds"])
     return stand_in, tokenizer, source, engine

@@ -3,12 +3,12 @@
     python -m rsft.run stage=labels round=1 loop.refresh_reward=true                       # simulated (demo)
     python -m rsft.run stage=labels round=1 loop.refresh_reward=true refresh.pairs=labels  # your labels/round_01.jsonl
 
-Writes round_XX/prefs/, a DatasetDict train / test like prefs/ (rsft.labelling):
+Writes round_XX/prefs/, a DatasetDict train / test like prefs/ (rsft.pairs):
 - demo task: every pair among the first refresh.samples_per_prompt completions of each prompt of
   round_XX/samples/, labelled by stage=prefs's simulated annotators (prefs.tau, prefs.soft) and split
   by prompt (prefs.test_fraction); with refresh.choose=random, uncertain or posterior,
   refresh.label_budget pairs of the train prompts chosen among all their pairs, at random or where the
-  reward model that scored round r - 1 is least sure (rsft.labelling.chosen_labels), the held-out pairs as
+  reward model that scored round r - 1 is least sure (rsft.pairs.chosen_labels), the held-out pairs as
   before;
 - your data: refresh.pairs, a folder holding your labelled pairs of each round's samples, one entry per
   round named round_XX (round_01.jsonl, .json, .parquet, or a datasets folder round_01/), read like
@@ -25,7 +25,7 @@ import logging
 from omegaconf import DictConfig
 
 from rsft.errors import ConfigError, MissingInput
-from rsft.labelling import MODEL_CHOICES, labelled_pairs, round_pairs_path, user_labels
+from rsft.pairs import MODEL_CHOICES, labelled_pairs, round_pairs_path, user_labels
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan

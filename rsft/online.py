@@ -12,10 +12,10 @@ trainer. For mini-batch b = 0 .. online.minibatches - 1:
      (rsft.generation.sample_dataset: pruning, adaptive K and an n-gram draft stay available); the
      completions' seeds are a function of (seed, b) and the prompt's place in the mini-batch, never of
      an RNG state that drifts, so a resumed run samples what an uninterrupted one samples;
-  3. score: the configured reward, whatever its kind (rsft.scoring.open_reward; a trained model: the run's
+  3. score: the configured reward, whatever its kind (rsft.reward_service.open_reward; a trained model: the run's
      reward/), reward_normalised as stage=score makes it (the mini-batch's own z-score with
      reward_source.calibrate);
-  4. select: the select group's rule (rsft.selection, the pure functions stage=select runs), per prompt;
+  4. select: the select group's rule (rsft.best_of_k, the pure functions stage=select runs), per prompt;
      a mini-batch that keeps nothing takes no step (logged);
   5. train: online.steps_per_batch AdamW steps of online.batch_size examples (the kept completions, with
      online.replay of the earlier mini-batches' kept ones drawn in), walked in a seeded order. The loss is
@@ -35,7 +35,7 @@ a step is the one a single process takes.
 
 With online.refresh_every = R > 0 the reward model follows the policy, as loop.refresh_reward makes it follow
 the rounds: before scoring mini-batch b where R divides b + 1, the samples of mini-batches b - R + 1 .. b are
-labelled (rsft.labelling: the refresh group's choice of pairs, the demo's simulated annotators), and the
+labelled (rsft.pairs: the refresh group's choice of pairs, the demo's simulated annotators), and the
 reward model is retrained on the initial labels and every refresh's so far (refresh.init: continuing the
 current model for refresh.epochs, or from scratch); it scores mini-batch b and the ones after, until the next.
 So when R mini-batches hold a round's prompts, the labels are the rounds' labels. Each refreshed model is
@@ -49,7 +49,7 @@ before the first mini-batch; each snapshot records the completions and tokens sa
 time, which is the comparison with the rounds (gold against tokens sampled). With eval.judge the snapshots
 are scored by the judge too (the comparison on a task without an oracle).
 
-Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.training.LoopCheckpoints: verified,
+Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.trl_common.LoopCheckpoints: verified,
 written last, the older one dropped) holds the trainable weights (the adapter with LoRA), the optimiser
 and schedule, the python, numpy and torch RNG states, the position in the prompt stream, the kept rows
 (also the replay buffer), the per-mini-batch metrics and the eval snapshots. A rerun of the same command
@@ -83,8 +83,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from reward.formats import pair_files
-from reward.scoring import save_reward_model
-from rsft import distributed, scoring
+from reward.trained import save_reward_model
+from rsft import distributed, reward_service
 from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import ConfigError, InputError
@@ -97,17 +97,17 @@ from rsft.generation import (
     sample_dataset,
     sampling_settings,
 )
-from rsft.labelling import labelled_pairs
+from rsft.pairs import labelled_pairs
 from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import cut_examples, lora_config, policy_writer
-from rsft.reward_training import load_pairs, pooled, refresh_training, train_and_measure
+from rsft.bt_fit import load_pairs, pooled, refresh_training, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.sampling.budget import PRUNED
-from rsft.selection import select_groups, selected_rows, survivors
+from rsft.best_of_k import select_groups, selected_rows, survivors
 from rsft.store import atomic_artifact
-from rsft.training import check_trained
+from rsft.trl_common import check_trained
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The reward (the run's reward/ by digest, any other source by its identity) and the prompt files."""
     check_scheduler(cfg.online.lr_scheduler)
     sampling_settings(cfg.sample, cfg.draft)
-    trained = [scoring.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
+    trained = [reward_service.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
     evaluates = cfg.online.eval_every > 0
     files = prompt_files(cfg.data, "train") + (prompt_files(cfg.data, "eval") if evaluates else [])
-    sources = scoring.source_identity(cfg, resolve_device(cfg.device))
-    judge = scoring.judge_model(cfg) if evaluates else None  # a bad eval.judge stops here, before any work
-    if evaluates and scoring.judge_spec(cfg) is not None:
-        sources["judge"] = scoring.open_judge(cfg, resolve_device(cfg.device), None).identity()
+    sources = reward_service.source_identity(cfg, resolve_device(cfg.device))
+    judge = reward_service.judge_model(cfg) if evaluates else None  # a bad eval.judge stops here, before any work
+    if evaluates and reward_service.judge_spec(cfg) is not None:
+        sources["judge"] = reward_service.open_judge(cfg, resolve_device(cfg.device), None).identity()
     labels = []
     if cfg.online.refresh_every > 0:  # the initial labels every refresh pools with its own
         labels = [paths.prefs] if cfg.reward.data.path is None else []
@@ -357,15 +357,15 @@ def scored(ctx: Context, ds: Dataset, calibrate: bool) -> list[dict]:
     if not rows:
         return []
     others = [{k: v for k, v in r.items() if k not in ("prompt", "completion")} for r in rows]
-    raw = scoring.score_rows(ctx.scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], others,
+    raw = reward_service.score_rows(ctx.scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], others,
                              progress=False)
-    normalised, _ = scoring.normalised_rewards(ctx.scorer, raw, calibrate, "the mini-batch")  # as stage=score's
+    normalised, _ = reward_service.normalised_rewards(ctx.scorer, raw, calibrate, "the mini-batch")  # as stage=score's
     return [{**r, "reward": None if v is None else float(v), "reward_normalised": n}
             for r, v, n in zip(rows, raw, normalised)]
 
 
 def keep(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
-    """The select group's rule over the mini-batch's candidates (rsft.selection); [] when it keeps nothing."""
+    """The select group's rule over the mini-batch's candidates (rsft.best_of_k); [] when it keeps nothing."""
     by_prompt: dict = {}
     for row in candidates:
         by_prompt.setdefault(row["prompt_id"], []).append(row)
@@ -380,7 +380,7 @@ def keep(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
 
 
 def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, dict]]:
-    """Each prompt's best and worst survivor by the select group's ranking (rsft.selection.survivors), where
+    """Each prompt's best and worst survivor by the select group's ranking (rsft.best_of_k.survivors), where
     they differ in reward: stage=select's pairs."""
     by_prompt: dict = {}
     for row in candidates:
@@ -469,7 +469,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         progress.unlabelled.extend({**r, "prompt_id": f"{r['prompt_id']}@{batch}"} for r in ds.to_list())
         if (batch + 1) % refresh == 0:
             refresh_reward(ctx, progress, batch)
-    candidates = scored(ctx, ds, scoring.calibrates(cfg))
+    candidates = scored(ctx, ds, reward_service.calibrates(cfg))
     kept = keep(cfg, candidates, batch)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     trained = train_on(ctx, kept, progress.kept, batch, pairs)
@@ -534,7 +534,7 @@ def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
             save_reward_model(model, tokenizer, tmp, stats)
     distributed.barrier()
     del model
-    ctx.scorer = scoring.open_reward(cfg, device, target)
+    ctx.scorer = reward_service.open_reward(cfg, device, target)
     record = {"refresh": index + 1, "batch": batch, "mini-batches": sorted({int(r["prompt_id"].rsplit("@", 1)[1])
                                                                           for r in progress.unlabelled}),
               "labelled_pairs": counts["pairs"], "train_pairs": len(train), "test_pairs": len(test),
@@ -555,7 +555,7 @@ def evaluate(ctx: Context, prompts: Dataset, batch: int) -> Dataset:
     with torch.no_grad():
         ds, _ = sample_dataset(ctx.policy.model, ctx.tokenizer, None, prompts, ctx.settings, cfg.eval.num_samples,
                                cfg.eval.seed, ctx.system_prompt, provenance, progress=False, entropy=True)
-    return scoring.scored_evaluation(ds, ctx.eval_scorer or ctx.scorer, ctx.judge)
+    return reward_service.scored_evaluation(ds, ctx.eval_scorer or ctx.scorer, ctx.judge)
 
 
 def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tracker) -> None:
@@ -670,15 +670,15 @@ def build(cfg: DictConfig, job: Job) -> Built:
              batches, online.prompts_per_batch, cfg.sample.num_samples, online.mode, online.steps_per_batch)
     policy = Policy.build(model, online, device, batches * online.steps_per_batch)
     trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
-    scorer = scoring.open_reward(cfg, device, trained_folder)
-    log.info("online: scored by %s", trained_folder or scoring.source_spec(cfg))
+    scorer = reward_service.open_reward(cfg, device, trained_folder)
+    log.info("online: scored by %s", trained_folder or reward_service.source_spec(cfg))
     judge = None
     if eval_every and cfg.eval.get("judge") is not None:
-        folder = scoring.judge_model(cfg)
-        for warning in scoring.judge_warnings(folder, job.paths.reward) if folder is not None else []:
+        folder = reward_service.judge_model(cfg)
+        for warning in reward_service.judge_warnings(folder, job.paths.reward) if folder is not None else []:
             log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
-        judge = scoring.open_judge(cfg, device, folder)
-        log.info("online: snapshots judged by %s", folder or scoring.judge_spec(cfg))
+        judge = reward_service.open_judge(cfg, device, folder)
+        log.info("online: snapshots judged by %s", folder or reward_service.judge_spec(cfg))
     ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
                   eval_scorer=scorer)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
@@ -692,7 +692,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     progress = resume(checkpoints if every else None, policy)
     stopped = None  # online.guard's reason to end early (action=stop)
     if progress.refreshes:  # the model the newest refresh wrote before the checkpoint
-        ctx.scorer = scoring.open_reward(cfg, device, ctx.refreshed.model(len(progress.refreshes)))
+        ctx.scorer = reward_service.open_reward(cfg, device, ctx.refreshed.model(len(progress.refreshes)))
     with tqdm(total=batches, initial=progress.next_batch, desc="online", unit="mini-batch",
               disable=not online.progress or not distributed.is_main()) as bar:
         for batch in range(progress.next_batch, batches):

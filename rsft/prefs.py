@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from reward.gold import gold_score
 from rsft.data import load_prompts, prompt_files
 from rsft.generation import open_policy, sample_dataset, sampling_settings
-from rsft.labelling import label_pairs, split_by_prompt
+from rsft.pairs import label_pairs, split_by_prompt
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
 from rsft.runner import Built, Job, Plan

@@ -11,7 +11,7 @@ after round r's sampling and round r is scored by the model it writes (RunPaths.
 
 1. Labels, round_XX/prefs/ of every round up to r: stage=labels (rsft.labels), run first for each round
    whose labels are missing (and reused when made the same way).
-2. Reward model, round_XX/reward/: rsft.reward_training.train_and_measure on the pooled train pairs (the
+2. Reward model, round_XX/reward/: rsft.bt_fit.train_and_measure on the pooled train pairs (the
    initial labels, prefs/ or reward.data.path's, and rounds 0 .. r), held-out accuracy on all their
    held-out pairs. refresh.init: `scratch` (the backbone with a fresh head, reward.epochs) or
    `previous` (continue training the reward model that scored round r - 1, reward/ for round 0, for
@@ -30,14 +30,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from reward.formats import check_pairs, pair_files
-from reward.scoring import save_reward_model
+from reward.trained import save_reward_model
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
-from rsft.reward_training import load_pairs, pooled, refresh_training, train_and_measure
+from rsft.bt_fit import load_pairs, pooled, refresh_training, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
-from rsft.training import check_trained
+from rsft.trl_common import check_trained
 
 log = logging.getLogger(__name__)
 

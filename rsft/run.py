@@ -73,7 +73,7 @@ def run_stage(cfg: DictConfig):
         stage = stages.get(cfg.stage)
     except KeyError as error:
         raise SystemExit(error.args[0]) from None
-    from rsft.checks import (
+    from rsft.preflight import (
         check_config,  # imports torch and transformers: not needed for --help
     )
 

@@ -43,7 +43,7 @@ from rsft.store import (
     read_meta,
 )
 from rsft.tracking import Tracker, stage_tracker
-from rsft.training import LoopCheckpoints, TrainingCheckpoints
+from rsft.trl_common import LoopCheckpoints, TrainingCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Plan:
     inputs: list[Path] = field(default_factory=list)        # artifacts it reads (their digests are fingerprinted)
     user_files: list = field(default_factory=list)          # the user's files it reads (by content)
     first: list[DictConfig] = field(default_factory=list)   # stage configs to run before this one
-    sources: dict = field(default_factory=dict)             # reward sources' identity (rsft.scoring.source_identity)
+    sources: dict = field(default_factory=dict)             # reward sources' identity (rsft.reward_service.source_identity)
     names: list[str] = field(default_factory=list)          # each output's name in messages (default: the stage)
     given: dict = field(default_factory=dict)               # what plan() decided that build() uses (job.plan.given)
 

@@ -17,7 +17,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from rsft import scoring
+from rsft import reward_service
 from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import duplicate_prompts, load_prompts, prompt_files
 from rsft.generation import (
@@ -49,7 +49,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     sources = {}
     if prune_schedule(cfg.sample) is not None or adaptive_k(cfg.sample) is not None:  # the reward decides them
         inputs += [paths.budget_reward(round_idx)] if uses_trained_reward(cfg) else []
-        sources = scoring.source_identity(cfg, resolve_device(cfg.device))
+        sources = reward_service.source_identity(cfg, resolve_device(cfg.device))
     return Plan(outputs=[paths.samples(round_idx)], inputs=inputs, user_files=prompt_files(cfg.data, "train"),
                 sources=sources)
 
@@ -66,8 +66,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
     prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
     scorer = None
     if prune is not None or adaptive is not None:
-        budget_reward = paths.budget_reward(round_idx) if uses_trained_reward(cfg) else scoring.source_spec(cfg)
-        scorer = scoring.open_reward(cfg, device, budget_reward if uses_trained_reward(cfg) else None)
+        budget_reward = paths.budget_reward(round_idx) if uses_trained_reward(cfg) else reward_service.source_spec(cfg)
+        scorer = reward_service.open_reward(cfg, device, budget_reward if uses_trained_reward(cfg) else None)
         spending = ([f"pruning at {list(prune.checkpoints)} tokens (share {prune.share})"] if prune else []) + (
             [f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)"] if adaptive else [])
         log.info("sample: %s with the reward model at %s", " and ".join(spending), budget_reward)

@@ -2,7 +2,7 @@
 
     python -m rsft.run stage=score [round=0] [reward_source=function reward_source.spec=tasks.py:check]
 
-Reads runs/<run_name>/round_XX/samples/ and what scores them (reward_source, rsft.scoring.open_reward):
+Reads runs/<run_name>/round_XX/samples/ and what scores them (reward_source, rsft.reward_service.open_reward):
 by default the trained reward model of round XX (RunPaths.scoring_reward: the run's reward/, or with
 loop.refresh_reward the round's own round_XX/reward/), else a pretrained model, a function, a server or
 a combination. Writes round_XX/scored/: the samples (less the rows stage=sample pruned: prefixes, not
@@ -12,7 +12,7 @@ do not depend on the scale one model happened to learn; for other sources the ra
 reward_source.calibrate the round's own z-score), `reward_model` (what scored it: the trained model's
 folder relative to the run directory, or the source's spec) and for a combination `reward_<name>`, each
 component's raw score. The trained folder is in the fingerprint by digest, any other source by its
-identity (rsft.reward_sources). Each source sees the prompt as the user wrote it and the completion text,
+identity (reward.sources). Each source sees the prompt as the user wrote it and the completion text,
 and frames them as its model was trained; a function also gets each row's other columns.
 
 stage=eval scores with the run's reward/ (RunPaths.eval_reward) in every round, refreshed or not: one
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from datasets import Features
 from omegaconf import DictConfig
 
-from rsft import scoring
+from rsft import reward_service
 from rsft.config import uses_trained_reward
 from rsft.errors import InputError, MissingInput
 from rsft.models import resolve_device
@@ -48,9 +48,9 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         raise MissingInput(f"score needs round {cfg.round}'s samples at {source}; run "
                            f"`python -m rsft.run stage=sample round={cfg.round}` first")
     # the samples and what scores them: the trained model's folder by digest, any other source by its identity
-    trained = [scoring.reward_model(cfg, cfg.round)] if uses_trained_reward(cfg) else []
+    trained = [reward_service.reward_model(cfg, cfg.round)] if uses_trained_reward(cfg) else []
     return Plan(outputs=[paths.scored(cfg.round)], inputs=[source, *trained],
-                sources=scoring.source_identity(cfg, resolve_device(cfg.device)))
+                sources=reward_service.source_identity(cfg, resolve_device(cfg.device)))
 
 
 def completed(rows: ArtifactRows):
@@ -66,13 +66,13 @@ def build(cfg: DictConfig, job: Job) -> Built:
     source, *trained = job.plan.inputs
     samples = load_dataset_artifact(source)  # checked; memory-mapped, its rows read below through `rows`
     rows = ArtifactRows([source])
-    scorer = scoring.open_reward(cfg, resolve_device(cfg.device), trained[0] if trained else None)
+    scorer = reward_service.open_reward(cfg, resolve_device(cfg.device), trained[0] if trained else None)
     scored_by = str(trained[0].relative_to(job.paths.root)) if cfg.reward_source.kind == "trained" else (
-        scoring.source_spec(cfg) if cfg.reward_source.kind != "combination" else "combination")
+        reward_service.source_spec(cfg) if cfg.reward_source.kind != "combination" else "combination")
     log.info("score: round %s's samples scored by %s", cfg.round, trained[0] if trained and
              cfg.reward_source.kind == "trained" else scored_by)
     # a killed scoring run resumes at its first unfinished shard of rows
-    raw = scoring.score_in_shards(scorer, in_tables(completed(rows), cfg.reward.score_shard_rows), job.shards())
+    raw = reward_service.score_in_shards(scorer, in_tables(completed(rows), cfg.reward.score_shard_rows), job.shards())
     pruned = len(samples) - len(raw)
     if pruned:  # stopped rows are prefixes, not completions: nothing downstream may keep them
         log.info("score: %d rows pruned while sampling are left out (prefixes, not completions)", pruned)
@@ -80,17 +80,17 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if not scored_values:
         raise InputError(f"score: {scored_by} found none of round {cfg.round}'s {len(raw)} completions scorable "
                          f"(it returned None for every one); check that it reads these completions")
-    normalised, calibration = scoring.normalised_rewards(scorer, raw, scoring.calibrates(cfg), f"round {cfg.round}")
+    normalised, calibration = reward_service.normalised_rewards(scorer, raw, reward_service.calibrates(cfg), f"round {cfg.round}")
     # the new columns, typed as Dataset.add_column types them (one inference over the whole column)
     added = {"reward": pa.array([None if r is None else float(r) for r in raw]),
              "reward_normalised": pa.array(normalised), "reward_model": pa.repeat(scored_by, len(raw))}
-    parts = scoring.combination_parts(scorer)
+    parts = reward_service.combination_parts(scorer)
     if parts:  # each component's raw score beside the total, over all rows in one call as it always was
         whole = next(in_tables(completed(rows), 0))
         prompts, completions = whole.column("prompt").to_pylist(), whole.column("completion").to_pylist()
         others = whole.drop_columns(["prompt", "completion"]).to_pylist()
         for name, part in parts.items():
-            added[f"reward_{name}"] = pa.array(scoring.score_rows(part, prompts, completions, others, progress=False))
+            added[f"reward_{name}"] = pa.array(reward_service.score_rows(part, prompts, completions, others, progress=False))
         del whole, prompts, completions, others
 
     prompts_seen: dict = {}  # prompt id -> (lowest, highest) scored reward

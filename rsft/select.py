@@ -36,7 +36,7 @@ trains a cut answer without the end of turn (rsft.sft), so it never learns to st
 meta.json counts the survivors per prompt and the truncated completions kept.
 Pairs: the best and the worst survivor of a prompt (skipped when they tie), in TRL's conversational
 preference format: prompt = [user message], chosen / rejected = [assistant message].
-The reward model decides everything here; the gold oracle is never read. The rule is rsft.selection's pure
+The reward model decides everything here; the gold oracle is never read. The rule is rsft.best_of_k's pure
 functions (stage=online selects each mini-batch with them too); this module reads and writes the artifacts.
 """
 
@@ -56,7 +56,7 @@ from rsft.errors import ArtifactError, InputError, MissingInput
 from rsft.paths import RunPaths
 from rsft.rows import ArtifactRows, write_rows
 from rsft.runner import Built, Job, Plan
-from rsft.selection import pair_rows, select_groups, selected_rows
+from rsft.best_of_k import pair_rows, select_groups, selected_rows
 from rsft.store import is_complete, load_dataset_artifact
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ so TRL renders both with the policy's chat template and masks the loss to the co
 (kept with select.drop_truncated=false) trains without its end of turn (cut_examples). LoRA (sft.mode=lora)
 is merged into the weights before saving, so the next round loads a plain folder. TRL's defaults
 for bf16 and gradient checkpointing are chosen for GPUs and are far slower on a CPU, so the device
-decides (rsft.training.training_arguments): fp32 without checkpointing on CPU, bf16 where the GPU
+decides (rsft.trl_common.training_arguments): fp32 without checkpointing on CPU, bf16 where the GPU
 supports it. Losses go to our Tracker (report_to="none"). The trainer saves a checkpoint every
-sft.checkpoint_steps steps beside the artifact (rsft.training.TrainingCheckpoints), so a killed run
+sft.checkpoint_steps steps beside the artifact (rsft.trl_common.TrainingCheckpoints), so a killed run
 resumes from its last one; the checkpoints go once the policy is written.
 """
 
@@ -50,7 +50,7 @@ from rsft.policy_training import (
 )
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
-from rsft.training import check_trained, training_arguments
+from rsft.trl_common import check_trained, training_arguments
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 
 A stage is this declaration plus one build function in its module (rsft.<name>: plan + build, see
 rsft.runner). Everything about a stage that is not its computation derives from the declaration:
-  - rsft.checks checks the groups of the keys it reads before any work;
+  - rsft.preflight checks the groups of the keys it reads before any work;
   - rsft.runner fingerprints its artifact from the keys it reads (`reads`; not `uses`, and not the
     keys that never change a result, UNCOUNTED, nor a setting at its off value, WHILE_OFF);
   - tests/test_declared_reads.py runs every stage with a config that records each key read and
@@ -254,7 +254,7 @@ def commands_stages(name: str) -> tuple[Stage, ...]:
 
 def groups_read(name: str, cfg: Any | None = None) -> tuple[str, ...]:
     """The config groups a command reads (the first part of every key its stages declare, not EVERY_STAGE's
-    layout keys), in declaration order; with a cfg, only the keys whose When holds. rsft.checks checks them."""
+    layout keys), in declaration order; with a cfg, only the keys whose When holds. rsft.preflight checks them."""
     groups: dict[str, None] = {}
     for stage in commands_stages(name):
         for key in _keys((*stage.reads, *stage.uses), cfg):

@@ -19,13 +19,13 @@ import os
 import shutil
 import time
 import uuid
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from rsft import distributed, interrupts
+from reward.digests import checksum, file_digest, user_files_digest
 from rsft.errors import (
     ArtifactError,
     DamagedArtifact,
@@ -86,24 +86,6 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-# (file, size, mtime_ns) -> its CRC-32, computed once per process: an artifact read by several stages of a
-# loop (a policy folder: 540 MB) is checksummed once, and again only when a file changes on disk
-_CHECKSUMS: dict[tuple[str, int, int], str] = {}
-
-
-def _checksum(file: Path) -> str:
-    status = file.stat()
-    key = (str(file), status.st_size, status.st_mtime_ns)
-    if key not in _CHECKSUMS:
-        _CHECKSUMS[key] = file_digest(file)["crc32"]
-    return _CHECKSUMS[key]
-
-
-def _cached_digest(file: Path) -> dict[str, Any]:
-    """file_digest's size and CRC-32, from the per-process checksum cache."""
-    return {"size": file.stat().st_size, "crc32": _checksum(file)}
-
-
 def check_intact(path: str | os.PathLike) -> dict[str, Any]:
     """The artifact's meta, after checking that every file it recorded is there with its size and its
     CRC-32 (damage that keeps a file's size is caught too; each file is read once per process)."""
@@ -116,9 +98,9 @@ def check_intact(path: str | os.PathLike) -> dict[str, Any]:
             found = "is missing" if size is None else f"has {size} bytes"
             raise DamagedArtifact(f"{path} is damaged: {name} {found}, {META_FILE} recorded {record['size']} bytes; "
                                   f"{rebuild_hint(path, meta)}")
-        if "crc32" in record and _checksum(file) != record["crc32"]:
+        if "crc32" in record and checksum(file) != record["crc32"]:
             raise DamagedArtifact(f"{path} is damaged: {name} has other content than when it was written (CRC-32 "
-                                  f"{_checksum(file)}, {META_FILE} recorded {record['crc32']}); "
+                                  f"{checksum(file)}, {META_FILE} recorded {record['crc32']}); "
                                   f"{rebuild_hint(path, meta)}")
     return meta
 
@@ -170,15 +152,6 @@ def load_dataset_artifact(path: str | os.PathLike):
 
     with loading_artifact(path):
         return load_from_disk(str(path))
-
-
-def file_digest(path: str | os.PathLike) -> dict[str, Any]:
-    """Size and CRC-32 of a file (cheap: ~1 GB/s), the way artifacts record their own files."""
-    crc = 0
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            crc = zlib.crc32(chunk, crc)
-    return {"size": os.path.getsize(path), "crc32": f"{crc:08x}"}
 
 
 def library_versions() -> dict[str, str]:
@@ -332,7 +305,7 @@ def _free(path: Path) -> str:
 def raise_if_write_failed(error: BaseException, final: Path, during: str = "artifact") -> None:
     """A full disk, whichever library was writing, becomes one line naming what was being written and what is
     left. during="artifact": nothing (its temporary folder is gone, `final` is as it was); "checkpoint": the
-    last complete training checkpoint (rsft.training.TrainingCheckpoints), which the rerun resumes from;
+    last complete training checkpoint (rsft.trl_common.TrainingCheckpoints), which the rerun resumes from;
     "build": the stage's resume progress (finished shards, complete checkpoints) is kept."""
     refused = _refused_write(error)
     if refused is not None:
@@ -468,14 +441,3 @@ class ShardStore(ProgressFolder):
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, final)
         interrupts.check()  # a safe point: the shard is kept, a signal a library swallowed stops the build here
-
-
-def user_files_digest(path: str | os.PathLike) -> dict[str, Any]:
-    """A user's data file or folder (prompts, pairs) by content: each file's size and CRC-32 (checksummed
-    once per process while the file is unchanged: check_fresh asks again for every artifact built from it)."""
-    path = Path(path).expanduser()
-    if path.is_file():
-        return _cached_digest(path)
-    # a datasets folder: not the cache files that datasets itself writes there when the rows are mapped
-    return {str(f.relative_to(path)): _cached_digest(f) for f in sorted(path.rglob("*"))
-            if f.is_file() and not f.name.startswith("cache-")}

@@ -8,15 +8,15 @@
    reward.formats, optionally one of reward.data.parts disjoint seeded parts of it (a proxy on part 0,
    an independent judge on part 1), held out: reward.data.eval_path, else eval_fraction of the
    shuffled rows.
-2. Backbone with a fresh scalar head (reward.model); pairs tokenised by reward.encoding (prompts
+2. Backbone with a fresh scalar head (reward.backbone); pairs tokenised by reward.encoding (prompts
    cut from the left when long, counted, never dropped); trained by reward.trainer (TRL's
    RewardTrainer with soft labels).
 3. Held-out pairwise accuracy (and, for the demo task, agreement with the gold oracle's order);
    the reward mean / std over the unique training responses, stored with the model for
    normalisation (reward_stats.json); metrics.json; all logged to the Tracker.
 4. runs/<run_name>/reward/: save_pretrained model + tokenizer, reward_stats.json (with the prompt
-   frame the model was trained on, reward.scoring.prompt_template), metrics.json, pair_hashes.json
-   (so that a judge trained on overlapping pairs is detected), meta.json, written atomically. reward.scoring.load_scorer reads it.
+   frame the model was trained on, reward.trained.prompt_template), metrics.json, pair_hashes.json
+   (so that a judge trained on overlapping pairs is detected), meta.json, written atomically. reward.trained.load_scorer reads it.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import logging
 from omegaconf import DictConfig
 
 from reward.formats import pair_files, pair_hashes
-from reward.scoring import save_reward_model
+from reward.trained import save_reward_model
 from rsft.errors import MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
-from rsft.reward_training import PAIR_HASHES_FILE, load_pairs, train_and_measure
+from rsft.bt_fit import PAIR_HASHES_FILE, load_pairs, train_and_measure
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete
-from rsft.training import check_trained
+from rsft.trl_common import check_trained
 
 log = logging.getLogger(__name__)
 

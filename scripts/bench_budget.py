@@ -20,8 +20,8 @@ from pathlib import Path
 
 from replay_budget import round_config
 
-import rsft.scoring
-from rsft.checks import check_device
+import rsft.reward_service
+from rsft.preflight import check_device
 from rsft.data import load_prompts
 from rsft.errors import ConfigError, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
@@ -73,8 +73,8 @@ def main(argv=None) -> None:
     paths = RunPaths.from_config(cfg)
     prompts = load_prompts(cfg.data, "train", args.round)
     model, tokenizer, source = load_policy(cfg, paths.sampling_policy(args.round), device)
-    scorer = rsft.scoring.open_reward(cfg, device, paths.budget_reward(args.round)
-                                      if rsft.scoring.uses_trained_reward(cfg) else None)
+    scorer = rsft.reward_service.open_reward(cfg, device, paths.budget_reward(args.round)
+                                      if rsft.reward_service.uses_trained_reward(cfg) else None)
     settings = sampling_settings(cfg.sample)
     runs = [("exhaustive", (k_ref, None, None)), *schedules]
     results = {name: [] for name, _ in runs}

@@ -12,12 +12,12 @@ artifacts:
 - `random`: refresh.choose=random at the budget B that refresh.choose=first would label (every pair
   among the first 4 completions of the train prompts);
 - `uncertain`: refresh.choose=uncertain at B (the pairs where the run's reward/ disagrees most with
-  itself across dropout masks, rsft.labelling.pair_uncertainty);
+  itself across dropout masks, rsft.pairs.pair_uncertainty);
 - `uncertain-60`: refresh.choose=uncertain at 60% of B;
 - `random-60`: refresh.choose=random at 60% of B, the control: what 40% fewer labels cost without a choice.
 
 `--choices uncertain,posterior` measures each named choice beside random (default: uncertain); posterior
-picks one pair at a time where the head's Bayesian posterior is least sure (rsft.labelling.posterior_design).
+picks one pair at a time where the head's Bayesian posterior is least sure (rsft.pairs.posterior_design).
 
 With --shares the variants are instead random and each of --choices at each share of B (random at 1.0 is
 the reference), and --init scratch retrains each refreshed model from the backbone (refresh.init=scratch,
@@ -90,8 +90,8 @@ def run_variant(source: Path, out: Path, name: str, seed: int, choose: str, budg
 
 def accuracy_keys(scorer, pairs) -> dict[tuple[str, int], float]:
     """{(prompt_id, pair index): 1.0 when the model ranks the labelled winner higher, else 0.0}, pairs labelled
-    exactly 0.5 left out: reward.scoring.pairwise_accuracy's rule (the refresh's own heldout_accuracy), per pair."""
-    from reward.scoring import score_pairs
+    exactly 0.5 left out: reward.trained.pairwise_accuracy's rule (the refresh's own heldout_accuracy), per pair."""
+    from reward.trained import score_pairs
 
     chosen, rejected = score_pairs(scorer, pairs)
     return {(prompt_id, k): float((c > r) == (p > 0.5))
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
                          for share in sorted(set(args.shares) | {1.0}, reverse=True)
                          for choose in ("random", *args.choices))
     curves = {}
-    from reward.scoring import load_scorer
+    from reward.trained import load_scorer
 
     print(describe(machine()))
     for source in args.runs:
@@ -222,7 +222,7 @@ def rounds(text: str) -> list[int]:
 
 
 def choices(text: str) -> list[str]:
-    from rsft.labelling import MODEL_CHOICES
+    from rsft.pairs import MODEL_CHOICES
 
     values = [v.strip() for v in text.split(",") if v.strip()]
     if not values or any(v not in MODEL_CHOICES for v in values):

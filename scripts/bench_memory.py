@@ -50,8 +50,8 @@ def write_tiny_reward(folder: Path) -> None:
     """A random tiny reward model saved as stage=reward saves one (meta.json last), so score reads it."""
     from omegaconf import OmegaConf
 
-    from reward.model import build_tiny_reward_model
-    from reward.scoring import HH_PROMPT, save_reward_model
+    from reward.backbone import build_tiny_reward_model
+    from reward.trained import HH_PROMPT, save_reward_model
     from rsft.models import build_byte_tokenizer
     from rsft.store import atomic_artifact
 

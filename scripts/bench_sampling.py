@@ -103,9 +103,9 @@ from rsft.models import (
     load_saved_causal_lm,
     seeded,
 )
-from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
+from rsft.sampling.proposers import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.batched import Sampler, SamplingSettings
 from rsft.sampling.verifier import expected_tokens_per_forward
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -215,7 +215,7 @@ def peaked_head(model, token: int, acceptance: float, temperature: float):
 class OracleDraft:
     """Proposes `token` at every draft position, at no model cost: q is one-hot, so the verifier accepts
     each draft with probability p(token), which a PeakedHead sets to a: acceptance a at every position,
-    independently, whatever the policy. The interface of rsft.sampling.drafts."""
+    independently, whatever the policy. The interface of rsft.sampling.proposers."""
 
     reads_emitted = False
 

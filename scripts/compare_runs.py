@@ -50,7 +50,7 @@ def pick_column(a, b, wanted: str | None) -> str:
 
 def kept_scores(paths: RunPaths, round_idx: int, scorer) -> dict[tuple[str, int], float]:
     """{(prompt_id, 0): the scorer's mean over the completions round round_idx kept for that prompt}."""
-    from rsft.scoring import score_rows
+    from rsft.reward_service import score_rows
 
     kept = load_dataset_artifact(paths.selected(round_idx))
     rows = kept.remove_columns(["prompt", "completion"]).to_list()
@@ -81,7 +81,7 @@ def check_reward_folder(model: str) -> None:
 
 def compare_kept(run_a: Path, run_b: Path, model: str) -> None:
     """Judge both runs' kept sets, round by round, with the reward model at `model`."""
-    from rsft.reward_specs import open_source
+    from reward.specs import open_source
 
     if not model.startswith(("pretrained:", "function:", "http://", "https://")) and not Path(model).is_dir():
         raise MissingInput(f"--kept {model}: no such folder; give a reward model's folder (e.g. runs/hh-judge/reward) "

@@ -32,11 +32,11 @@ from rsft.store import is_complete, load_dataset_artifact
 
 def judge_scores(scored, folder: Path, device: str) -> list[float | None]:
     """The judge's raw score of every scored sample, as rsft.eval scores the round's samples."""
-    from rsft import scoring
+    from rsft import reward_service
 
-    scorer = scoring.trained_reward(folder, device)
+    scorer = reward_service.trained_reward(folder, device)
     rows = scored.remove_columns([c for c in ("prompt", "completion") if c in scored.column_names]).to_list()
-    return scoring.score_rows(scorer, scored["prompt"], scored["completion"], rows, progress=False)
+    return reward_service.score_rows(scorer, scored["prompt"], scored["completion"], rows, progress=False)
 
 
 def report(spread: dict, enough: dict) -> list[str]:

@@ -10,8 +10,8 @@ which pairs you label. Candidates: every pair of distinct completions of one pro
 round_XX/samples/ (rows stopped by pruning passed over). `--choose posterior` (the default) picks the
 `--budget` pairs one at a time where the reward model's head, as a Bayesian Bradley-Terry model, is least
 sure, each pick counted before the next, so they spread over what the model tells apart
-(rsft.labelling.posterior_design); `--choose uncertain` keeps the pairs where the model disagrees most
-with itself across dropout masks (rsft.labelling.pair_uncertainty), which on the demo spent labels worse
+(rsft.pairs.posterior_design); `--choose uncertain` keeps the pairs where the model disagrees most
+with itself across dropout masks (rsft.pairs.pair_uncertainty), which on the demo spent labels worse
 than chance (docs/when-to-stop.md#labels-where-the-reward-model-is-unsure); `--choose random` keeps a
 random `--budget` of them, to compare. The reward model is `--reward`, else the newest one before the
 round's refresh (round r - 1's round_XX/reward/, else the run's reward/).
@@ -32,7 +32,7 @@ import random
 from pathlib import Path
 
 from rsft.errors import InputError, MissingInput, main_guard
-from rsft.labelling import MODEL_CHOICES, candidate_pairs, choose_pairs, model_choice
+from rsft.pairs import MODEL_CHOICES, candidate_pairs, choose_pairs, model_choice
 from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact
 
@@ -70,7 +70,7 @@ def main(argv=None) -> None:
         raise InputError(f"{samples_dir}: no two distinct completions of one prompt; nothing to label")
     uncertainty = None
     if args.choose in MODEL_CHOICES:
-        from reward.scoring import STATS_FILE, load_scorer
+        from reward.trained import STATS_FILE, load_scorer
 
         reward = args.reward or default_reward(paths, args.round)
         if not (reward / STATS_FILE).is_file():

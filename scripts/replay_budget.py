@@ -38,15 +38,15 @@ import numpy as np
 from datasets import load_from_disk
 from omegaconf import OmegaConf
 
-import rsft.scoring
+import rsft.reward_service
 from rsft import stats
-from rsft.checks import check_device
+from rsft.preflight import check_device
 from rsft.data import load_prompts
 from rsft.errors import ConfigError, MissingInput, main_guard
 from rsft.generation import round_seed, sample_dataset, sampling_settings
 from rsft.models import load_policy
 from rsft.paths import RunPaths
-from rsft.reward_specs import open_source
+from reward.specs import open_source
 from rsft.sampling.budget import (
     PruneSchedule,
     adaptive_counts,
@@ -300,9 +300,9 @@ def main(argv=None) -> None:
         k_ref = int(cfg.sample.num_samples)
         ds = exhaustive_set(args.run, r, max(args.k, k_ref), device, args.prompts)
         _, tokenizer, _ = load_policy(cfg, paths.sampling_policy(r), device)
-        trained = rsft.scoring.uses_trained_reward(cfg)
-        budget_scorer = rsft.scoring.open_reward(cfg, device, paths.budget_reward(r) if trained else None)
-        final_scorer = rsft.scoring.open_reward(cfg, device, paths.scoring_reward(r) if trained else None)
+        trained = rsft.reward_service.uses_trained_reward(cfg)
+        budget_scorer = rsft.reward_service.open_reward(cfg, device, paths.budget_reward(r) if trained else None)
+        final_scorer = rsft.reward_service.open_reward(cfg, device, paths.scoring_reward(r) if trained else None)
         judge = open_source(args.judge, device) if args.judge else None  # a folder, or any reward source spec
         by_prompt: dict[str, list[dict]] = {}
         for row in ds:

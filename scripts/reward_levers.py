@@ -13,13 +13,13 @@ Which lever (a longer reward.max_length, more seeds in an ensemble, reward.label
   prompt with the recipe's format and label column), then part --part of --parts (seed --part-seed),
   in file order, the first --limit of them. The default, part 1 of 2 (seed 0), is the half a proxy
   trained by the recipe (part 0) has never seen. Each pair is scored as stage=reward scores its
-  held-out pairs (reward.scoring.score_pairs: the HH prompt keeps its "Human: ...\\n\\nAssistant:" frame).
+  held-out pairs (reward.trained.score_pairs: the HH prompt keeps its "Human: ...\\n\\nAssistant:" frame).
 - --model NAME=PATH: PATH is a folder stage=reward wrote (with reward_stats.json), or a run name whose
   runs/<name>/reward is one, or several of these separated by commas: an ensemble. A model's reward is
   the mean of its members' rewards, each z-scored with its own reward_stats.json mean and std
   (RewardScorer.normalise), since reward models trained apart sit on different scales; a single
   model's reward is its own z-score (the same order as its raw reward, so the same accuracy).
-- Accuracy: reward.scoring.pairwise_accuracy's rule, per pair: right when r(chosen) > r(rejected)
+- Accuracy: reward.trained.pairwise_accuracy's rule, per pair: right when r(chosen) > r(rejected)
   agrees with label_prob > 0.5; a pair labelled exactly 0.5 (a tie) counts as neither and is left
   out. The 95% interval is rsft.stats.bootstrap over pairs (each pair one unit: in the HH file part
   1's 1,156 pairs have 1,155 distinct prompts, so pairs are as good as independent draws).
@@ -60,7 +60,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from reward.formats import load_raw, pair_hash, partition, to_preference_pairs
-from reward.scoring import (
+from reward.trained import (
     PLAIN_PROMPT,
     STATS_FILE,
     load_scorer,
@@ -68,12 +68,13 @@ from reward.scoring import (
     prompt_template,
     score_pairs,
 )
-from rsft.checks import check_device
+from rsft.preflight import check_device
 from rsft.config import check_run_name, register_configs
 from rsft.errors import ConfigError, InputError, main_guard
-from rsft.reward_training import PAIR_HASHES_FILE
+from rsft.bt_fit import PAIR_HASHES_FILE
 from rsft.stats import LEVEL, RESAMPLES, SEED, bootstrap, by_prompt, paired_difference
-from rsft.store import is_complete, loading_artifact, user_files_digest
+from reward.digests import user_files_digest
+from rsft.store import is_complete, loading_artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 register_configs()  # conf/ composes the typed schema (rsft.config)

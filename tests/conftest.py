@@ -17,7 +17,7 @@ SHARED_DATA = Path(__import__("os").environ.get("RSFT_SHARED_DATA", REPO.parent 
 # Small everything: the tiny random policy, no wandb, a few prompts and tokens. The round recipe the
 # tests were written for is pinned (one reward model, the same prompts every round, full SFT, 16 rows);
 # the default recipe's levers (refresh_reward=auto, rotate, LoRA) have their own tests (test_rounds.py).
-# a tiny random reward model's config (reward.model.build_tiny_reward_model), with its seed added
+# a tiny random reward model's config (reward.backbone.build_tiny_reward_model), with its seed added
 TINY_REWARD = dict(kind="tiny", name_or_path="tiny", arch="llama", hidden_size=16, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
 TINY = ["policy=tiny", "logger=none", "data.limit=3", "sample.num_samples=3", "sample.max_new_tokens=8",

@@ -24,7 +24,7 @@ from tests.conftest import compose_cfg  # noqa: E402
 
 def _kill_mid_stage(kill: dict) -> None:
     import rsft.store
-    import rsft.training
+    import rsft.trl_common
 
     if "shards" in kill:
         real_save, saved = rsft.store.ShardStore.save, []
@@ -37,7 +37,7 @@ def _kill_mid_stage(kill: dict) -> None:
 
         rsft.store.ShardStore.save = dying_save
     if "checkpoint" in kill:
-        real_on_save = rsft.training._VerifiedSaves.on_save
+        real_on_save = rsft.trl_common._VerifiedSaves.on_save
 
         def dying_on_save(self, args, state, control, **kwargs):
             control = real_on_save(self, args, state, control, **kwargs)
@@ -45,7 +45,7 @@ def _kill_mid_stage(kill: dict) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             return control
 
-        rsft.training._VerifiedSaves.on_save = dying_on_save
+        rsft.trl_common._VerifiedSaves.on_save = dying_on_save
     if "online_batch" in kill:
         import rsft.online
 

@@ -2,7 +2,7 @@
 
 Loading the real Bradley-Terry model is tested in tests/reward/ and in test_loop's end-to-end
 test; these tests check what the pipeline does with rewards, so they patch
-rsft.scoring.trained_reward (stage=score, stage=eval and pruning all open a trained model through it).
+rsft.reward_service.trained_reward (stage=score, stage=eval and pruning all open a trained model through it).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rsft.paths import RunPaths
-from rsft.reward_sources import RewardSource
+from reward.sources import RewardSource
 from rsft.store import atomic_artifact
 
 
@@ -35,7 +35,7 @@ class FakeJudge(FakeScorer):
 
 def install_fake_reward(monkeypatch, cfg) -> None:
     """A complete (empty) reward artifact, so the loop skips prefs/reward, and the fake scorer."""
-    import rsft.scoring
+    import rsft.reward_service
 
     with atomic_artifact(RunPaths(cfg.paths.run_dir).reward, {"stage": "reward", "fake": True}):
         pass
@@ -43,4 +43,4 @@ def install_fake_reward(monkeypatch, cfg) -> None:
         judge = Path(cfg.paths.run_dir).resolve() not in Path(path).resolve().parents
         return FakeJudge() if judge else FakeScorer()
 
-    monkeypatch.setattr(rsft.scoring, "trained_reward", load)
+    monkeypatch.setattr(rsft.reward_service, "trained_reward", load)

@@ -225,7 +225,7 @@ def run_module_script(setup: str, *args: str) -> str:
 
 
 def test_ctrl_c_says_how_to_resume(tmp_path):
-    setup = "import rsft.checks\ndef interrupted(cfg):\n    raise KeyboardInterrupt\nrsft.checks.check_config = interrupted"
+    setup = "import rsft.preflight\ndef interrupted(cfg):\n    raise KeyboardInterrupt\nrsft.preflight.check_config = interrupted"
     done = subprocess.run([sys.executable, "-c", run_module_script(setup, "stage=sample", f"paths.runs_root={tmp_path}")],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 130 and "Traceback" not in done.stderr  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -505,7 +505,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(make_cfg, monkeypatch):
 
 
 def test_a_diverged_training_run_saves_nothing_and_names_the_learning_rate(make_cfg, monkeypatch):
-    from rsft.training import check_trained
+    from rsft.trl_common import check_trained
 
     model = torch.nn.Linear(2, 2)
     check_trained(model, 0.5, make_cfg("stage=sft").sft, "sft")

@@ -50,8 +50,8 @@ def test_kept_sets_are_judged_per_prompt_over_the_prompts_both_kept(tmp_path, ca
     import torch
     from omegaconf import OmegaConf
 
-    from reward.model import build_tiny_reward_model
-    from reward.scoring import HH_PROMPT, load_scorer, save_reward_model
+    from reward.backbone import build_tiny_reward_model
+    from reward.trained import HH_PROMPT, load_scorer, save_reward_model
     from rsft.models import build_byte_tokenizer
 
     torch.set_num_threads(1)

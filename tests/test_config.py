@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from rsft import config
-from rsft.checks import check_config
+from rsft.preflight import check_config
 from rsft.errors import ConfigError
 from tests.conftest import CONF_DIR, REPO, compose_cfg
 
@@ -58,7 +58,7 @@ def composed(tmp_path_factory):
 
 def test_every_check_names_a_key_the_composed_config_has(composed):
     """Each setting's check, given values it refuses, names the setting by its full key: the group (put in
-    front by rsft.checks) then the section's place (its _AT, derived from where it sits: loop.stop.patience,
+    front by rsft.preflight) then the section's place (its _AT, derived from where it sits: loop.stop.patience,
     not loop.patience). Every such key must be in the config composed from conf/ with that option."""
     registered = {cls for options in config.SCHEMAS.values() for cls in options.values()}
     assert registered <= set(composed), f"schemas no conf/ option uses: {registered - set(composed)}"

@@ -223,10 +223,10 @@ def test_a_built_in_set_evaluated_on_its_train_split_is_refused(kind):
 
 
 def test_a_command_that_evaluates_on_its_train_prompts_stops_before_any_work(make_cfg, tmp_path):
-    """The pre-flight (rsft.checks) runs the check for stage=eval, stage=loop with loop.eval and stage=online
+    """The pre-flight (rsft.preflight) runs the check for stage=eval, stage=loop with loop.eval and stage=online
     with eval snapshots, before prefs, the reward model or anything else; a command that does not evaluate
     is not stopped by it."""
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
     from rsft.errors import ConfigError
 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": "Say bye."}])

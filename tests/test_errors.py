@@ -23,7 +23,8 @@ HINT = "(RSFT_TRACEBACK=1 shows the traceback)"
 
 
 def test_every_error_class_is_an_rsft_error_and_only_those_are_user_errors():
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)
+               if c.__module__ in (errors.__name__, "reward.refusals")]
     assert {c.__name__ for c in classes} >= {"RsftError", "ConfigError", "InputError", "MissingInput", "ArtifactError",
                                              "StaleArtifact", "DamagedArtifact", "RunDirectoryBusy"}
     assert all(issubclass(c, RsftError) and c.__doc__ for c in classes)
@@ -201,7 +202,7 @@ def test_main_guard_ends_a_script_as_the_entry_point_ends_a_stage(caplog, monkey
 ])
 def test_an_optional_package_the_settings_need_is_named_before_any_work(make_cfg, tmp_path, monkeypatch, overrides,
                                                                         package, message):
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
 
     monkeypatch.setitem(sys.modules, package, None)  # an import of it fails, as when it is not installed
     cfg = make_cfg(*overrides, f"paths.cache_dir={tmp_path}/cache")  # nothing provisioned there
@@ -213,7 +214,7 @@ def test_an_optional_package_the_settings_need_is_named_before_any_work(make_cfg
 
 
 def test_a_provisioned_gguf_policy_needs_no_gguf(make_cfg, tmp_path, monkeypatch):
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
     from rsft.store import atomic_artifact
 
     monkeypatch.setitem(sys.modules, "gguf", None)
@@ -224,7 +225,7 @@ def test_a_provisioned_gguf_policy_needs_no_gguf(make_cfg, tmp_path, monkeypatch
 
 
 def test_the_vllm_engine_says_vllm_is_missing_as_a_user_error(monkeypatch):
-    from rsft.sampling.sampler import SamplingSettings
+    from rsft.sampling.batched import SamplingSettings
     from rsft.sampling.vllm_engine import VllmSampler
 
     monkeypatch.setitem(sys.modules, "vllm", None)

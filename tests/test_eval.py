@@ -89,7 +89,7 @@ def test_eval_of_a_round_without_its_policy_says_which_stage(make_cfg, monkeypat
 
 def make_reward_folder(cfg, run_name, weights=b"w1", train_pairs=("h1", "h2")):
     """A complete reward-model artifact (fake weights, recorded pair hashes) in another run."""
-    from rsft.reward_training import PAIR_HASHES_FILE
+    from rsft.bt_fit import PAIR_HASHES_FILE
 
     folder = RunPaths(cfg.paths.run_dir).other_run(run_name).reward
     with atomic_artifact(folder, {"stage": "reward"}) as tmp:
@@ -133,7 +133,7 @@ def test_eval_judge_scores_every_policy_with_intervals_and_win_rates(make_cfg, m
 
 
 def test_judge_must_be_a_reward_model_and_independent(make_cfg, monkeypatch, tmp_path):
-    from rsft.scoring import judge_model, judge_warnings
+    from rsft.reward_service import judge_model, judge_warnings
 
     install_fake_reward(monkeypatch, make_cfg())
     with pytest.raises(FileNotFoundError, match="eval.judge='nowhere'"):

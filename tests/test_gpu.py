@@ -7,7 +7,7 @@ Tokens are compared token for token: a completion's uniforms are keyed counter-b
 alike on any device (rsft.sampling.keyed_random), so CPU and CUDA draw the same uniforms, and only float
 rounding differs (CUDA's matmul and attention kernels sum in another order). A draw that falls within
 rounding of a boundary between two tokens can flip, and the completion goes its own way from there
-(the caveat of rsft.sampling.sampler's docstring): at most one completion in the comparisons below may
+(the caveat of rsft.sampling.batched's docstring): at most one completion in the comparisons below may
 differ, at fp32 with ~1e-7 boundaries that is about a 1e-3 chance per test.
 """
 
@@ -22,9 +22,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rsft.models import seeded
-from rsft.sampling.drafts import ModelDraft
+from rsft.sampling.proposers import ModelDraft
 from rsft.sampling.kv_batch import KVBatch
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.batched import Sampler, SamplingSettings
 from tests.test_bench_sampling import load_script
 
 DEVICE = torch.device(os.environ.get("RSFT_GPU_TEST_DEVICE", "cuda"))

@@ -62,7 +62,7 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.lr_factor=1"], "loop.guard.lr_factor=1"),
 ])
 def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
 
     with pytest.raises((ConfigError, ValueError), match=message):
         check_config(make_cfg(*LOOP, *overrides))

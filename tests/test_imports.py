@@ -11,14 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rsft", "reward")
 # modules every other may import: they import nothing of rsft or reward but what is listed here
 GROUND_FLOOR = {
-    "rsft.errors": set(),
+    "rsft.errors": {"reward.refusals"},  # the refusal types are defined in the reward/ leaf, which raises them too
     "rsft.interrupts": set(),
     "rsft.stages": set(),
-    "rsft.tables": {"rsft.errors"},
-    "rsft.config": {"rsft.errors", "rsft.sampling", "rsft.stages"},  # its rules across groups key on the declared reads
+    "rsft.config": {"rsft.errors", "rsft.sampling", "rsft.stages", "reward.refusals"},  # cross-group rules key on reads
 }
-# what reward/ may import from rsft: the ground floor and the model/training helpers below the stages
-REWARD_MAY_IMPORT = {"rsft.errors", "rsft.tables", "rsft.training", "rsft.models", "rsft.store", "rsft.distributed"}
 
 
 def module_files() -> dict[str, Path]:
@@ -87,12 +84,47 @@ def test_ground_floor_modules_import_nothing_above_them():
         assert not above, f"{module} imports {sorted(above)}"
 
 
-def test_reward_imports_no_stage():
+def test_the_leaves_import_nothing_outside_them():
+    """reward/ and rsft/sampling/ are leaves (../shared/DESIGN.md): models, rows and plain settings in, rewards or
+    tokens out. reward/ imports nothing from rsft/, and rsft/sampling/ nothing of rsft outside it."""
     graph = import_graph()
     for module, imported in graph.items():
-        if module.startswith("reward"):
-            from_rsft = {m for m in imported if m.startswith("rsft")}
-            assert from_rsft <= REWARD_MAY_IMPORT, f"{module} imports {sorted(from_rsft - REWARD_MAY_IMPORT)}"
+        if module.split(".")[0] == "reward":
+            outside = {m for m in imported if m.split(".")[0] != "reward"}
+        elif module.startswith("rsft.sampling"):
+            outside = {m for m in imported if not m.startswith("rsft.sampling")}
+        else:
+            continue
+        assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def name_stem(name: str) -> str:
+    """A module name without the endings that make a near-twin of it: score / scoring / scores / scorer,
+    label / labels / labelling, select / selection, train / training / trainer."""
+    for ending in ("ling", "ing", "ion", "ers", "er", "es", "s", "e"):
+        if name.endswith(ending) and len(name) - len(ending) >= 3:
+            return name[: -len(ending)]
+    return name
+
+
+def test_no_two_modules_differ_only_by_an_ending():
+    """One name per concept: no two modules of rsft/ and reward/ (packages counted apart: the reward/ package and
+    a stage module may share no stem either) are the same word with another ending, so a newcomer can tell
+    from a name which one holds a rule."""
+    names = {}
+    for module in module_files():
+        *_, leaf = module.split(".")
+        names.setdefault(name_stem(leaf), set()).add(module)
+    twins = {stem: sorted(found) for stem, found in names.items() if len(found) > 1}
+    assert not twins, twins
+
+
+def test_the_stem_rule_finds_twins():
+    assert name_stem("scoring") == name_stem("score") == name_stem("scorer")
+    assert name_stem("labelling") == name_stem("labels")
+    assert name_stem("selection") == name_stem("select")
+    assert name_stem("training") == name_stem("trainer") == name_stem("train")
+    assert name_stem("pairs") != name_stem("prefs")
 
 
 def stage_modules() -> set[str]:
@@ -102,7 +134,7 @@ def stage_modules() -> set[str]:
 
 
 def test_no_stage_module_imports_another_and_nothing_below_imports_a_stage():
-    """A stage module imports services (rsft.generation, rsft.scoring, ...), never another stage module, and
+    """A stage module imports services (rsft.generation, rsft.reward_service, ...), never another stage module, and
     nothing but the entry point's runner and the loop's driver reaches a stage (through rsft.runner)."""
     graph, stage_mods = import_graph(), stage_modules()
     for module, imported in graph.items():
@@ -122,9 +154,9 @@ def test_no_module_reads_a_setting_through_a_cast_of_the_raw_config():
     cast = re.compile(r"\b(int|float|str)\((ctx\.)?cfg(\.[A-Za-z_][A-Za-z_0-9]*)+\)")
     # the sections a module binds to a name, read the same way
     sections = {"rsft/online.py": "online|guard", "rsft/loop.py": "stop|guard", "rsft/prefs.py": "p",
-                "rsft/labelling.py": "refresh", "rsft/policy_training.py": "lora", "rsft/draft.py": "dcfg|train",
+                "rsft/pairs.py": "refresh", "rsft/policy_training.py": "lora", "rsft/draft.py": "dcfg|train",
                 "rsft/guard.py": "guard"}
-    conversions = {("rsft/training.py", "float(section.warmup_steps)"), ("rsft/training.py", "float(section.epochs)")}
+    conversions = {("rsft/trl_common.py", "float(section.warmup_steps)"), ("rsft/trl_common.py", "float(section.epochs)")}
     offenders = []
     for path in sorted([*ROOT.glob("rsft/*.py"), *ROOT.glob("rsft/sampling/*.py"), *ROOT.glob("reward/*.py")]):
         name = path.relative_to(ROOT).as_posix()

@@ -15,7 +15,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from transformers import LlamaConfig
 
-from rsft.checks import check_config
+from rsft.preflight import check_config
 from rsft.data import duplicate_prompts, load_prompts, prompt_room, prompt_token_ids
 from rsft.errors import ConfigError, MissingPackage
 from rsft.models import build_byte_tokenizer

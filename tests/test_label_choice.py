@@ -12,9 +12,9 @@ import random
 import pytest
 from datasets import load_from_disk
 
-from reward.scoring import load_scorer
+from reward.trained import load_scorer
 from rsft.errors import ConfigError
-from rsft.labelling import (
+from rsft.pairs import (
     choose_pairs,
     model_choice,
     pair_uncertainty,
@@ -140,7 +140,7 @@ def test_a_changed_choice_or_budget_is_a_changed_artifact_and_first_is_todays_la
 
 
 def test_a_budget_without_a_choice_and_a_choice_over_your_own_labels_are_refused(make_cfg, tmp_path):
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
 
     with pytest.raises(ConfigError, match=r"refresh\.label_budget.*refresh\.choose=random, uncertain or posterior"):
         check_config(make_cfg(*REFRESH, "refresh.label_budget=5"))
@@ -155,7 +155,7 @@ def test_dropout_disagreement_is_measured_and_a_model_without_dropout_falls_back
     samples = load_from_disk(str(paths.samples(0)))
     pairs = [(0, 1), (0, 2), (4, 5)]
     scorer = load_scorer(paths.reward)
-    with caplog.at_level(logging.WARNING, logger="rsft.labelling"):
+    with caplog.at_level(logging.WARNING, logger="rsft.pairs"):
         plain = pair_uncertainty(scorer, samples, pairs, 3, seed=0)
     assert "no dropout" in caplog.text and all(0.0 <= u <= 0.25 for u in plain)
     for module in scorer.model.modules():  # the tiny llama has attention dropout 0: give it some

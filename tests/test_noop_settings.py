@@ -4,7 +4,7 @@ that stops no row while every checkpoint scores every row, adaptive K that canno
 a 0 weight on a combination's component. Each message is one line naming the key, the value, what is
 expected and what to set instead. A 0 that documents "off" or "none" stays allowed.
 
-Config validation only (rsft.checks.check_config on a composed config): no model is loaded."""
+Config validation only (rsft.preflight.check_config on a composed config): no model is loaded."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from rsft.checks import check_config
+from rsft.preflight import check_config
 from rsft.errors import ConfigError
 from tests.conftest import REPO
 

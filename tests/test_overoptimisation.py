@@ -233,7 +233,7 @@ def test_the_stop_rule_stops_after_patience_rounds_without_a_decided_gain_and_sa
 
 
 def test_auto_k_and_the_stop_rule_need_the_evaluations_and_a_fixed_k_for_pruning(make_cfg):
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
     from rsft.errors import ConfigError
 
     with pytest.raises(ConfigError, match="sample.num_samples=auto chooses each round's K.*loop.eval=true"):

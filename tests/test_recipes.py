@@ -35,7 +35,7 @@ def test_hh_recipe_defaults_to_the_hub_dataset(make_cfg):
 
 def test_hh_recipe_reads_the_hub_through_both_loaders(make_cfg, monkeypatch):
     """The hub id reaches load_dataset with its subset and split, for the prompts and for the pairs."""
-    import rsft.tables
+    import reward.tables
     from reward.formats import load_raw, to_preference_pairs
     from rsft.data import load_prompts
 
@@ -47,7 +47,7 @@ def test_hh_recipe_reads_the_hub_through_both_loaders(make_cfg, monkeypatch):
         calls.append((path, kwargs.get("data_dir"), kwargs.get("split")))
         return Dataset.from_list(rows)
 
-    monkeypatch.setattr(rsft.tables, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(reward.tables, "load_dataset", fake_load_dataset)
     cfg = make_cfg("stage=loop", "+experiment=hh_rlhf", tiny=False)
     assert len(load_prompts(cfg.data, "train")) > 0
     raw, source = load_raw(cfg.reward.data)

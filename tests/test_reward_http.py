@@ -1,4 +1,4 @@
-"""A reward served over HTTP (rsft.serve_reward) and scored through it (rsft.reward_http.HttpReward).
+"""A reward served over HTTP (rsft.serve_reward) and scored through it (reward.http_client.HttpReward).
 
 Offline and fast: every server listens on 127.0.0.1 on a free port, in a thread of this process, and
 every wait between retries goes through an injected sleep, never the clock. The one test that needs
@@ -24,12 +24,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-import rsft.reward_sources as reward_sources
-import rsft.reward_specs as reward_specs
+import reward.sources as reward_sources
+import reward.specs as reward_specs
 from rsft.errors import ConfigError, InputError, MissingInput
-from rsft.reward_http import HttpReward, ServerUnreachable, base_url, vllm_reward
-from rsft.reward_sources import RewardSource
-from rsft.serve_reward import identity_digest, make_server
+from reward.http_client import HttpReward, ServerUnreachable, base_url, vllm_reward
+from reward.sources import RewardSource
+from reward.server import identity_digest, make_server
 from tests.conftest import REPO
 from tests.pipe_lines import PipeLines
 
@@ -205,7 +205,7 @@ def test_a_server_restarted_mid_run_gives_the_scores_of_an_uninterrupted_run(ser
         return out
 
     monkeypatch.setattr(reward, "_post_batch", post_then_stop)
-    with caplog.at_level(logging.WARNING, logger="rsft.reward_http"):
+    with caplog.at_level(logging.WARNING, logger="reward.http_client"):
         scores = reward.score(PROMPTS, COMPLETIONS, ROWS, progress=False)
     assert restarted and batches == [0, 3, 6, 9]
     assert scores == Toy().score(PROMPTS, COMPLETIONS, ROWS)
@@ -388,8 +388,8 @@ def test_a_source_answering_a_non_number_is_a_500_from_the_server(serve):
 def test_a_real_tiny_reward_model_scores_the_same_over_http(serve, tmp_path):
     from omegaconf import OmegaConf
 
-    from reward.model import build_tiny_reward_model
-    from reward.scoring import save_reward_model
+    from reward.backbone import build_tiny_reward_model
+    from reward.trained import save_reward_model
     from rsft.models import build_byte_tokenizer
     from tests.conftest import TINY_REWARD
 
@@ -517,8 +517,8 @@ def test_serve_reward_help_exits_0():
 
 SERVE_TOY = """
 import sys
-import rsft.reward_sources as sources
-import rsft.reward_specs as specs
+import reward.sources as sources
+import reward.specs as specs
 
 class Toy(sources.RewardSource):
     kind = "toy"
@@ -528,7 +528,7 @@ class Toy(sources.RewardSource):
         return {"kind": "toy"}
 
 specs.open_source = lambda spec, device, **options: Toy()
-from rsft.serve_reward import main
+from reward.server import main
 sys.exit(main(sys.argv[1:]))
 """
 

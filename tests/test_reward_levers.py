@@ -11,8 +11,8 @@ import torch
 from omegaconf import OmegaConf
 
 from reward.formats import pair_hash
-from reward.model import build_tiny_reward_model
-from reward.scoring import (
+from reward.backbone import build_tiny_reward_model
+from reward.trained import (
     HH_PROMPT,
     PLAIN_PROMPT,
     load_scorer,
@@ -21,7 +21,7 @@ from reward.scoring import (
 )
 from rsft.models import build_byte_tokenizer
 from rsft.store import atomic_artifact
-from rsft.reward_training import PAIR_HASHES_FILE
+from rsft.bt_fit import PAIR_HASHES_FILE
 from tests.conftest import REPO, TINY_REWARD
 
 # (question, chosen reply, rejected reply, label_prob): one tie (0.5, left out) and one reversed label

@@ -1,4 +1,4 @@
-"""rsft.reward_sources: trained, pretrained, function and combined rewards behind one interface.
+"""reward.sources: trained, pretrained, function and combined rewards behind one interface.
 
 Everything is offline and tiny: sequence-classification models are built from a config with random
 weights and saved with their tokenizer; reward functions live in tests/reward_fixtures/verifiers.py.
@@ -19,7 +19,7 @@ import torch
 
 from rsft.errors import ConfigError, InputError, MissingInput
 from rsft.models import build_byte_tokenizer
-from rsft.reward_sources import (
+from reward.sources import (
     Combination,
     FunctionReward,
     PretrainedReward,
@@ -28,7 +28,7 @@ from rsft.reward_sources import (
     checked_scores,
     combine,
 )
-from rsft.reward_specs import open_source
+from reward.specs import open_source
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reward_fixtures"
@@ -133,7 +133,7 @@ def test_max_length_from_tokenizer_or_config_or_option(models):
 
 def test_most_inputs_truncated_warns_with_the_count(models, caplog):
     source = PretrainedReward(str(models["chat"]), max_length=30)
-    with caplog.at_level(logging.WARNING, logger="rsft.reward_sources"):
+    with caplog.at_level(logging.WARNING, logger="reward.sources"):
         scores = source.score(PROMPTS, COMPLETIONS, batch_size=2, progress=False)
     lengths = [len(source.render(p, c)["input_ids"]) for p, c in zip(PROMPTS, COMPLETIONS)]
     cut = sum(n > 30 for n in lengths)
@@ -148,7 +148,7 @@ def test_most_inputs_truncated_warns_with_the_count(models, caplog):
 
     caplog.clear()
     source = PretrainedReward(str(models["chat"]), max_length=40)
-    with caplog.at_level(logging.WARNING, logger="rsft.reward_sources"):
+    with caplog.at_level(logging.WARNING, logger="reward.sources"):
         source.score(PROMPTS, COMPLETIONS, progress=False)
     assert 0 < source.truncated * 2 <= len(PROMPTS) and "were longer" not in caplog.text  # a minority: no warning
 
@@ -298,8 +298,8 @@ def test_a_damaged_file_of_a_reward_folder_is_named_not_a_traceback(models, tmp_
 
 
 def test_a_trained_reward_folder_is_loaded_whole_or_refused(tmp_path):
-    from reward.model import load_trained_reward_model
-    from reward.scoring import load_scorer, save_reward_model
+    from reward.backbone import load_trained_reward_model
+    from reward.trained import load_scorer, save_reward_model
 
     tokenizer = build_byte_tokenizer()
     folder = tmp_path / "reward"
@@ -318,7 +318,7 @@ def test_a_trained_reward_folder_is_loaded_whole_or_refused(tmp_path):
 
 
 def test_trained_frames_prompts_and_records_its_files(tmp_path):
-    from reward.scoring import HH_PROMPT, load_scorer, save_reward_model
+    from reward.trained import HH_PROMPT, load_scorer, save_reward_model
 
     tokenizer = build_byte_tokenizer()
     folder = tmp_path / "reward"
@@ -371,7 +371,7 @@ def test_function_wanting_a_column_the_rows_lack(at_repo):
 
 def test_unscorable_rows_are_counted_and_warned_about(at_repo, caplog):
     source = FunctionReward("verifiers:none_when_empty")
-    with caplog.at_level(logging.WARNING, logger="rsft.reward_sources"):
+    with caplog.at_level(logging.WARNING, logger="reward.sources"):
         assert source.score(PROMPTS, COMPLETIONS, progress=False) == [1.0, 1.0, 1.0, 1.0, None]
     assert source.unscorable == 1 and "1 of 5 rows not scorable" in caplog.text
     # shards: rows i, i + n, ...
@@ -429,7 +429,7 @@ def test_function_identity_follows_the_local_modules_it_imports(tmp_path, monkey
         monkeypatch.setitem(sys.modules, name, None)
         del sys.modules[name]
     (tmp_path / "tasks.py").write_text("import json, math\nimport numpy\n"
-                                       "from rsft.reward_sources import checked_scores\n"
+                                       "from reward.sources import checked_scores\n"
                                        "from bonus_helpers import bonus\n\n"
                                        "def score(prompts, completions):\n"
                                        "    from task_rules.deep import weight\n"
@@ -581,11 +581,11 @@ def test_open_source_forms(models, at_repo, tmp_path):
 
 
 def test_http_urls_go_to_rsft_reward_http():
-    if importlib.util.find_spec("rsft.reward_http") is None:
-        with pytest.raises(ConfigError, match="rsft.reward_http"):
+    if importlib.util.find_spec("reward.http_client") is None:
+        with pytest.raises(ConfigError, match="reward.http_client"):
             open_source("http://localhost:8000/score")
         return
-    from rsft.reward_http import HttpReward, ServerUnreachable
+    from reward.http_client import HttpReward, ServerUnreachable
 
     # a closed local port: the source is built (options passed through), and its first health check fails
     with pytest.raises(ServerUnreachable):

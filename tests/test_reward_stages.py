@@ -76,7 +76,7 @@ def test_an_edited_helper_module_makes_the_scores_stale_and_overwrite_rescores(m
 def test_a_broken_pretrained_reward_is_one_line_before_any_work(make_cfg, tmp_path, damage):
     """The pre-flight opens a pretrained reward: a truncated model.safetensors, a language model's folder and a
     checkpoint without its head are refused there, as rsft's errors naming the folder, not as a traceback."""
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
     from rsft.errors import InputError
 
     folder = save_tiny_classifier(tmp_path / "classifier")
@@ -127,8 +127,8 @@ def test_a_verifier_none_is_never_kept_and_a_threshold_keeps_only_correct_answer
 @pytest.fixture
 def count_a_server():
     """count_a served over loopback by rsft.serve_reward, for the http source."""
-    from rsft.reward_specs import open_source
-    from rsft.serve_reward import make_server
+    from reward.specs import open_source
+    from reward.server import make_server
 
     server = make_server(open_source(f"function:{VERIFIERS}:count_a"), "127.0.0.1", 0, "count_a", "test")
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -194,8 +194,8 @@ def test_a_pretrained_model_is_the_proxy_and_the_judge_of_eval(make_cfg, tmp_pat
 
 
 def test_the_http_source_scores_what_the_source_gives_in_process(make_cfg):
-    from rsft.reward_specs import open_source
-    from rsft.serve_reward import make_server
+    from reward.specs import open_source
+    from reward.server import make_server
 
     source = open_source(f"function:{VERIFIERS}:count_a")
     server = make_server(source, "127.0.0.1", 0, "count_a", "test")

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import rsft.refresh
-from reward.scoring import load_scorer
+from reward.trained import load_scorer
 from rsft.data import load_prompts, rotation_rows
 from rsft.demo_prompts import build_demo_prompts
 from rsft.errors import ConfigError, StaleArtifact
@@ -61,7 +61,7 @@ def test_refresh_reward_auto_is_on_only_where_the_rounds_samples_can_be_labelled
     """The shipped default (loop.refresh_reward=auto) refreshes on the demo task and with the user's
     refresh.pairs, and stays off for a random baseline and for the user's prompts without labels,
     where an explicit true is refused before any work."""
-    from rsft.checks import check_config
+    from rsft.preflight import check_config
     from rsft.config import refresh_reward_on
     from rsft.loop import round_stages
 
@@ -208,7 +208,7 @@ def test_each_round_is_scored_by_its_own_refreshed_reward_model_and_eval_by_the_
 
 
 def test_select_ranks_a_prompt_only_among_scores_of_one_reward_model():
-    from rsft.selection import survivors
+    from rsft.best_of_k import survivors
 
     settings = OmegaConf.create({"drop_empty": True, "drop_truncated": True, "dedupe": True})
 

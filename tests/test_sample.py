@@ -72,7 +72,7 @@ class CountedSampling:
     KeyboardInterrupt at call number `kill_at` (0: never): work is counted, never timed."""
 
     def __init__(self, monkeypatch, kill_at: int = 0):
-        from rsft.sampling.sampler import Sampler
+        from rsft.sampling.batched import Sampler
 
         real_generate, self.prompts, self.kill_at = Sampler.generate, [], kill_at
 

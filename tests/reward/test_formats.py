@@ -113,7 +113,7 @@ def test_partition_bad_settings(parts, part, by, match):
 
 
 def test_reward_model_trained_on_hh_reads_bare_prompts_in_the_hh_frame():
-    from reward.scoring import RewardScorer, prompt_template
+    from reward.trained import RewardScorer, prompt_template
 
     assert prompt_template("hh_rlhf").format(prompt="Hi?") == "Human: Hi?\n\nAssistant:"
     prompt, _, _ = split_hh_transcript("\n\nHuman: Hi?\n\nAssistant: yes", "\n\nHuman: Hi?\n\nAssistant: no")

@@ -52,7 +52,7 @@ def test_soft_label_optimum_is_the_label():
 def test_label_smoothing_pulls_labels_toward_a_tie_and_must_be_below_one_half(make_cfg):
     from datasets import Dataset
 
-    from rsft.reward_training import smoothed
+    from rsft.bt_fit import smoothed
     from rsft.run import run_stage
 
     pairs = Dataset.from_list([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": hp} for hp in (1.0, 0.7, 0.0)])

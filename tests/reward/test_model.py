@@ -5,7 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from reward.encoding import encode_pair, pad_right, pair_frame
-from reward.model import build_tiny_reward_model, reward_forward
+from reward.backbone import build_tiny_reward_model, reward_forward
 from rsft.models import build_byte_tokenizer
 
 TINY = dict(kind="tiny", name_or_path="tiny", seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -66,7 +66,7 @@ def test_bert_style_tokenizer_without_eos():
 
 
 def test_a_pretrained_backbone_gets_the_same_fresh_head_for_the_same_seed(tmp_path):
-    from reward.model import load_reward_backbone
+    from reward.backbone import load_reward_backbone
 
     tokenizer = build_byte_tokenizer()
     # a bare encoder on disk: the classification head is new at every load
@@ -76,6 +76,6 @@ def test_a_pretrained_backbone_gets_the_same_fresh_head_for_the_same_seed(tmp_pa
     heads = []
     for seed, noise in ((0, 1), (0, 2), (1, 1)):
         torch.manual_seed(noise)  # whatever ran before in the process must not matter
-        model, _ = load_reward_backbone(cfg, tmp_path, seed=seed)
+        model, _ = load_reward_backbone(cfg, str(tmp_path / "bert"), seed=seed)
         heads.append(model.classifier.weight.detach().clone())
     assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])

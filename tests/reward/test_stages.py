@@ -6,7 +6,7 @@ import pytest
 from datasets import load_from_disk
 from hydra import compose, initialize_config_dir
 
-from reward.scoring import load_scorer
+from reward.trained import load_scorer
 from rsft.store import is_complete, read_meta
 from rsft.run import run_stage
 

@@ -8,8 +8,8 @@ from datasets import Dataset
 from omegaconf import OmegaConf
 
 from reward.encoding import tokenize_preferences
-from reward.model import build_tiny_reward_model
-from reward.scoring import (
+from reward.backbone import build_tiny_reward_model
+from reward.trained import (
     RewardScorer,
     load_scorer,
     pairwise_accuracy,
@@ -17,6 +17,7 @@ from reward.scoring import (
     score_pairs,
 )
 from reward.trainer import train_reward_model
+from rsft.trl_common import training_arguments
 from rsft.models import build_byte_tokenizer
 
 TINY = OmegaConf.create(dict(kind="tiny", name_or_path="tiny", arch="llama", seed=0, hidden_size=32,
@@ -45,7 +46,8 @@ def test_separable_pairs_are_learned_and_every_parameter_moves(tmp_path, soft):
     before = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     train, counts = tokenize_preferences(toy_pairs(48, seed=1, soft=soft), tokenizer, max_length=64)
     assert counts["pairs_dropped"] == 0
-    train_reward_model(model, tokenizer, train, TRAIN, torch.device("cpu"), str(tmp_path / "trainer"))
+    train_reward_model(model, tokenizer, train, TRAIN, training_arguments(TRAIN, "reward", torch.device("cpu")),
+                       str(tmp_path / "trainer"))
     unchanged = [name for name, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[name])]
     assert not unchanged, f"parameters not updated: {unchanged}"
     scorer = RewardScorer(model, tokenizer, max_length=64)

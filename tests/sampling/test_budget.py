@@ -15,8 +15,8 @@ from rsft.sampling.budget import (
     rows_to_stop,
     scored_tokens,
 )
-from rsft.sampling.drafts import ModelDraft, NgramDraft
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.proposers import ModelDraft, NgramDraft
+from rsft.sampling.batched import Sampler, SamplingSettings
 from tests.sampling.test_sampler import feature_draft, tiny_lm
 
 PROMPTS = [[1, 2, 3, 4, 1], [2, 5], [5, 5, 6], [7], [3, 1, 4, 1, 5]]

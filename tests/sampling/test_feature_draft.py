@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rsft.sampling.drafts import FeatureDraft
+from rsft.sampling.proposers import FeatureDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.kv_batch import KVBatch
 from rsft.sampling.processing import probs_from_logits
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.batched import Sampler, SamplingSettings
 from tests.sampling.test_sampler import PROMPTS, feature_draft, tiny_lm
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rsft.sampling.graphed import FixedShapeStep, graphs_apply
-from rsft.sampling.drafts import ModelDraft, NgramDraft
+from rsft.sampling.proposers import ModelDraft, NgramDraft
 from rsft.sampling.kv_batch import KVBatch
-from rsft.sampling.sampler import Sampler, SamplingSettings
+from rsft.sampling.batched import Sampler, SamplingSettings
 from tests.sampling.test_sampler import ALPHA, PROMPTS, chi_square_against, exact_joint, tiny_lm
 
 

@@ -15,10 +15,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rsft.sampling.drafts import FeatureDraft, ModelDraft, NgramDraft
+from rsft.sampling.proposers import FeatureDraft, ModelDraft, NgramDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.processing import probs_from_logits
-from rsft.sampling.sampler import GammaController, Sampler, SamplingSettings
+from rsft.sampling.batched import GammaController, Sampler, SamplingSettings
 
 ALPHA = 1e-3
 

@@ -45,8 +45,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-from rsft.errors import ConfigError, InputError, MissingInput
-from rsft.reward_sources import RewardSource, checked_scores, register
+from reward.refusals import ConfigError, InputError, MissingInput
+from reward.sources import RewardSource, checked_scores, register
 
 log = logging.getLogger(__name__)
 

@@ -93,7 +93,7 @@ def _check_round_labels(cfg: DictConfig) -> None:
     reads_pairs = command_reads(cfg.stage, cfg, "refresh.pairs")  # stage=refresh, and the loop that runs it
     if not reads_pairs or cfg.refresh.pairs is None or not config.refresh_reward_on(cfg):
         return
-    from rsft.labelling import (
+    from rsft.pairs import (
         check_round_labels,  # loads the reward stack: only when there are files to read
     )
 
@@ -104,19 +104,19 @@ def _check_round_labels(cfg: DictConfig) -> None:
 def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     """A reward source other than the trained model, and a judge given as a source, are opened now (a
     function imported, a pretrained model loaded, a server asked for /health), so that a wrong spec stops
-    the command before any work, not when the first round reaches stage=score. rsft.scoring keeps what it
+    the command before any work, not when the first round reaches stage=score. rsft.reward_service keeps what it
     opened for the stages."""
-    from rsft import scoring
+    from rsft import reward_service
 
     device = resolve_device(cfg.device)
     try:
         if "reward_source" in groups and cfg.reward_source.kind != "trained":
-            scoring.source_identity(cfg, device)
+            reward_service.source_identity(cfg, device)
     except RsftError as error:
         raise _named(error, f"reward_source={cfg.reward_source.kind}") from error
     try:
-        if "eval" in groups and scoring.judge_spec(cfg) is not None:
-            scoring.open_judge(cfg, device, None)
+        if "eval" in groups and reward_service.judge_spec(cfg) is not None:
+            reward_service.open_judge(cfg, device, None)
     except RsftError as error:
         raise _named(error, "eval.judge") from error
 

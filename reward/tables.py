@@ -10,8 +10,7 @@ datasets cannot parse. datasets' own errors name neither (a bad JSONL line is a 
 without its number; an empty file is a StopIteration from its JSON builder), which is why this
 reader checks first instead of only wrapping `load_dataset`.
 
-It imports nothing else of rsft but its error types (prompts in rsft.data and pairs in reward.formats both read
-through it).
+It imports only reward.refusals (prompts in rsft.data and pairs in reward.formats both read through it).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
-from rsft.errors import InputError, MissingInput
+from reward.refusals import InputError, MissingInput
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 

@@ -1,5 +1,5 @@
 """Scoring, the service below score, eval, sample (pruning and adaptive K) and the scripts: the configured
-reward source (reward_source: rsft.reward_sources), which trained reward model folder a round reads, the
+reward source (reward_source: reward.sources), which trained reward model folder a round reads, the
 judge (eval.judge) and its independence, and scoring rows in resumable shards."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
 from rsft.config import uses_trained_reward  # noqa: F401  (scripts read it here, beside open_reward)
 from rsft.paths import RunPaths
-from rsft.reward_sources import RewardSource, TrainedReward, combine, local_imports
-from rsft.reward_specs import open_source
+from reward.sources import RewardSource, TrainedReward, combine, local_imports
+from reward.specs import open_source
 from rsft.store import ShardStore, is_complete, loading_artifact, read_meta
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ _OPENED: dict[tuple, RewardSource] = {}  # each configured source is opened once
 
 def _stamp(spec: str) -> tuple:
     """What a spec's local files look like now (size and mtime), so an edited file is opened again: a
-    function file's with the local modules it imports (rsft.reward_sources.local_imports)."""
+    function file's with the local modules it imports (reward.sources.local_imports)."""
     body = spec.split(":", 1)[1] if spec.startswith(("pretrained:", "function:", "trained:")) else spec
     for candidate in (body, body.rpartition(":")[0]):
         path = Path(candidate).expanduser() if candidate else None
@@ -85,7 +85,7 @@ def _part(cfg: DictConfig, spec: str, device, trained_folder: Path | None) -> Re
 
 
 def source_spec(cfg: DictConfig) -> str:
-    """reward_source as one spec string (rsft.reward_specs.open_source): kind:spec, a URL as it is."""
+    """reward_source as one spec string (reward.specs.open_source): kind:spec, a URL as it is."""
     rs = source_config(cfg)
     return str(rs.spec) if rs.kind == "http" else f"{rs.kind}:{rs.spec}"
 
@@ -120,7 +120,7 @@ def source_config(cfg: DictConfig):
 
 
 def source_identity(cfg: DictConfig, device) -> dict:
-    """What the configured reward's parts other than the trained model are (rsft.reward_sources identity:
+    """What the configured reward's parts other than the trained model are (reward.sources identity:
     file digests, a function's source, a server's model and revision), for fingerprints; {} for the trained
     model alone, whose folder is an input artifact."""
     rs = source_config(cfg)
@@ -166,7 +166,7 @@ def judge_model(cfg: DictConfig) -> Path | None:
 
 
 def judge_spec(cfg: DictConfig) -> str | None:
-    """eval.judge as a reward source other than a trained model (rsft.reward_specs.open_source), or None:
+    """eval.judge as a reward source other than a trained model (reward.specs.open_source), or None:
     `pretrained:<folder or hub id>`, `function:<module:function>`, an http(s) URL, or a folder holding a
     pretrained sequence-classification model (config.json, no meta.json)."""
     name = cfg.eval.get("judge")
@@ -199,7 +199,7 @@ def judge_warnings(judge: Path, proxy: Path) -> list[str]:
                for p in (judge, proxy)]
     if weights[0] and weights[0] == weights[1]:
         return ["the judge has the same weights as the proxy reward model (a copy): not an independent judge"]
-    from rsft.reward_training import PAIR_HASHES_FILE
+    from rsft.bt_fit import PAIR_HASHES_FILE
 
     hashes = [p / PAIR_HASHES_FILE for p in (judge, proxy)]
     missing = [str(h.parent) for h in hashes if not h.is_file()]

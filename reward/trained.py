@@ -19,9 +19,9 @@ import torch
 from tqdm.auto import tqdm
 
 from reward.encoding import encode_pair, pad_right
-from reward.model import reward_forward
-from rsft.errors import MissingInput
-from rsft.models import load_reward_classifier, load_tokenizer
+from reward.backbone import reward_forward
+from reward.refusals import MissingInput
+from reward.loading import load_reward_classifier, load_tokenizer
 
 STATS_FILE = "reward_stats.json"
 PLAIN_PROMPT = "{prompt}"

@@ -1,4 +1,4 @@
-"""Reward source specs: the one parser from a spec string to a reward source (rsft.reward_sources), for the config (rsft.scoring), eval.judge, rsft.serve_reward and the scripts.
+"""Reward source specs: the one parser from a spec string to a reward source (reward.sources), for the config (rsft.reward_service), eval.judge, rsft.serve_reward and the scripts.
 
     trained:<folder>                      a folder written by stage=reward (reward_stats.json in it)
     pretrained:<folder or hub id>         any AutoModelForSequenceClassification, used as it is
@@ -7,9 +7,9 @@
     function:<path/to/file.py>:<function> a callable in a file (relative to the current directory)
     <folder>                              reward_stats.json in it: trained; config.json and no
                                           reward_stats.json: pretrained
-    http://... or https://...             a reward server (rsft.reward_http)
+    http://... or https://...             a reward server (reward.http_client)
 
-A combination of sources is built by rsft.reward_sources.combine, not by a spec. This module sits above
+A combination of sources is built by reward.sources.combine, not by a spec. This module sits above
 every kind's module, so it imports each directly."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rsft.errors import ConfigError
-from rsft.reward_http import HttpReward
-from rsft.reward_sources import SOURCES, FunctionReward, PretrainedReward, RewardSource, TrainedReward
+from reward.refusals import ConfigError
+from reward.http_client import HttpReward
+from reward.sources import SOURCES, FunctionReward, PretrainedReward, RewardSource, TrainedReward
 
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def open_source(spec: str, device: str = "cpu", **options) -> RewardSource:
             return PretrainedReward(target, device, **_options_for(kind, options, ("head", "max_length")))
         _options_for(kind, options, ())
         return FunctionReward(target)
-    from reward.scoring import STATS_FILE
+    from reward.trained import STATS_FILE
 
     folder = Path(text).expanduser()
     if folder.is_dir():

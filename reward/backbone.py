@@ -29,15 +29,8 @@ import torch
 from omegaconf import DictConfig
 from transformers import AutoModelForSequenceClassification
 
-from rsft.errors import ConfigError, InputError
-from rsft.models import (
-    build_byte_tokenizer,
-    load_pretrained,
-    load_reward_classifier,
-    load_tokenizer,
-    model_source,
-    seeded,
-)
+from reward.refusals import ConfigError, InputError
+from reward.loading import build_byte_tokenizer, load_pretrained, load_reward_classifier, load_tokenizer, seeded
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +57,17 @@ def build_tiny_reward_model(cfg: DictConfig, tokenizer):
         return BertForSequenceClassification(BertConfig(max_position_embeddings=512, **common))
 
 
-def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
-    """(model with a fresh scalar head, tokenizer with a pad token) for a `reward.backbone` config;
-    `seed` initialises the head, so the same pairs and seed train the same reward model."""
+def load_reward_backbone(cfg: DictConfig, source: str | None, seed: int = 0):
+    """(model with a fresh scalar head, tokenizer with a pad token) for a `reward.backbone` config, loaded from
+    `source` (the folder or hub id the caller resolved the config to, provisioning it: rsft.models.model_source;
+    None for kind=tiny, which is built from its config); `seed` initialises the head, so the same pairs and seed
+    train the same reward model."""
     if cfg.kind == "tiny":
         tokenizer = build_byte_tokenizer()
         model = build_tiny_reward_model(cfg, tokenizer)
     else:
         from trl.trainer.reward_trainer import suppress_seqcls_warning
 
-        source = model_source(cfg, cache_dir)
         what = f"reward backbone {cfg.name_or_path!r}"
         tokenizer = load_tokenizer(source, what)
         # The new scalar head is initialised from the global RNG: seed it, or the same pairs train a
@@ -89,7 +83,7 @@ def load_reward_backbone(cfg: DictConfig, cache_dir: str | Path, seed: int = 0):
         tokenizer.pad_token = tokenizer.eos_token  # safe: the reward is read from the attention mask
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model.config, "reward_pooling", None) is None:
-        model.config.reward_pooling = default_pooling(model, cfg, cache_dir)
+        model.config.reward_pooling = default_pooling(model, source)
     if model.config.reward_pooling == "mean" and getattr(model.base_model, "pooler", None) is not None:
         model.base_model.pooler.requires_grad_(False)  # unused under mean pooling
     log.info("reward backbone %s (%s, %d parameters)", cfg.name_or_path, type(model).__name__, model.num_parameters())
@@ -110,12 +104,12 @@ def load_trained_reward_model(path: str | Path):
     return model, tokenizer
 
 
-def default_pooling(model, cfg: DictConfig, cache_dir) -> str:
+def default_pooling(model, source: str | None) -> str:
     """last (decoder `score` head), mean (a sentence-transformers mean-pooling folder, linear head) or first."""
     if hasattr(model, "score"):
         return "last"
-    if cfg.kind != "tiny" and isinstance(getattr(model, "classifier", None), torch.nn.Linear):
-        pooling_file = Path(model_source(cfg, cache_dir)) / "1_Pooling" / "config.json"
+    if source is not None and isinstance(getattr(model, "classifier", None), torch.nn.Linear):
+        pooling_file = Path(source) / "1_Pooling" / "config.json"
         if pooling_file.is_file() and json.loads(pooling_file.read_text()).get("pooling_mode_mean_tokens"):
             return "mean"
     return "first"

@@ -19,8 +19,8 @@ from reward.formats import (
     partition,
     to_preference_pairs,
 )
-from reward.model import load_reward_backbone, load_trained_reward_model
-from reward.scoring import (
+from reward.backbone import load_reward_backbone, load_trained_reward_model
+from reward.trained import (
     RewardScorer,
     pairwise_accuracy,
     prompt_template,
@@ -29,10 +29,11 @@ from reward.scoring import (
 from reward.trainer import train_reward_model
 from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
+from rsft.models import backbone_source
 from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact, loading_artifact
 from rsft.tracking import Tracker
-from rsft.training import TrainingCheckpoints
+from rsft.trl_common import TrainingCheckpoints, training_arguments
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
     reward_cfg = cfg.reward
     if start_from is None:
-        model, tokenizer = load_reward_backbone(reward_cfg.backbone, cfg.paths.cache_dir, seed=int(reward_cfg.seed))
+        model, tokenizer = load_reward_backbone(reward_cfg.backbone, backbone_source(reward_cfg.backbone, cfg.paths.cache_dir), seed=int(reward_cfg.seed))
     else:
         with loading_artifact(start_from):
             model, tokenizer = load_trained_reward_model(start_from)
@@ -118,13 +119,14 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
                                                     tokenizer, int(reward_cfg.max_length))
     _, test_truncation = tokenize_preferences(test, tokenizer, int(reward_cfg.max_length))
     log.info("truncation at max_length=%d: train %s; held out %s", reward_cfg.max_length, truncation, test_truncation)
+    shared = training_arguments(reward_cfg, "reward", device)
     started = time.perf_counter()
     if checkpoints is not None:  # a killed run resumes from its last checkpoint
-        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, str(checkpoints.folder),
+        train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, shared, str(checkpoints.folder),
                                            tracker, checkpoints)
     else:
         with tempfile.TemporaryDirectory(prefix="rsft-reward-trainer-") as scratch:
-            train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, device, scratch, tracker)
+            train_metrics = train_reward_model(model, tokenizer, train_tokens, reward_cfg, shared, scratch, tracker)
     train_seconds = time.perf_counter() - started
 
     scorer = RewardScorer(model, tokenizer, int(reward_cfg.max_length), device=device)

@@ -32,7 +32,7 @@ own token budget, whatever its neighbours have left):
                                           `reads_emitted` is True, else None (no host read)
   keep_rows(index)                         index: the rows that go on (a list of row numbers)
 `catch_up` exists so that the work of catching up after plain steps is not charged to the step
-that drafts again (rsft.sampling.sampler.GammaController).
+that drafts again (rsft.sampling.batched.GammaController).
 """
 
 from __future__ import annotations

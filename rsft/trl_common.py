@@ -1,7 +1,8 @@
 """The TrainingArguments every TRL trainer of rsft shares (reward, SFT, DPO), chosen from the device,
 and the check every trained model passes before it is saved.
 
-It imports only rsft.distributed, so reward/ and the stages both use it without importing each other.
+The reward trainer (reward.trainer, in the reward/ leaf) receives these arguments from its caller (rsft.bt_fit)
+instead of importing them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rsft import distributed
 from rsft.errors import ConfigError
-from rsft.store import ProgressFolder, file_digest, raise_if_write_failed
+from reward.digests import file_digest
+from rsft.store import ProgressFolder, raise_if_write_failed
 
 log = logging.getLogger(__name__)
 

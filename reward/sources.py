@@ -1,6 +1,6 @@
 """Reward sources: every reward rsft can score with, behind one interface.
 
-    source = open_source(spec, ...)                       # rsft.scoring builds it from the config
+    source = open_source(spec, ...)                       # rsft.reward_service builds it from the config
     raw = source.score(prompts, completions, rows)        # one float (or None: not scorable) per row
     z = source.normalise(raw)                             # on the scale thresholds and combinations use
 
@@ -14,10 +14,10 @@ missing reward, select never keeps such a row).
 what scores (file digests of a model folder, a function's source file digest and qualified name, a
 server's URL and declared model and revision), never only a name.
 
-The kinds: `trained` (rsft's own Bradley-Terry model, reward.scoring), and those of the modules that
+The kinds: `trained` (rsft's own Bradley-Terry model, reward.trained), and those of the modules that
 register themselves in SOURCES (pretrained, function, http, combination).
 
-rsft.reward_specs.open_source turns a spec string (`function:tasks.py:check`, a folder, a URL) into a source.
+reward.specs.open_source turns a spec string (`function:tasks.py:check`, a folder, a URL) into a source.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rsft.errors import ConfigError, InputError
-from rsft.store import file_digest, user_files_digest
+from reward.refusals import ConfigError, InputError
+from reward.digests import file_digest, user_files_digest
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class RewardSource:
         of the work when n processes score the same rows together; it returns None for every row outside
         its share, so that the n answers, merged row by row, are exactly the answer of one process.
         Sources that score in length-sorted batches share batches (batches i, i + n, ... of the sorted
-        order, as reward.scoring.RewardScorer does); the others share rows i, i + n, ...
+        order, as reward.trained.RewardScorer does); the others share rows i, i + n, ...
     normalise(raw): (raw - mean) / std, None kept.
     calibrate(prompts, completions, source): mean and std from the scores of a stated set of rows.
     identity(): what an artifact scored with the source records (module docstring).
@@ -152,7 +152,7 @@ def _checked_inputs(prompts, completions, rows, shard) -> tuple[list[str], list[
 
 @register("trained")
 class TrainedReward(RewardSource):
-    """rsft's own Bradley-Terry model: a folder written by stage=reward (reward.scoring.load_scorer).
+    """rsft's own Bradley-Terry model: a folder written by stage=reward (reward.trained.load_scorer).
 
     Callers pass the policy's prompts as written; score frames them as the model's training prompts were
     (scorer.as_trained). mean/std: the training responses' statistics stored in the folder."""
@@ -160,7 +160,7 @@ class TrainedReward(RewardSource):
     kind = "trained"
 
     def __init__(self, folder: str | Path, device: str = "cpu", scorer=None):
-        from reward.scoring import load_scorer
+        from reward.trained import load_scorer
 
         self.folder = Path(folder).expanduser()
         self.scorer = scorer if scorer is not None else load_scorer(self.folder, device)
@@ -204,7 +204,7 @@ class PretrainedReward(RewardSource):
                  max_length: int | None = None):
         import torch
 
-        from rsft.models import load_reward_classifier, load_tokenizer
+        from reward.loading import load_reward_classifier, load_tokenizer
 
         self.name = str(name_or_path)
         folder = Path(self.name).expanduser()

@@ -120,7 +120,7 @@ def labelled_pairs(cfg: DictConfig, samples: Dataset, index: int, chooser: Path 
         return simulated_labels(cfg, samples, index)
     scorer = None
     if cfg.refresh.choose in MODEL_CHOICES:
-        from reward.scoring import load_scorer
+        from reward.trained import load_scorer
 
         scorer = load_scorer(chooser, device)
     return chosen_labels(cfg, samples, index, scorer)
@@ -146,7 +146,7 @@ def pair_uncertainty(scorer, samples: Dataset, pairs: list[tuple[int, int]], pas
     The variance is the disagreement of an implicit ensemble (Monte Carlo dropout, Gal and Ghahramani
     2016): high where the model's weights do not pin the pair down, which a label there would. p(1 - p)
     alone would ask for pairs the model calls a coin flip, most of them pairs of near-equal answers whose
-    labels are coin flips too. `scorer` is reward.scoring's RewardScorer; dropout is switched on for the
+    labels are coin flips too. `scorer` is reward.trained's RewardScorer; dropout is switched on for the
     passes and off again, and each pass draws its masks from its own seed."""
     import torch
 
@@ -334,7 +334,7 @@ def user_labels(cfg: DictConfig, path: str) -> tuple[DatasetDict, dict]:
 
 def check_round_labels(cfg: DictConfig, rounds: range) -> None:
     """Find and read every round's file of refresh.pairs that a command will train on, before it does any
-    work (rsft.checks calls it): a missing round_02.jsonl must not surface after two rounds of sampling."""
+    work (rsft.preflight calls it): a missing round_02.jsonl must not surface after two rounds of sampling."""
     for round_idx in rounds:
         path = round_pairs_path(cfg, round_idx)
         if path is not None:
