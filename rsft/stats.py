@@ -58,6 +58,34 @@ def bootstrap(per_prompt: list[list[float]] | dict, resamples: int = RESAMPLES, 
     return {"mean": mean, "low": float(low), "high": float(high), "prompts": int(means.size)}
 
 
+def pooled_bootstrap(per_seed: list[dict[str, list[float]]], resamples: int = RESAMPLES, level: float = LEVEL,
+                     seed: int = SEED) -> dict:
+    """{mean, low, high, prompts, seeds, seed_means}: a mean pooled over training seeds and prompts, with a two-level
+    percentile bootstrap, for claims that rest on more than one training seed.
+
+    per_seed: for each seed (or each seed pair, for a paired difference), {prompt_id: values}, the same held-out
+    prompts for every seed. Each resample draws the seeds with replacement and the prompts with replacement (one
+    draw of prompts for all seeds: a hard prompt is hard for every seed) and averages the per-prompt means: the
+    interval widens with the seed-to-seed spread as well as with the prompts, where bootstrap() over one seed's
+    prompts sees the prompts only. seed_means (each seed's own mean) is the spread to show beside it. With 3
+    seeds the seed level has few draws, so the interval is a rough one, and seed_means says how rough."""
+    if not per_seed:
+        raise ValueError("pooled_bootstrap: no seeds")
+    prompts = sorted(per_seed[0])
+    if any(sorted(d) != prompts for d in per_seed) or any(not len(d[p]) for d in per_seed for p in prompts):
+        raise ValueError("pooled_bootstrap: every seed needs values for the same prompts")
+    means = np.array([[float(np.mean(d[p])) for p in prompts] for d in per_seed], dtype=np.float64)  # [seeds, prompts]
+    seed_means = [float(m) for m in means.mean(axis=1)]
+    rng = np.random.default_rng(seed)
+    seeds_drawn = rng.integers(0, means.shape[0], size=(resamples, means.shape[0]))
+    prompts_drawn = rng.integers(0, means.shape[1], size=(resamples, means.shape[1]))
+    resampled = np.array([means[np.ix_(seeds_drawn[r], prompts_drawn[r])].mean() for r in range(resamples)])
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(resampled, [tail, 1.0 - tail])
+    return {"mean": float(means.mean()), "low": float(low), "high": float(high), "prompts": len(prompts),
+            "seeds": means.shape[0], "seed_means": seed_means}
+
+
 def shown(interval: dict, signed: bool = False) -> str:
     """'0.894 [0.865, 0.920]' (signed: '+0.034 [+0.009, +0.061]'): a {mean, low, high} as the tables print it."""
     f = "{:+.3f}" if signed else "{:.3f}"

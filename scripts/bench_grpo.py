@@ -385,6 +385,90 @@ def compare(args) -> None:
         print(f"\nplot: {args.plot}")
 
 
+def points_of(run: Path) -> list[dict]:
+    """A run's trained points (completions > 0): a GRPO run's or an rsft loop run's."""
+    if (run / "grpo.json").is_file():
+        return grpo_points(run)
+    if not run.is_dir():
+        raise MissingInput(f"{run}: no such folder; give an rsft loop run or a bench_grpo.py train output")
+    return [p for p in rsft_points(run) if p["completions"] > 0]
+
+
+def pass_at_k_by_prompt(ds, column: str, k: int) -> dict[str, list[float]]:
+    """{prompt_id: [pass@k]}: the unbiased estimate from the prompt's n evaluation samples (n >= k)."""
+    correct: dict[str, list[float]] = {}
+    for prompt_id, value in zip(ds["prompt_id"], ds[column]):
+        correct.setdefault(prompt_id, []).append(float(value))
+    for prompt_id, values in correct.items():
+        if len(values) < k:
+            raise InputError(f"pass@{k}: prompt {prompt_id} has {len(values)} evaluation samples; evaluate with "
+                             f"eval.num_samples >= {k}")
+    return {prompt_id: [stats.pass_at_k(len(v), int(sum(v)), k)] for prompt_id, v in correct.items()}
+
+
+def phase_seconds(run: Path) -> dict:
+    """Where a run's time went, by phase: an rsft run's seconds by stage (its artifacts' build_seconds); a GRPO run's
+    training (sampling and updates happen inside TRL's loop, not separable from outside) and its evaluations."""
+    metas = [json.loads(m.read_text()) for m in sorted(run.glob("**/meta.json"))]
+    seconds: dict[str, float] = {}
+    for meta in metas:
+        phase = "evaluation" if meta.get("stage") == "eval" else meta.get("stage", "?")
+        seconds[phase] = round(seconds.get(phase, 0.0) + float(meta.get("build_seconds") or 0.0), 1)
+    if (run / "grpo.json").is_file():
+        seconds["training (TRL: sampling and updates)"] = round(json.loads((run / "grpo.json").read_text())["train_seconds"], 1)
+    return seconds
+
+
+def seeds(args) -> dict:
+    """A against B over several training seeds, paired seed for seed (A's i-th run with B's i-th), at each budget of
+    sampled completions both have a point at: pass@k of each side pooled over seeds and prompts, the paired
+    difference with its two-level interval (rsft.stats.pooled_bootstrap), the verdict at the margin stated in the
+    command (rsft.stats.verdict), each seed's own difference beside it, and each run's seconds by phase."""
+    if len(args.a) != len(args.b):
+        raise InputError(f"--a has {len(args.a)} runs and --b {len(args.b)}: pair them seed for seed, one each")
+    column = TASKS[args.task]["column"]
+    sides = {name: [{p["completions"]: p for p in points_of(run)} for run in runs]
+             for name, runs in (("a", args.a), ("b", args.b))}
+    budgets = sorted(set.intersection(*(set(points) for runs in sides.values() for points in runs)))
+    if not budgets:
+        raise InputError("the runs have no budget of sampled completions in common; train them with the same "
+                         "--completions and --points (GRPO) as the recipe's rounds x data.limit x K")
+    print(describe(machine()))
+    print(f"\nA = {', '.join(map(str, args.a))}\nB = {', '.join(map(str, args.b))}\nmargin m = {args.margin:g} "
+          f"(stated in the command), {len(args.a)} seed pair(s)\n")
+    print("| completions | k | A pass@k [95% CI] | B pass@k [95% CI] | A - B (pooled) | per seed A - B | A vs B |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for budget in budgets:
+        for k in args.ks:
+            per = {name: [pass_at_k_by_prompt(points[budget]["eval"], column, k) for points in runs]
+                   for name, runs in sides.items()}
+            for a, b in zip(per["a"], per["b"]):
+                if a.keys() != b.keys():
+                    raise InputError(f"pass@{k} at {budget} completions: the sides evaluated other prompts; use the "
+                                     f"same data.eval_limit, eval.num_samples and eval.seed")
+            differences = [{prompt: [a[prompt][0] - b[prompt][0]] for prompt in a} for a, b in zip(per["a"], per["b"])]
+            pooled = stats.pooled_bootstrap(differences)
+            a_side, b_side = stats.pooled_bootstrap(per["a"]), stats.pooled_bootstrap(per["b"])
+            word = stats.verdict(pooled, args.margin)
+            print(f"| {budget} | {k} | {stats.shown(a_side)} | {stats.shown(b_side)} | {stats.shown(pooled, True)} | "
+                  f"{', '.join(f'{d:+.3f}' for d in pooled['seed_means'])} | {word} (m = {args.margin:g}) |")
+            rows.append({"completions": budget, "k": k, "a": a_side, "b": b_side,
+                         "a_minus_b": {**pooled, "verdict": word}})
+    print("\n| run | seconds by phase |\n|---|---|")
+    phases = {str(run): phase_seconds(run) for run in (*args.a, *args.b)}
+    for run, seconds in phases.items():
+        print(f"| {run} | {', '.join(f'{k} {v:.0f}' for k, v in seconds.items())} |")
+    record = {"record": args.record, "made_by": "scripts/bench_grpo.py seeds", "command": " ".join(sys.argv),
+              "machine": machine(), "task": args.task, "margin": args.margin, "a": [str(r) for r in args.a],
+              "b": [str(r) for r in args.b], "rows": rows, "seconds_by_phase": phases}
+    if args.record:
+        out = ROOT / "docs" / "results" / f"{args.record}.json"
+        out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        print(f"\nrecord: {out.relative_to(ROOT)}")
+    return record
+
+
 def plot(series: list[list[dict]], out: Path, column: str = "reward", truth: str = "pass@1") -> None:
     from rsft.plotting import finish, interval_errorbar, pyplot
 
@@ -427,7 +511,21 @@ def main(argv=None) -> None:
     cmp.add_argument("--plot", type=Path, default=None, metavar="PNG")
     cmp.add_argument("--override", nargs="*", default=[], help="rsft config overrides (tests: the tiny policy)")
     cmp.add_argument("--device", default="auto", help="where token entropy is computed: auto, cpu, cuda or cuda:N")
+    sds = sub.add_parser("seeds", help="A against B over several training seeds: pass@k pooled over seeds and prompts, "
+                         "the verdict at a margin stated before, seconds by phase")
+    sds.add_argument("--a", type=Path, nargs="+", required=True, help="A's runs, one per seed")
+    sds.add_argument("--b", type=Path, nargs="+", required=True, help="B's runs, in the same seed order")
+    sds.add_argument("--margin", type=float, required=True,
+                     help="m >= 0, set before the runs: A is 'not worse' when the interval's low end is above -m")
+    sds.add_argument("--ks", type=int, nargs="+", default=[1, 4, 8], help="the k of pass@k (at most eval.num_samples)")
+    sds.add_argument("--task", choices=sorted(TASKS), default="verifiable")
+    sds.add_argument("--record", default=None, metavar="NAME", help="also write docs/results/NAME.json")
     args = parser.parse_args(argv)
+    if args.command == "seeds":
+        if not args.margin >= 0 or any(k < 1 for k in args.ks):
+            raise InputError(f"--margin {args.margin} --ks {args.ks}: expected a margin >= 0 and every k >= 1")
+        seeds(args)
+        return
     if args.command == "train":
         for name, value, ok in (("--learning-rate", args.learning_rate, args.learning_rate > 0),
                                 ("--points", args.points, args.points >= 1),

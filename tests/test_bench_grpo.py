@@ -36,6 +36,15 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
             if line.startswith("| grpo-s0-lr1e-06-lora-p2-t0.7 | step") and line.count("|") == 8]
     assert [r.split(" | ")[2] for r in rows] == ["16", "32"]  # completions sampled at each point
     assert "| v | round 0 |" in out and "token entropy" in out
+    # several seeds, paired seed for seed (here one pair, twice over): pass@k pooled, the verdict at the stated margin
+    out = subprocess.run([*script, "seeds", "--a", str(tmp_path / "v"), str(tmp_path / "v"), "--b", str(run), str(run),
+                          "--margin", "0.05", "--ks", "1", "2"], check=True, cwd=REPO, capture_output=True, text=True,
+                         env=env, timeout=600).stdout
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 16 |")]
+    assert [r[1] for r in rows] == ["1", "2"]  # the one budget both sides reached (16 completions), k = 1 and 2
+    assert all(r[-1].split(" (m = 0.05)")[0] in ("better", "not worse", "worse", "undecided") for r in rows)
+    assert all(len(r[5].split(", ")) == 2 for r in rows)  # each seed pair's own difference
+    assert "training (TRL: sampling and updates)" in out and "sample" in out
 
 
 def test_the_demo_task_gives_grpo_the_gold_oracle_and_a_cut_completion_its_finish_reason(monkeypatch):

@@ -104,3 +104,20 @@ def test_a_margin_must_be_stated_and_non_negative():
 
     with pytest.raises(ValueError, match="margin=-0.1: expected a number >= 0"):
         verdict({"low": 0.0, "high": 0.1}, -0.1)
+
+
+def test_the_pooled_interval_widens_with_the_seed_to_seed_spread():
+    from rsft.stats import bootstrap, pooled_bootstrap
+
+    rng = np.random.default_rng(1)
+    prompts = {f"p{i}": list(rng.normal(0.0, 1.0, size=4)) for i in range(64)}
+    one = bootstrap(prompts)
+    alike = pooled_bootstrap([prompts, prompts, prompts])  # three seeds that agree: one seed's interval
+    assert alike["seeds"] == 3 and alike["prompts"] == 64 and alike["mean"] == pytest.approx(one["mean"])
+    assert alike["high"] - alike["low"] == pytest.approx(one["high"] - one["low"], rel=0.15)
+    apart = pooled_bootstrap([{k: [v + shift for v in g] for k, g in prompts.items()} for shift in (-0.5, 0.0, 0.5)])
+    assert apart["seed_means"] == pytest.approx([one["mean"] - 0.5, one["mean"], one["mean"] + 0.5])
+    assert apart["mean"] == pytest.approx(one["mean"])
+    assert apart["high"] - apart["low"] > 2 * (alike["high"] - alike["low"])
+    with pytest.raises(ValueError, match="the same prompts"):
+        pooled_bootstrap([prompts, {"p0": [1.0]}])
