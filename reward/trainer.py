@@ -97,7 +97,7 @@ def train_reward_model(model, tokenizer, train_pairs, cfg: DictConfig, shared: d
                        tracker=None, checkpoints=None) -> dict:
     """Train `model` in place on tokenised pairs (reward.encoding.tokenize_preferences); return train metrics.
     shared: the TrainingArguments every rsft trainer sets alike (training_args says which).
-    checkpoints: the rsft.trl_common.TrainingCheckpoints at output_dir to resume from and save verified
+    checkpoints: the rsft.checkpoints.TrainingCheckpoints at output_dir to resume from and save verified
     checkpoints into (None: output_dir is scratch)."""
     args = training_args(cfg, shared, output_dir)
     trainer = SoftLabelRewardTrainer(

@@ -33,7 +33,8 @@ from rsft.models import backbone_source
 from rsft.paths import RunPaths
 from rsft.store import is_complete, load_dataset_artifact, loading_artifact
 from rsft.tracking import Tracker
-from rsft.trl_common import TrainingCheckpoints, training_arguments
+from rsft.checkpoints import TrainingCheckpoints
+from rsft.trl_common import training_arguments
 
 log = logging.getLogger(__name__)
 

@@ -90,7 +90,7 @@ from rsft.sampling.proposers import FeatureDraft, ModelDraft
 from rsft.sampling.feature_model import FeatureDraftModel, feature_draft_config
 from rsft.sampling.batched import Sampler
 from rsft.store import is_complete, load_dataset_artifact
-from rsft.trl_common import LoopCheckpoints
+from rsft.checkpoints import LoopCheckpoints
 
 log = logging.getLogger(__name__)
 

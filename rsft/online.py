@@ -49,7 +49,7 @@ before the first mini-batch; each snapshot records the completions and tokens sa
 time, which is the comparison with the rounds (gold against tokens sampled). With eval.judge the snapshots
 are scored by the judge too (the comparison on a task without an oracle).
 
-Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.trl_common.LoopCheckpoints: verified,
+Resume: every online.checkpoint_every mini-batches a checkpoint (rsft.checkpoints.LoopCheckpoints: verified,
 written last, the older one dropped) holds the trainable weights (the adapter with LoRA), the optimiser
 and schedule, the python, numpy and torch RNG states, the position in the prompt stream, the kept rows
 (also the replay buffer), the per-mini-batch metrics and the eval snapshots. A rerun of the same command

@@ -43,7 +43,7 @@ from rsft.store import (
     read_meta,
 )
 from rsft.tracking import Tracker, stage_tracker
-from rsft.trl_common import LoopCheckpoints, TrainingCheckpoints
+from rsft.checkpoints import LoopCheckpoints, TrainingCheckpoints
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ is merged into the weights before saving, so the next round loads a plain folder
 for bf16 and gradient checkpointing are chosen for GPUs and are far slower on a CPU, so the device
 decides (rsft.trl_common.training_arguments): fp32 without checkpointing on CPU, bf16 where the GPU
 supports it. Losses go to our Tracker (report_to="none"). The trainer saves a checkpoint every
-sft.checkpoint_steps steps beside the artifact (rsft.trl_common.TrainingCheckpoints), so a killed run
+sft.checkpoint_steps steps beside the artifact (rsft.checkpoints.TrainingCheckpoints), so a killed run
 resumes from its last one; the checkpoints go once the policy is written.
 """
 

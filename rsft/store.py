@@ -305,7 +305,7 @@ def _free(path: Path) -> str:
 def raise_if_write_failed(error: BaseException, final: Path, during: str = "artifact") -> None:
     """A full disk, whichever library was writing, becomes one line naming what was being written and what is
     left. during="artifact": nothing (its temporary folder is gone, `final` is as it was); "checkpoint": the
-    last complete training checkpoint (rsft.trl_common.TrainingCheckpoints), which the rerun resumes from;
+    last complete training checkpoint (rsft.checkpoints.TrainingCheckpoints), which the rerun resumes from;
     "build": the stage's resume progress (finished shards, complete checkpoints) is kept."""
     refused = _refused_write(error)
     if refused is not None:

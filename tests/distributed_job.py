@@ -24,7 +24,7 @@ from tests.conftest import compose_cfg  # noqa: E402
 
 def _kill_mid_stage(kill: dict) -> None:
     import rsft.store
-    import rsft.trl_common
+    import rsft.checkpoints
 
     if "shards" in kill:
         real_save, saved = rsft.store.ShardStore.save, []
@@ -37,15 +37,14 @@ def _kill_mid_stage(kill: dict) -> None:
 
         rsft.store.ShardStore.save = dying_save
     if "checkpoint" in kill:
-        real_on_save = rsft.trl_common._VerifiedSaves.on_save
+        real_saved = rsft.checkpoints.TrainingCheckpoints.saved
 
-        def dying_on_save(self, args, state, control, **kwargs):
-            control = real_on_save(self, args, state, control, **kwargs)
-            if state.global_step == kill["checkpoint"]:
+        def dying_saved(self, step):
+            real_saved(self, step)
+            if step == kill["checkpoint"]:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return control
 
-        rsft.trl_common._VerifiedSaves.on_save = dying_on_save
+        rsft.checkpoints.TrainingCheckpoints.saved = dying_saved
     if "online_batch" in kill:
         import rsft.online
 

@@ -1,4 +1,4 @@
-"""Training checkpoints count only when complete and verified (rsft.trl_common.TrainingCheckpoints), for every
+"""Training checkpoints count only when complete and verified (rsft.checkpoints.TrainingCheckpoints), for every
 TRL trainer rsft runs: SFT, DPO and the reward model. A full disk while a checkpoint is saved is one line, and
 the rerun with room resumes from the last complete checkpoint and ends where an uninterrupted run ends; a
 damaged checkpoint is passed over with a message."""
@@ -16,7 +16,7 @@ from rsft.errors import ArtifactError
 from rsft.models import load_saved_causal_lm
 from rsft.paths import RunPaths
 from rsft.run import run_stage
-from rsft.trl_common import MANIFEST, checkpoint_problem
+from rsft.checkpoints import MANIFEST, checkpoint_problem
 from tests.test_rounds import write_sft_policy_and_pairs
 from tests.test_sft import write_selected
 
@@ -106,7 +106,7 @@ def test_a_full_disk_while_a_checkpoint_saves_then_a_rerun_with_room_ends_as_an_
 
     monkeypatch.setattr(torch, "save", real_save)  # room again: the same command
     counted_steps["steps"].clear()
-    with caplog.at_level(logging.WARNING, logger="rsft.trl_common"):
+    with caplog.at_level(logging.WARNING, logger="rsft.checkpoints"):
         resumed = run_stage(cfg).path
     assert counted_steps["steps"] == [4, 5, 6, 7, 8]  # from checkpoint-3; the half-saved checkpoint-6 is not trusted
     assert f"passing over the training checkpoint {progress / 'checkpoint-6'}: it has no readable {MANIFEST}" \
@@ -133,7 +133,7 @@ def test_a_damaged_checkpoint_is_passed_over_with_a_message_and_training_starts_
     weights.write_bytes(bytes(data))
     counted_steps["steps"].clear()
     counted_steps["kill_at"] = 0
-    with caplog.at_level(logging.WARNING, logger="rsft.trl_common"):
+    with caplog.at_level(logging.WARNING, logger="rsft.checkpoints"):
         resumed = run_stage(cfg).path
     assert counted_steps["steps"] == list(range(1, 9))  # nothing trusted: from the first step
     assert f"passing over the training checkpoint {checkpoint}: model.safetensors has" in caplog.text
@@ -174,7 +174,7 @@ def test_write_failures_are_told_from_other_errors():
     assert not write_failed(ValueError("No space in this string"))
 
 
-# ---- the drafts' own training loops (rsft.draft.resumable_epochs, rsft.trl_common.LoopCheckpoints) ----
+# ---- the drafts' own training loops (rsft.draft.resumable_epochs, rsft.checkpoints.LoopCheckpoints) ----
 
 DRAFTS = {"distilled": ["distill.epochs=6", "distill.checkpoint_steps=5"],
           "feature": ["draft=feature", "draft.train.epochs=6", "draft.train.checkpoint_steps=5"]}
@@ -225,7 +225,7 @@ def test_a_draft_whose_checkpoint_save_fills_the_disk_resumes_identical_and_pass
         monkeypatch.setattr(torch, "save", real_save)
         steps.clear()
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="rsft.trl_common"):
+        with caplog.at_level(logging.WARNING, logger="rsft.checkpoints"):
             resumed = run_stage(make_cfg("stage=draft", *settings, "overwrite=true")).path
         assert len(steps) == (total if damage else total - 5)
         assert ("passing over the training checkpoint" in caplog.text) == damage
@@ -236,7 +236,7 @@ def test_a_draft_whose_checkpoint_save_fills_the_disk_resumes_identical_and_pass
 def test_damaged_manifests_and_junk_names_are_passed_over_not_crashed_on(tmp_path, caplog):
     import json
 
-    from rsft.trl_common import TrainingCheckpoints
+    from rsft.checkpoints import TrainingCheckpoints
 
     checkpoints = TrainingCheckpoints(tmp_path / "policy", {"a": 1})
     for name, manifest in (("checkpoint-3", {"files": []}), ("checkpoint-4", {"files": {"x": {}}}),
@@ -244,7 +244,7 @@ def test_damaged_manifests_and_junk_names_are_passed_over_not_crashed_on(tmp_pat
         (checkpoints.folder / name).mkdir(parents=True)
         (checkpoints.folder / name / MANIFEST).write_text(json.dumps(manifest))
     (checkpoints.folder / "checkpoint-²").mkdir()  # str.isdigit() says yes, int() says no
-    with caplog.at_level(logging.WARNING, logger="rsft.trl_common"):
+    with caplog.at_level(logging.WARNING, logger="rsft.checkpoints"):
         assert checkpoints.resume_from() is None
     assert caplog.text.count("is damaged (expected each file's size and CRC-32)") == 3
     assert [p.name for p in checkpoints.folder.iterdir()] == ["checkpoint-²"]  # not rsft's: left alone
@@ -253,7 +253,7 @@ def test_damaged_manifests_and_junk_names_are_passed_over_not_crashed_on(tmp_pat
 def test_debris_where_progress_is_kept_is_removed_and_a_refused_write_is_one_line(tmp_path, make_cfg, monkeypatch):
     import errno
 
-    from rsft.trl_common import TrainingCheckpoints
+    from rsft.checkpoints import TrainingCheckpoints
 
     (tmp_path / ".policy.checkpoints").write_text("debris")
     assert TrainingCheckpoints(tmp_path / "policy", {"a": 1}).resume_from() is None
@@ -266,3 +266,13 @@ def test_debris_where_progress_is_kept_is_removed_and_a_refused_write_is_one_lin
     with pytest.raises(ArtifactError, match=r"^cannot write /runs/demo/round_00/.samples.shards/x.json "
                                             r"\(Read-only file system\) while building .*make it writable"):
         run_stage(cfg)
+
+
+def test_a_checkpoint_folder_is_named_as_transformers_names_it():
+    """rsft.checkpoints imports no transformers (the runner hands every training stage its folder), so it spells
+    transformers' checkpoint prefix itself: the Trainer's resume_from_checkpoint and get_last_checkpoint read it."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from rsft.checkpoints import PREFIX
+
+    assert PREFIX == PREFIX_CHECKPOINT_DIR

@@ -178,3 +178,15 @@ def test_no_module_branches_on_the_stage_name():
     offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted([*ROOT.glob("rsft/*.py"), *ROOT.glob("reward/*.py")])
                  for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert not offenders, offenders
+
+
+def test_the_runner_loads_no_training_library():
+    """The runner hands each training stage its checkpoint folder (rsft.checkpoints) without importing transformers:
+    a stage that trains nothing does not pay for loading it (the stage modules that train import it themselves)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, rsft.runner; print(sorted(m for m in ('transformers', 'trl', 'peft') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
