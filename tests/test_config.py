@@ -86,8 +86,9 @@ def test_every_check_names_a_key_the_composed_config_has(composed):
 
 def test_a_rule_across_settings_names_its_key_from_where_the_section_sits():
     """The rules a schema's own __post_init__ writes name their keys as `self._AT + name` in a section that is
-    nested anywhere, and as a field of the schema itself: read from rsft/config.py, every _fail call."""
-    tree = ast.parse((REPO / "rsft" / "config.py").read_text())
+    nested anywhere, and as a field of the schema itself: read from rsft/config/, every _fail call."""
+    tree = ast.Module(body=[node for path in sorted((REPO / "rsft" / "config").glob("*.py"))
+                            for node in ast.parse(path.read_text()).body], type_ignores=[])
     classes = {cls.__name__: cls for options in config.SCHEMAS.values() for root in options.values()
                for cls in sections(root)}
     wrong, seen = [], 0

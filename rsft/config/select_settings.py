@@ -1,0 +1,66 @@
+"""select: which scored completions SFT trains on.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rsft.config.rules import (
+    Checked,
+    _fail,
+    _integer,
+    at_least,
+    boolean,
+    non_negative,
+    number,
+    one_of,
+    optional,
+    setting,
+    typed,
+)
+
+
+SELECT_STRATEGIES = ("top_k", "threshold", "random")
+
+
+@dataclass
+class SelectConfig(Checked):
+    strategy: str = setting("top_k", "top_k (k=1: best-of-K) | threshold | random (the baseline: k random survivors "
+                                     "per prompt).", check=one_of(SELECT_STRATEGIES))
+    k: int = setting(1, "Completions kept per prompt by top_k and random (>= 1 there).")
+    threshold: Optional[float] = setting(0.0, "strategy=threshold: keep every survivor with reward_normalised >= this.",
+                                         check=optional(typed(float, "a number (a reward_normalised value) or null")))
+    drop_empty: bool = setting(True, "Drop completions with no visible text.", check=boolean())
+    drop_truncated: bool = setting(True, "Drop completions cut at sample.max_new_tokens (finish_reason length).",
+                                   check=boolean())
+    dedupe: bool = setting(True, "Identical completions (after strip) count once.", check=boolean())
+    # all earlier rounds, as Llama 2 did: with sft.init=initial the kept set must carry what earlier rounds
+    # learned
+    pool_rounds: int = setting(-1, "Also rank the scored samples of this many earlier rounds (-1 = all, 0 = this round "
+                                   "only).",
+                               check=at_least(-1, "(-1 = all earlier rounds)"))
+    pairs: bool = setting(True, "Also write pairs/ (best vs worst survivor per prompt, TRL preference format) for DPO.",
+                          check=boolean())
+    prefer_complete: bool = setting(True, "With drop_truncated=false: truncated completions rank after every "
+                                          "complete one.", check=boolean())
+    max_opening_share: Optional[float] = setting(None, "At most this share of the kept set may open with the same 5 "
+                                                       "words (a collapse lever, e.g. 0.2; in (0, 1], where 1 caps "
+                                                       "nothing); null = no cap.",
+                                                 check=optional(number("a fraction in (0, 1] or null (no cap)",
+                                                                       lambda v: 0 < v <= 1, "in (0, 1]")))
+    truncated_penalty: Optional[float] = setting(None, "With drop_truncated=false: a truncated completion ranks by "
+                                                       "reward_normalised less this (reward std units, >= 0); null = "
+                                                       "prefer_complete decides.", check=optional(non_negative()))
+    min_reward: Optional[float] = setting(None, "top_k and threshold: never keep a completion whose reward_normalised "
+                                                "is below this (a verifier's 1.0 keeps only passed answers; the random "
+                                                "baseline ignores it); null = off.", check=optional(typed(float, "a number or null")))
+    diversity: float = setting(0.0, "top_k only: pick by reward_normalised - this x the share of a completion's word "
+                                    "bigrams the kept set already has (a collapse lever, >= 0; 0 = off).",
+                               check=non_negative())
+
+    def __post_init__(self):
+        super().__post_init__()
+        # k counts what top_k and random keep, so there it is >= 1; strategy=threshold does not read it
+        _integer("k", self.k, 1 if self.strategy in ("top_k", "random") else None)
+        # strategy=threshold keeps by the threshold alone: it needs one
+        if self.threshold is None and self.strategy == "threshold":
+            _fail("threshold", self.threshold, "a number (a reward_normalised value) for strategy=threshold")
