@@ -338,3 +338,32 @@ def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection:
             pair = preference_pair(survivors(group, select_cfg)[0], system_prompt)
             if pair is not None:
                 yield pair
+
+
+def kept_of_batch(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
+    """The select group's rule over a mini-batch's scored candidates (stage=online); [] when it keeps nothing."""
+    by_prompt: dict = {}
+    for row in candidates:
+        by_prompt.setdefault(row["prompt_id"], []).append(row)
+    groups = lambda: iter(by_prompt.items())  # the rule reads the groups twice: decide, then take
+    try:
+        chosen = select_groups(groups, [r["reward"] for r in candidates if r["reward"] is not None], cfg.select,
+                               cfg.seed, batch, want_pairs=False)
+    except InputError as error:  # nothing kept: this mini-batch takes no step
+        log.warning("online: mini-batch %d keeps nothing (%s); no optimiser step", batch, error)
+        return []
+    return list(selected_rows(groups, chosen, cfg.select, batch))
+
+
+def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, dict]]:
+    """Each prompt's best and worst survivor by the select group's ranking (rsft.best_of_k.survivors), where
+    they differ in reward: stage=select's pairs, of a mini-batch (stage=online)."""
+    by_prompt: dict = {}
+    for row in candidates:
+        by_prompt.setdefault(row["prompt_id"], []).append(row)
+    pairs = []
+    for group in by_prompt.values():
+        ranked, _ = survivors(group, cfg.select)
+        if len(ranked) >= 2 and ranked[0]["reward"] != ranked[-1]["reward"]:
+            pairs.append((ranked[0], ranked[-1]))
+    return pairs

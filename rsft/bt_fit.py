@@ -24,6 +24,7 @@ from reward.trained import (
     RewardScorer,
     pairwise_accuracy,
     prompt_template,
+    save_reward_model,
     score_pairs,
 )
 from reward.trainer import train_reward_model
@@ -31,9 +32,9 @@ from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import backbone_source
 from rsft.paths import RunPaths
-from rsft.store import is_complete, load_dataset_artifact, loading_artifact
+from rsft.store import atomic_artifact, is_complete, load_dataset_artifact, loading_artifact
 from rsft.tracking import Tracker
-from rsft.checkpoints import TrainingCheckpoints
+from rsft.checkpoints import TrainingCheckpoints, rng_states, set_rng_states
 from rsft.trl_common import training_arguments
 
 log = logging.getLogger(__name__)
@@ -154,3 +155,33 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
         "truncation": {"train": truncation, "heldout": test_truncation},
     }
     return model, tokenizer, stats, metrics
+
+
+def retrained_on_labels(cfg: DictConfig, labels: list[dict], current: Path, device):
+    """The reward model retrained on the initial pairs and every refresh's labels so far (`labels`: each refresh's
+    {"train": rows, "test": rows}), as stage=refresh retrains a round's: continuing `current` (refresh.init) or from
+    scratch. (model, tokenizer, stats, metrics, {"train_pairs", "test_pairs"}); stage=online's refreshes."""
+    initial_train, initial_test, source = load_pairs(cfg)
+    train = pooled([initial_train, *(Dataset.from_list(s["train"]) for s in labels if s["train"])])
+    test = pooled([initial_test, *(Dataset.from_list(s["test"]) for s in labels if s["test"])])
+    start_from = None if cfg.refresh.init == "scratch" else current
+    log.info("the reward model trains on %d pairs (%s and every refresh's), %s", len(train), source,
+             "from scratch" if start_from is None else f"continuing {current}")
+    model, tokenizer, stats, metrics = train_and_measure(refresh_training(cfg, start_from), train, test, device, None,
+                                                         start_from)
+    return model, tokenizer, stats, metrics, {"train_pairs": len(train), "test_pairs": len(test)}
+
+
+def refreshed_reward(cfg: DictConfig, labels: list[dict], current: Path, target: Path, device, meta: dict):
+    """retrained_on_labels, written to `target` as stage=refresh writes a reward model folder (a complete artifact:
+    the main process writes, every process waits); (its metrics, the pair counts). Every process trains
+    (data-parallel under torchrun, as stage=refresh). The RNG states are put back after: the reward trainer seeds
+    every RNG itself, and the caller's own training goes on from where it was (stage=online)."""
+    states = rng_states()
+    model, tokenizer, stats, metrics, sizes = retrained_on_labels(cfg, labels, current, device)
+    set_rng_states(states)
+    if distributed.is_main():
+        with atomic_artifact(target, {**meta, "metrics": metrics, "backbone": cfg.reward.backbone.name_or_path}) as tmp:
+            save_reward_model(model, tokenizer, tmp, stats)
+    distributed.barrier()
+    return metrics, sizes

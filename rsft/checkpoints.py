@@ -8,12 +8,14 @@ it for a stage that trains nothing.
 from __future__ import annotations
 
 import json
+import random
 import logging
 import os
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from reward.digests import file_digest
@@ -208,3 +210,22 @@ class LoopCheckpoints(TrainingCheckpoints):
             shutil.rmtree(stale, ignore_errors=True)  # a save cut short
         last = self.resume_from()
         return None if last is None else torch.load(Path(last) / self.STATE, weights_only=False)
+
+
+# the RNG states a hand-written loop's checkpoint holds (stage=online), so that a resumed run draws what an
+# uninterrupted one draws
+def rng_states() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+
+
+def seed_everything(seed: int) -> None:
+    """A fresh run starts from RNG states of its seed alone, whatever ran before it in the process."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

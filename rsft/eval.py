@@ -60,7 +60,7 @@ from rsft import reward_service
 from rsft.config import uses_trained_reward
 from rsft.data import load_prompts, prompt_files
 from rsft.errors import MissingInput
-from rsft.generation import open_policy, sample_dataset, sampling_settings
+from rsft.generation import open_policy, sample_evaluation, sampling_settings
 from rsft.metrics import (
     METRICS_FILE,
     best_of_n_curve,
@@ -122,10 +122,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
                   "sampler": json.dumps({**settings.__dict__, "draft": "none",
                                          **({"backend": "vllm"} if engine is not None else {})}, sort_keys=True)}
     # a killed evaluation resumes at its first unfinished shard of prompts
-    ds, sampling = sample_dataset(model, tokenizer, None, prompts, settings, cfg.eval.num_samples,
-                                  cfg.eval.seed, cfg.data.get("system_prompt"), provenance,
-                                  shard_prompts=cfg.sample.shard_prompts, store=job.shards(), engine=engine,
-                                  entropy=True)
+    ds, sampling = sample_evaluation(model, tokenizer, prompts, settings, cfg, provenance,
+                                     shard_prompts=cfg.sample.shard_prompts, store=job.shards(), engine=engine)
     if engine is not None:
         engine.close()
     del model

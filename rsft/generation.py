@@ -464,3 +464,11 @@ def adaptive_k(sample: DictConfig) -> tuple[int, float] | None:
         return None
     mean = adaptive.mean if adaptive.mean is not None else sample.num_samples
     return int(adaptive.k0), float(mean)
+
+
+def sample_evaluation(model, tokenizer, prompts: Dataset, settings, cfg: DictConfig, provenance: dict, **options):
+    """(rows, sampling stats) of an evaluation: eval.num_samples completions of each held-out prompt with eval.seed,
+    no draft, each completion's token entropy recorded; stage=eval and online's snapshots alike (options: the
+    sample_dataset keywords each adds, shards and an engine or no progress bar)."""
+    return sample_dataset(model, tokenizer, None, prompts, settings, cfg.eval.num_samples, cfg.eval.seed,
+                          cfg.data.get("system_prompt"), provenance, entropy=True, **options)

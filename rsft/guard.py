@@ -46,3 +46,12 @@ def watch_initial(guard, metrics: dict, key: str) -> None:
     reason = crossed(guard, metrics, key, "the initial policy's evaluation")
     if reason:
         log.warning("%s (%s judges evaluations after training only)", reason, key)
+
+
+def scale_learning_rate(optimizer, schedule, factor: float) -> None:
+    """action=lower_lr in a hand-written loop (online): the optimiser's rates times `factor`, and its schedule's base
+    rates too, since the schedule multiplies them at every step and would otherwise undo the change."""
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+    if hasattr(schedule, "base_lrs"):
+        schedule.base_lrs = [rate * factor for rate in schedule.base_lrs]

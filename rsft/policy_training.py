@@ -1,9 +1,22 @@
-"""Training a policy with a TRL trainer, the service below stage=sft and stage=dpo: LoRA settings, the trained model (LoRA merged), writing it as an artifact, and the losses the trainer logged; and the tokenised examples (loss on the completion only) that stage=sft trains cut answers on and stage=online every answer on."""
+"""Training a policy, the service below stage=sft, stage=dpo and stage=online: LoRA settings, the trained model (LoRA
+merged), writing it as an artifact, the losses a TRL trainer logged, and the tokenised examples (loss on the
+completion only) that stage=sft trains cut answers on and stage=online every answer on; and online's policy in
+memory (OnlinePolicy) with its one optimiser step of SFT, plus a DPO term (train_step).
+
+The online step is written by hand: TRL's SFTTrainer trains on one fixed dataset, and online's data is new every
+mini-batch while the optimiser's state must carry over. Its SFT loss is the one SFTTrainer takes (cross-entropy on
+the completion tokens, the mean over the step's completion tokens) on the same examples (cut_examples)."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import random
+import statistics
+from contextlib import contextmanager
+from dataclasses import dataclass
 
+import torch
 from datasets import Dataset
 from omegaconf import DictConfig
 from transformers import TrainerCallback
@@ -101,3 +114,197 @@ def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dat
         start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
         rows.append({"input_ids": ids, "completion_mask": [0] * start + [1] * (len(ids) - start)})
     return Dataset.from_list(rows)
+
+
+@dataclass
+class OnlinePolicy:
+    """The policy in memory: `model` samples and trains (with LoRA, the base model with peft's adapters in its
+    layers); `wrapper` is the peft model (None for full fine-tuning); the optimiser and schedule carry over."""
+
+    model: torch.nn.Module
+    wrapper: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    schedule: object
+    device: torch.device
+    reference: torch.nn.Module | None = None  # full training with the DPO term: a frozen copy of the initial policy
+
+    @classmethod
+    def build(cls, model, online: DictConfig, device, total_steps: int) -> OnlinePolicy:
+        from transformers import get_scheduler
+
+        reference = None
+        if online.dpo_weight > 0 and online.mode != "lora":  # LoRA's reference is the adapter turned off
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        wrapper = None
+        if online.mode == "lora":
+            from peft import get_peft_model
+
+            wrapper = get_peft_model(model, lora_config(online))  # its A matrices are drawn from torch's RNG
+            model = wrapper.get_base_model()
+        trainable = [p for p in (wrapper or model).parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=online.learning_rate,
+                                      weight_decay=online.weight_decay)
+        schedule = get_scheduler(online.lr_scheduler, optimizer, num_warmup_steps=online.warmup_steps,
+                                 num_training_steps=total_steps)
+        return cls(model, wrapper, optimizer, schedule, device, reference)
+
+    @contextmanager
+    def as_reference(self):
+        """The initial policy, the DPO term's reference: with LoRA the model with its adapter off."""
+        if self.wrapper is None:
+            yield self.reference
+            return
+        with self.wrapper.disable_adapter():
+            yield self.model
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        """The weights that train (the adapter with LoRA, every weight otherwise), by name."""
+        return {n: p.detach().clone() for n, p in (self.wrapper or self.model).named_parameters() if p.requires_grad}
+
+    def load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
+        result = (self.wrapper or self.model).load_state_dict(weights, strict=False)
+        if result.unexpected_keys or set(weights) != set(self.trainable()):  # a checkpoint of another model: a bug
+            raise RuntimeError(f"the checkpoint's weights do not match the policy's: {result.unexpected_keys[:3]}")
+
+    def final(self):
+        """The model to save: LoRA merged into the weights."""
+        model = self.wrapper.merge_and_unload() if self.wrapper is not None else self.model
+        model.eval()
+        return model
+
+
+def padded(examples: list[dict], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, loss mask) of examples, right-padded: [rows, longest]."""
+    longest = max(len(e["input_ids"]) for e in examples)
+    ids = torch.full((len(examples), longest), pad_id, dtype=torch.long)  # [rows, longest]
+    attention = torch.zeros((len(examples), longest), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), longest), dtype=torch.bool)
+    for row, e in enumerate(examples):
+        n = len(e["input_ids"])
+        ids[row, :n] = torch.tensor(e["input_ids"])
+        attention[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(e["completion_mask"], dtype=torch.bool)
+    return ids.to(device), attention.to(device), loss_mask.to(device)
+
+
+def completion_tokens(examples: list[dict]) -> int:
+    """The tokens the loss is taken on: completion tokens after the first token (each is predicted)."""
+    return sum(sum(e["completion_mask"][1:]) for e in examples)
+
+
+def token_nll(model, examples: list[dict], pad_id: int, device) -> torch.Tensor:
+    """Each example's cross-entropy summed over its completion tokens: [rows]."""
+    ids, attention, loss_mask = padded(examples, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [rows, longest - 1, vocab]
+    targets = ids[:, 1:]                                                      # [rows, longest - 1]
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+    return (nll * loss_mask[:, 1:]).sum(dim=1)
+
+
+@dataclass
+class Pairs:
+    """A mini-batch's best-vs-worst pairs for the DPO term: the examples and the frozen reference's summed
+    log-probabilities of each completion, [pairs] each."""
+
+    chosen: list[dict]
+    rejected: list[dict]
+    reference_chosen: torch.Tensor
+    reference_rejected: torch.Tensor
+    beta: float
+    weight: float
+
+
+def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_norm: float,
+               pairs: Pairs | None = None) -> tuple[float, float | None]:
+    """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
+    cross-entropy over the batch's completion tokens, plus with `pairs` weight x the mean DPO loss
+    -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair. Returns
+    (the SFT loss, the DPO loss or None)."""
+    total = completion_tokens(batch)
+    rank, world = distributed.rank(), distributed.world_size()
+    mine = batch[rank::world]
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    sums = torch.zeros(2, device=policy.device)  # [SFT loss summed over tokens, DPO loss summed over pairs]
+    objective = torch.zeros((), device=policy.device)
+    if mine and total:
+        loss_sum = token_nll(policy.model, mine, pad_id, policy.device).sum()
+        objective = objective + loss_sum / total
+        sums[0] = loss_sum.detach()
+    if pairs is not None and pairs.chosen[rank::world]:
+        chosen = -token_nll(policy.model, pairs.chosen[rank::world], pad_id, policy.device)      # [my pairs]
+        rejected = -token_nll(policy.model, pairs.rejected[rank::world], pad_id, policy.device)  # [my pairs]
+        margin = (chosen - pairs.reference_chosen[rank::world]) - (rejected - pairs.reference_rejected[rank::world])
+        dpo_sum = -torch.nn.functional.logsigmoid(pairs.beta * margin).sum()
+        objective = objective + pairs.weight * dpo_sum / len(pairs.chosen)
+        sums[1] = dpo_sum.detach()
+    if objective.requires_grad:
+        objective.backward()
+    params = [p for p in policy.optimizer.param_groups[0]["params"]]
+    if world > 1:  # data-parallel: the sum of every process's share is the batch's gradient
+        for p in params:
+            if p.grad is None:  # a process without examples in this step still takes part in every sum
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+        torch.distributed.all_reduce(sums)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    policy.optimizer.step()
+    policy.schedule.step()
+    policy.model.eval()
+    sft = float(sums[0]) / max(total, 1)  # no completion tokens (empty answers): no SFT term, loss 0
+    return sft, (float(sums[1]) / len(pairs.chosen) if pairs is not None else None)
+
+
+def online_examples(rows: list[dict], tokenizer, system_prompt: str | None, max_length: int) -> list[dict]:
+    """The SFT examples of kept rows (stage=sft's rendering, cut_examples), cut to online.max_length tokens."""
+    if not rows:
+        return []
+    table = Dataset.from_dict({k: [r[k] for r in rows] for k in ("prompt", "completion", "finish_reason")})
+    return [{"input_ids": e["input_ids"][:max_length], "completion_mask": e["completion_mask"][:max_length]}
+            for e in cut_examples(table, tokenizer, system_prompt).to_list()]
+
+
+def dpo_pairs(policy: OnlinePolicy, examples, pairs: list[tuple[dict, dict]], online: DictConfig,
+              pad_id: int) -> Pairs | None:
+    """The DPO term's pairs (`examples` renders rows), with the reference's log-probabilities (computed once: it is
+    frozen)."""
+    if not pairs or online.dpo_weight == 0:
+        return None
+    chosen, rejected = examples([b for b, _ in pairs]), examples([w for _, w in pairs])
+    with torch.no_grad(), policy.as_reference() as reference:
+        reference_chosen = -token_nll(reference, chosen, pad_id, policy.device)      # [pairs]
+        reference_rejected = -token_nll(reference, rejected, pad_id, policy.device)  # [pairs]
+    return Pairs(chosen, rejected, reference_chosen, reference_rejected, online.dpo_beta, online.dpo_weight)
+
+
+def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: int, system_prompt: str | None,
+                   kept: list[dict], earlier: list[dict], batch: int, pairs: list[tuple[dict, dict]] = ()) -> dict:
+    """Mini-batch `batch`'s training (stage=online): online.steps_per_batch steps on the kept rows and online.replay
+    of the earlier ones, walked in a seeded order (with online.dpo_weight, and the DPO term on the mini-batch's
+    best-vs-worst pairs); the losses."""
+    def examples(rows):
+        return online_examples(rows, tokenizer, system_prompt, online.max_length)
+
+    replayed = []
+    if online.replay and earlier:
+        draw = random.Random(f"{seed}/replay/{batch}")
+        replayed = [earlier[i] for i in sorted(draw.sample(range(len(earlier)), min(online.replay, len(earlier))))]
+    rendered = examples(kept + replayed)
+    if not rendered:
+        return {"steps": 0, "examples": 0, "replayed": 0, "loss": None}
+    order = list(range(len(rendered)))
+    random.Random(f"{seed}/order/{batch}").shuffle(order)
+    size, losses, dpo_losses, at = min(online.batch_size, len(rendered)), [], [], 0
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    dpo = dpo_pairs(policy, examples, list(pairs), online, pad_id)
+    for _ in range(online.steps_per_batch):
+        step = [rendered[order[(at + j) % len(order)]] for j in range(size)]
+        at += size
+        loss, dpo_loss = train_step(policy, step, pad_id, online.max_grad_norm, dpo)
+        losses.append(loss)
+        dpo_losses += [dpo_loss] if dpo_loss is not None else []
+    return {"steps": len(losses), "examples": len(rendered), "replayed": len(replayed),
+            "loss": statistics.fmean(losses), "loss_last": losses[-1],
+            **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
+               if online.dpo_weight > 0 else {}),
+            "learning_rate": float(policy.schedule.get_last_lr()[0])}

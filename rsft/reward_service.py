@@ -278,3 +278,19 @@ def score_in_shards(scorer, shards, store: ShardStore) -> list[float | None]:
                                f"shard {index}")
         raw += found
     return raw
+
+
+def score_batch(scorer: RewardSource, ds, calibrate: bool) -> list[dict]:
+    """A mini-batch's completed rows (pruned prefixes left out) with reward and reward_normalised, as stage=score
+    gives them (stage=online)."""
+    from rsft.sampling.budget import PRUNED
+
+    rows = [r for r in ds.to_list() if r["finish_reason"] != PRUNED]
+    if not rows:
+        return []
+    others = [{k: v for k, v in r.items() if k not in ("prompt", "completion")} for r in rows]
+    raw = score_rows(scorer, [r["prompt"] for r in rows], [r["completion"] for r in rows], others,
+                             progress=False)
+    normalised, _ = normalised_rewards(scorer, raw, calibrate, "the mini-batch")  # as stage=score's
+    return [{**r, "reward": None if v is None else float(v), "reward_normalised": n}
+            for r, v, n in zip(rows, raw, normalised)]

@@ -155,12 +155,12 @@ def test_reward_refresh_every_r_minibatches_scores_with_the_retrained_model_and_
     assert [m["reward_model"] for m in metrics["minibatches"]] == [0, 1, 1, 2]
     # the kept rows of mini-batch 3 carry the last refreshed model's scores, which online/reward reproduces
     kept = load_from_disk(str(whole / "kept")).filter(lambda r: r["round"] == 3)
-    again = rsft.online.scoring.trained_reward(whole / "reward", torch.device("cpu"))
-    rescored = rsft.online.scoring.score_rows(again, kept["prompt"], kept["completion"],
+    again = rsft.online.reward_service.trained_reward(whole / "reward", torch.device("cpu"))
+    rescored = rsft.online.reward_service.score_rows(again, kept["prompt"], kept["completion"],
                                              kept.remove_columns(["prompt", "completion"]).to_list(), progress=False)
     assert rescored == pytest.approx(kept["reward"], abs=1e-5)
-    original = rsft.online.scoring.trained_reward(RunPaths(whole.parent).reward, torch.device("cpu"))
-    first = rsft.online.scoring.score_rows(original, kept["prompt"], kept["completion"],
+    original = rsft.online.reward_service.trained_reward(RunPaths(whole.parent).reward, torch.device("cpu"))
+    first = rsft.online.reward_service.score_rows(original, kept["prompt"], kept["completion"],
                                            kept.remove_columns(["prompt", "completion"]).to_list(), progress=False)
     assert first != pytest.approx(kept["reward"], abs=1e-5)  # not the run's reward/: the refresh changed the scores
 

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from rsft.config.rules import Checked, _fail, _unresolved, at_least, one_of, optional, setting
-from rsft.config.sample_settings import samples_per_prompt
 
 
 @dataclass
