@@ -201,6 +201,17 @@ def token_nll(model, examples: list[dict], pad_id: int, device) -> torch.Tensor:
     return (nll * loss_mask[:, 1:]).sum(dim=1)
 
 
+def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> torch.Tensor:
+    """The SFT loss of `examples`: the cross-entropy of their completion tokens, summed and divided by `total` (the
+    step's completion tokens, on every process). It is the loss TRL's SFTTrainer takes (stage=sft): the model's own
+    causal-LM loss function (transformers' ForCausalLMLoss), labels -100 outside the completion, divided by the
+    batch's token count (num_items_in_batch) rather than averaged per process."""
+    ids, attention, loss_mask = padded(examples, pad_id, device)
+    labels = ids.masked_fill(~loss_mask, -100)  # [rows, longest]: the loss reads the completion tokens only
+    return model(input_ids=ids, attention_mask=attention, labels=labels,
+                 num_items_in_batch=torch.tensor(total, device=device)).loss
+
+
 @dataclass
 class Pairs:
     """A mini-batch's best-vs-worst pairs for the DPO term: the examples and the frozen reference's summed
@@ -228,9 +239,9 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     sums = torch.zeros(2, device=policy.device)  # [SFT loss summed over tokens, DPO loss summed over pairs]
     objective = torch.zeros((), device=policy.device)
     if mine and total:
-        loss_sum = token_nll(policy.model, mine, pad_id, policy.device).sum()
-        objective = objective + loss_sum / total
-        sums[0] = loss_sum.detach()
+        sft = sft_loss(policy.model, mine, pad_id, policy.device, total)
+        objective = objective + sft
+        sums[0] = sft.detach() * total
     if pairs is not None and pairs.chosen[rank::world]:
         chosen = -token_nll(policy.model, pairs.chosen[rank::world], pad_id, policy.device)      # [my pairs]
         rejected = -token_nll(policy.model, pairs.rejected[rank::world], pad_id, policy.device)  # [my pairs]

@@ -272,3 +272,36 @@ def test_a_minibatch_larger_than_the_prompt_stream_is_refused(make_cfg):
     assert len(rsft.online.minibatch_prompts(stream, 1, 3)) == 3  # every prompt once: allowed
     with pytest.raises(ConfigError, match="online.prompts_per_batch=4: more than the 3 train prompts"):
         rsft.online.minibatch_prompts(stream, 0, 4)
+
+
+def test_online_sft_loss_is_the_loss_trls_sft_trainer_takes_on_the_same_examples(tmp_path):
+    """One SFT objective (issue 46): online's step (rsft.policy_training.sft_loss) takes on a batch of stage=sft's
+    examples (cut_examples) the very loss TRL's SFTTrainer computes for stage=sft on them: the model's causal-LM
+    loss over the completion tokens, divided by the batch's token count."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
+    from rsft.policy_training import completion_tokens, cut_examples, padded, sft_loss, token_nll
+
+    tokenizer = build_byte_tokenizer()
+    model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "num_key_value_heads": 1, "intermediate_size": 32, "seed": 3}, len(tokenizer),
+                                 tokenizer)
+    rows = Dataset.from_dict({"prompt": ["Say hi.", "Name a colour, please."], "completion": ["Hi there!", "Blue"],
+                              "finish_reason": ["stop", "length"]})  # the second is cut: no end of turn
+    examples = cut_examples(rows, tokenizer, None)
+    batch = [{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]} for e in examples.to_list()]
+    total = completion_tokens(batch)
+    trainer = SFTTrainer(model=model, train_dataset=examples, processing_class=tokenizer,
+                         args=SFTConfig(output_dir=str(tmp_path), completion_only_loss=True, packing=False,
+                                        use_cpu=True, report_to=[], per_device_train_batch_size=2, max_length=512))
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])  # as it trains
+    assert torch.equal(inputs["labels"][:, 1:] != -100, padded(batch, tokenizer.pad_token_id, "cpu")[2][:, 1:])
+    model.eval()  # no dropout in either: the same forward
+    with torch.no_grad():
+        theirs = trainer.compute_loss(model, inputs, num_items_in_batch=torch.tensor(total))
+        ours = sft_loss(model, batch, tokenizer.pad_token_id, torch.device("cpu"), total)
+        by_example = token_nll(model, batch, tokenizer.pad_token_id, torch.device("cpu")).sum() / total
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
+    assert float(ours) == pytest.approx(float(by_example), rel=1e-5)  # the DPO term's per-example sums agree
