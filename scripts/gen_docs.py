@@ -216,6 +216,27 @@ def comparison_table(record: dict) -> list[str]:
     return lines
 
 
+def seeds_table(record: dict) -> list[str]:
+    """A against B over several training seeds (scripts/bench_grpo.py seeds --record NAME): pass@k of each side
+    pooled over seeds and prompts at each shared budget of completions, the pooled paired difference with the
+    verdict at the record's margin, each seed pair's own difference, and each run's seconds by phase."""
+    from rsft.stats import shown
+
+    lines = [f"| completions | k | A pass@k [95% CI] | B pass@k [95% CI] | A - B, pooled over {len(record['a'])} seeds | "
+             f"A - B by seed | verdict |", "|---|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        difference = row["a_minus_b"]
+        lines.append(f"| {row['completions']:,} | {row['k']} | {shown(row['a'])} | {shown(row['b'])} | "
+                     f"{_signed(difference)} | {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
+                     f"{difference['verdict']} (m = {record['margin']:g}) |")
+    phases = sorted({phase for seconds in record["seconds_by_phase"].values() for phase in seconds})
+    lines += ["", "| run | " + " | ".join(f"{phase} s" for phase in phases) + " |", "|---|" + "---|" * len(phases)]
+    for run, seconds in record["seconds_by_phase"].items():
+        lines.append(f"| {Path(run).name} | " + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
+                     + " |")
+    return lines
+
+
 POLICY_SHAPES = {"smollm2-135m": "SmolLM2-135M", "llama-1.5b": "Llama 1.5B (Qwen2-1.5B's shape: hidden 1536, 28 layers)"}
 
 
@@ -290,7 +311,7 @@ def gpu_speculation_table(record: dict) -> list[str]:
 
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
-               "comparison": comparison_table}
+               "comparison": comparison_table, "seeds": seeds_table}
 
 
 def with_record_tables(text: str, page: str) -> str:
