@@ -459,7 +459,13 @@ def seeds(args) -> dict:
     phases = {str(run): phase_seconds(run) for run in (*args.a, *args.b)}
     for run, seconds in phases.items():
         print(f"| {run} | {', '.join(f'{k} {v:.0f}' for k, v in seconds.items())} |")
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
+                              cwd=ROOT).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        head = None
     record = {"record": args.record, "made_by": "scripts/bench_grpo.py seeds", "command": " ".join(sys.argv),
+              "commit": head,
               "machine": machine(), "task": args.task, "margin": args.margin, "a": [str(r) for r in args.a],
               "b": [str(r) for r in args.b], "rows": rows, "seconds_by_phase": phases}
     if args.record:
