@@ -152,7 +152,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker, records)
         gains, stopped, done = [], None, rounds
-        guard, rate_scale, guarded = cfg.loop.guard, 1.0, []  # loop.guard (rsft.guard): its crossings so far
+        guard, rate_scale, heat, guarded = cfg.loop.guard, 1.0, 1.0, []  # loop.guard (rsft.guard): its crossings so far
         if guard.metric is not None and cfg.loop.eval:
             watch_initial(guard, records.metrics(paths.initial_eval), "loop.guard")
         for r in range(rounds):
@@ -162,6 +162,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     stage_cfg = OmegaConf.merge(stage_cfg, {
                         "sft": {"learning_rate": cfg.sft.learning_rate * rate_scale},
                         "dpo": {"learning_rate": cfg.dpo.learning_rate * rate_scale}})
+                if name == "sample" and heat != 1.0:  # raised by the guard's crossings before; evaluations keep theirs
+                    stage_cfg = OmegaConf.merge(stage_cfg, {"sample": {"temperature": cfg.sample.temperature * heat}})
                 run_named_stage(name, stage_cfg, tracker, records)
             if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
                 run_named_stage("draft", at_round(cfg, r, "draft"), tracker, records)
@@ -179,7 +181,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     log.warning("loop.guard: %s", stopped)
                     done = r + 1
                     break
-                if reason:
+                if reason and guard.action == "raise_temperature":
+                    heat *= guard.temperature_factor
+                    guarded.append(f"{reason}; the rounds after round {r} sample at temperature "
+                                   f"{cfg.sample.temperature * heat:g} ({heat:g} x sample.temperature)")
+                    log.warning("loop.guard: %s", guarded[-1])
+                elif reason:
                     rate_scale *= guard.lr_factor
                     guarded.append(f"{reason}; the rounds after round {r} train at {rate_scale:g} x the learning rate")
                     log.warning("loop.guard: %s", guarded[-1])

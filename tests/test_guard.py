@@ -45,6 +45,26 @@ def test_lower_lr_trains_the_rounds_after_a_crossing_at_the_lowered_rate(make_cf
     assert "the rounds after round 0 train at 0.25 x the learning rate" in loop.meta["guard"][0]
 
 
+def test_raise_temperature_samples_the_rounds_after_a_crossing_hotter_and_evaluates_at_the_set_temperature(make_cfg):
+    """Issue 48's temperature lever: a crossing raises the sampling temperature of the rounds after it (the samples'
+    own artifacts record it, so their fingerprints differ), while every evaluation keeps sample.temperature."""
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=2", *ALWAYS, "loop.guard.action=raise_temperature",
+                   "loop.guard.temperature_factor=1.5", "run_name=heated")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    base = cfg.sample.temperature
+    sampled = [read_meta(paths.samples(r))["config"]["sample"]["temperature"] for r in range(2)]
+    assert sampled == [pytest.approx(base), pytest.approx(base * 1.5)]
+    evaluated = [read_meta(paths.eval(r))["config"]["sample"]["temperature"] for r in range(2)]
+    assert evaluated == [pytest.approx(base)] * 2
+    assert f"the rounds after round 0 sample at temperature {base * 1.5:g} (1.5 x sample.temperature)" \
+        in loop.meta["guard"][0]
+
+
 def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg):
     from rsft.run import run_stage
 
@@ -60,6 +80,8 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
     (["loop.guard.metric=gold_mean", "loop.guard.min=0.5"], "loop.guard.metric='gold_mean': expected null"),
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.eval=false"], "loop.eval=False: expected true"),
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.lr_factor=1"], "loop.guard.lr_factor=1"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.temperature_factor=1"],
+     "loop.guard.temperature_factor=1"),
 ])
 def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
     from rsft.preflight import check_config
@@ -82,3 +104,12 @@ def test_the_online_guard_stops_after_the_snapshot_that_crosses_it_or_lowers_the
     assert len(minibatches) == 3 and [g["batch"] for g in lowered.meta["stats"]["guard"]] == [1, 2, 3]
     rates = [m["learning_rate"] for m in minibatches]
     assert rates == [pytest.approx(1e-3), pytest.approx(5e-4), pytest.approx(2.5e-4)]
+
+
+def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):
+    from rsft.preflight import check_config
+
+    with pytest.raises((ConfigError, ValueError), match="online.guard.action='raise_temperature': expected stop or "
+                                                         "lower_lr"):
+        check_config(make_cfg(*ONLINE, "online.eval_every=1", "online.guard.metric=distinct_1", "online.guard.min=0.5",
+                              "online.guard.action=raise_temperature"))
