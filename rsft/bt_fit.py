@@ -113,7 +113,8 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     the backbone with a fresh head, or from the reward model saved at `start_from` (stage=refresh)."""
     reward_cfg = cfg.reward
     if start_from is None:
-        model, tokenizer = load_reward_backbone(reward_cfg.backbone, backbone_source(reward_cfg.backbone, cfg.paths.cache_dir), seed=int(reward_cfg.seed))
+        source = backbone_source(reward_cfg.backbone, cfg.paths.cache_dir)
+        model, tokenizer = load_reward_backbone(reward_cfg.backbone, source, seed=int(reward_cfg.seed))
     else:
         with loading_artifact(start_from):
             model, tokenizer = load_trained_reward_model(start_from)
@@ -157,19 +158,22 @@ def train_and_measure(cfg: DictConfig, train: Dataset, test: Dataset, device, tr
     return model, tokenizer, stats, metrics
 
 
-def retrained_on_labels(cfg: DictConfig, labels: list[dict], current: Path, device):
-    """The reward model retrained on the initial pairs and every refresh's labels so far (`labels`: each refresh's
-    {"train": rows, "test": rows}), as stage=refresh retrains a round's: continuing `current` (refresh.init) or from
-    scratch. (model, tokenizer, stats, metrics, {"train_pairs", "test_pairs"}); stage=online's refreshes."""
+def retrained_on_labels(cfg: DictConfig, splits: list[tuple[Dataset, Dataset]], labels_named: str,
+                        start_from: Path | None, device, tracker: Tracker | None = None,
+                        checkpoints: TrainingCheckpoints | None = None):
+    """The reward model retrained on the initial pairs and the new labels (`splits`: each label set's (train, test);
+    `labels_named` says which in messages), continuing `start_from` or from the backbone (None), as stage=refresh
+    retrains a round's and stage=online its refreshes. (model, tokenizer, stats, metrics, where the initial pairs
+    came from, {"train_pairs", "test_pairs"})."""
     initial_train, initial_test, source = load_pairs(cfg)
-    train = pooled([initial_train, *(Dataset.from_list(s["train"]) for s in labels if s["train"])])
-    test = pooled([initial_test, *(Dataset.from_list(s["test"]) for s in labels if s["test"])])
-    start_from = None if cfg.refresh.init == "scratch" else current
-    log.info("the reward model trains on %d pairs (%s and every refresh's), %s", len(train), source,
-             "from scratch" if start_from is None else f"continuing {current}")
-    model, tokenizer, stats, metrics = train_and_measure(refresh_training(cfg, start_from), train, test, device, None,
-                                                         start_from)
-    return model, tokenizer, stats, metrics, {"train_pairs": len(train), "test_pairs": len(test)}
+    train = pooled([initial_train, *(train for train, _ in splits if len(train))])
+    test = pooled([initial_test, *(test for _, test in splits if len(test))])
+    check_pairs(train, f"the pooled labels of {labels_named} and {source} (train)")
+    log.info("the reward model trains on %d pairs (%s and %s), %s", len(train), source, labels_named,
+             "from scratch" if start_from is None else f"continuing {start_from}")
+    model, tokenizer, stats, metrics = train_and_measure(refresh_training(cfg, start_from), train, test, device,
+                                                         tracker, start_from, checkpoints)
+    return model, tokenizer, stats, metrics, source, {"train_pairs": len(train), "test_pairs": len(test)}
 
 
 def refreshed_reward(cfg: DictConfig, labels: list[dict], current: Path, target: Path, device, meta: dict):
@@ -178,7 +182,9 @@ def refreshed_reward(cfg: DictConfig, labels: list[dict], current: Path, target:
     (data-parallel under torchrun, as stage=refresh). The RNG states are put back after: the reward trainer seeds
     every RNG itself, and the caller's own training goes on from where it was (stage=online)."""
     states = rng_states()
-    model, tokenizer, stats, metrics, sizes = retrained_on_labels(cfg, labels, current, device)
+    splits = [(Dataset.from_list(s["train"]), Dataset.from_list(s["test"])) for s in labels]
+    start_from = None if cfg.refresh.init == "scratch" else current
+    model, tokenizer, stats, metrics, _, sizes = retrained_on_labels(cfg, splits, "every refresh's", start_from, device)
     set_rng_states(states)
     if distributed.is_main():
         with atomic_artifact(target, {**meta, "metrics": metrics, "backbone": cfg.reward.backbone.name_or_path}) as tmp:

@@ -29,12 +29,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from reward.formats import check_pairs, pair_files
+from reward.formats import pair_files
 from reward.trained import save_reward_model
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
-from rsft.bt_fit import load_pairs, pooled, refresh_training, train_and_measure
+from rsft.bt_fit import retrained_on_labels
 from rsft.runner import Built, Job, Plan
 from rsft.store import is_complete, load_dataset_artifact
 from rsft.trl_common import check_trained
@@ -71,20 +71,14 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
 def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx = job.paths, cfg.round
     start_from = job.plan.given["start_from"]
-    initial_train, initial_test, source = load_pairs(cfg)
     rounds = [load_dataset_artifact(paths.round_prefs(r)) for r in range(round_idx + 1)]
-    train = pooled([initial_train, *(split["train"] for split in rounds)])
-    test = pooled([initial_test, *(split["test"] for split in rounds)])
-    check_pairs(train, f"the pooled labels of rounds 0-{round_idx} and {source} (train)")
-    train_cfg = refresh_training(cfg, start_from)
     if cfg.reward_source.kind == "combination":
         others = [name for name, c in cfg.reward_source.components.items() if str(c.get("source")) != "trained"]
         log.info("refresh: retrains the trained component of reward_source=combination; %s are used as they are",
                  ", ".join(others) or "no other component")
-    log.info("refresh: round %d's reward model trains on %d pairs (%s and rounds 0-%d), %s", round_idx, len(train),
-             source, round_idx, "from scratch" if start_from is None else f"continuing {start_from}")
-    model, tokenizer, stats, metrics = train_and_measure(train_cfg, train, test, resolve_device(cfg.device),
-                                                         job.tracker, start_from, job.checkpoints())
+    model, tokenizer, stats, metrics, source, _ = retrained_on_labels(
+        cfg, [(split["train"], split["test"]) for split in rounds], f"rounds 0-{round_idx}", start_from,
+        resolve_device(cfg.device), job.tracker, job.checkpoints())
     check_trained(model, metrics["train_loss"], cfg.reward, "reward")
     metrics.update({"round": round_idx, "initial_labels": source, "continued_from": str(start_from or "")})
     meta = {"stage": "refresh", "round": round_idx, "data": source, "metrics": metrics,

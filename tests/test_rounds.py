@@ -13,7 +13,7 @@ from datasets import Dataset, load_from_disk
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import rsft.refresh
+import rsft.bt_fit
 from reward.trained import load_scorer
 from rsft.data import load_prompts, rotation_rows
 from rsft.demo_prompts import build_demo_prompts
@@ -265,21 +265,21 @@ def test_users_without_simulated_labels_must_name_their_round_pairs(make_cfg, tm
 
 def test_a_three_round_loop_killed_mid_round_resumes_to_the_same_artifacts(straight, monkeypatch):
     paths, root = straight
-    real_train = rsft.refresh.train_and_measure
+    real_train = rsft.bt_fit.train_and_measure
 
     def killed_in_round_1(cfg, *args, **kwargs):  # after round 1's labels were written, before its reward model
         if int(cfg.round) == 1:
             raise RuntimeError("killed")
         return real_train(cfg, *args, **kwargs)
 
-    monkeypatch.setattr(rsft.refresh, "train_and_measure", killed_in_round_1)
+    monkeypatch.setattr(rsft.bt_fit, "train_and_measure", killed_in_round_1)
     with pytest.raises(RuntimeError, match="killed"):
         run_stage(compose_cfg(root, *LOOP, "run_name=crashed"))
     crashed = RunPaths(root / "runs" / "crashed", root / "runs", refresh_reward=True, dpo=True)
     assert is_complete(crashed.dpo_policy(0)) and is_complete(crashed.round_prefs(1))
     assert not crashed.round_reward(1).exists()
     stamp = (crashed.round_prefs(1) / "meta.json").stat().st_mtime
-    monkeypatch.setattr(rsft.refresh, "train_and_measure", real_train)
+    monkeypatch.setattr(rsft.bt_fit, "train_and_measure", real_train)
     run_stage(compose_cfg(root, *LOOP, "run_name=crashed"))
     assert (crashed.round_prefs(1) / "meta.json").stat().st_mtime == stamp  # resumed, not redone
 
