@@ -288,11 +288,26 @@ def dpo_pairs(policy: OnlinePolicy, examples, pairs: list[tuple[dict, dict]], on
     return Pairs(chosen, rejected, reference_chosen, reference_rejected, online.dpo_beta, online.dpo_weight)
 
 
+def trainer_batches(count: int, size: int, steps: int, seed: int) -> list[list[int]]:
+    """The example indices of `steps` optimiser steps over `count` examples, `size` a step, in the order
+    transformers' Trainer feeds a dataset to stage=sft and stage=dpo: epoch e is torch.randperm(count) drawn from a
+    generator seeded with seed + e (accelerate's seedable sampler, which the Trainer uses by default), cut into steps
+    of `size`, the epoch's last step shorter when `size` does not divide `count`; the next epoch follows. So a
+    mini-batch's steps over a round's kept rows are that round's SFT steps (tests/test_online.py)."""
+    batches, epoch = [], 0
+    while len(batches) < steps:
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        batches += [order[at:at + size] for at in range(0, count, size)]
+        epoch += 1
+    return batches[:steps]
+
+
 def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: int, system_prompt: str | None,
                    kept: list[dict], earlier: list[dict], batch: int, pairs: list[tuple[dict, dict]] = ()) -> dict:
     """Mini-batch `batch`'s training (stage=online): online.steps_per_batch steps on the kept rows and online.replay
-    of the earlier ones, walked in a seeded order (with online.dpo_weight, and the DPO term on the mini-batch's
-    best-vs-worst pairs); the losses."""
+    of the earlier ones (with online.dpo_weight, and the DPO term on the mini-batch's best-vs-worst pairs); the
+    losses, each step's among them. The steps walk the examples as transformers' Trainer would with the seed
+    seed + batch (trainer_batches), as round r's SFT trains with seed + r."""
     def examples(rows):
         return online_examples(rows, tokenizer, system_prompt, online.max_length)
 
@@ -303,19 +318,15 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     rendered = examples(kept + replayed)
     if not rendered:
         return {"steps": 0, "examples": 0, "replayed": 0, "loss": None}
-    order = list(range(len(rendered)))
-    random.Random(f"{seed}/order/{batch}").shuffle(order)
-    size, losses, dpo_losses, at = min(online.batch_size, len(rendered)), [], [], 0
+    losses, dpo_losses = [], []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dpo = dpo_pairs(policy, examples, list(pairs), online, pad_id)
-    for _ in range(online.steps_per_batch):
-        step = [rendered[order[(at + j) % len(order)]] for j in range(size)]
-        at += size
-        loss, dpo_loss = train_step(policy, step, pad_id, online.max_grad_norm, dpo)
+    for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
+        loss, dpo_loss = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm, dpo)
         losses.append(loss)
         dpo_losses += [dpo_loss] if dpo_loss is not None else []
     return {"steps": len(losses), "examples": len(rendered), "replayed": len(replayed),
-            "loss": statistics.fmean(losses), "loss_last": losses[-1],
+            "loss": statistics.fmean(losses), "loss_last": losses[-1], "step_losses": losses,
             **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
                if online.dpo_weight > 0 else {}),
             "learning_rate": float(policy.schedule.get_last_lr()[0])}

@@ -305,3 +305,40 @@ def test_online_sft_loss_is_the_loss_trls_sft_trainer_takes_on_the_same_examples
         by_example = token_nll(model, batch, tokenizer.pad_token_id, torch.device("cpu")).sum() / total
     assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
     assert float(ours) == pytest.approx(float(by_example), rel=1e-5)  # the DPO term's per-example sums agree
+
+
+def test_one_minibatch_over_a_rounds_prompts_keeps_the_rounds_rows_and_trains_its_sft_loss_curve(make_cfg, monkeypatch):
+    """One pipeline (issue 46): online with one mini-batch holding round 0's prompts, sampled with round 0's seed,
+    no refresh and sft's optimiser settings keeps the very rows stage=select keeps, and its steps take the very
+    losses TRL's SFTTrainer logs for stage=sft (the same examples in the same order, the same LoRA start, AdamW,
+    schedule and clipping), within float tolerance."""
+    from rsft.generation import round_seed
+
+    common = ["device=cpu", "reward_source=function", f"reward_source.spec={VERIFIERS}:length", "data.limit=4",
+              "sample.num_samples=3", "select.drop_truncated=false"]
+    training = {"learning_rate": 5e-3, "lr_scheduler": "linear", "warmup_steps": 1, "weight_decay": 0.0,
+                "max_grad_norm": 1.0, "max_length": 256, "batch_size": 2, "mode": "lora", "lora.r": 4,
+                "lora.alpha": 8, "lora.dropout": 0.0}
+    sft = [f"sft.{k}={v}" for k, v in training.items()]
+    for stage in ("sample", "score", "select"):
+        run_stage(make_cfg(*common, f"stage={stage}", "round=0"))
+    rounds = make_cfg(*common, *sft, "stage=sft", "round=0", "sft.epochs=2", "sft.grad_accum=1", "sft.logging_steps=1",
+                      "sft.checkpoint_steps=0")
+    paths = RunPaths(rounds.paths.run_dir)
+    selected = load_from_disk(str(paths.selected(0)))
+    steps = 2 * -(-len(selected) // 2)  # two epochs of batches of 2, the last one of an epoch shorter
+    run_stage(rounds)
+    curve = [h["loss"] for h in read_meta(paths.policy(0))["loss_history"] if "loss" in h]
+    assert len(curve) == steps
+
+    monkeypatch.setattr(rsft.online, "minibatch_seed", round_seed)  # round 0's samples: the same completion seeds
+    online = make_cfg(*common, *[f"online.{k}={v}" for k, v in training.items()], "stage=online", "online.minibatches=1",
+                      "online.prompts_per_batch=4", f"online.steps_per_batch={steps}", "online.eval_every=0",
+                      "online.refresh_every=0", "online.replay=0", "online.dpo_weight=0", "online.checkpoint_every=0")
+    out = run_stage(online).path
+    kept = load_from_disk(str(out / "kept"))
+    columns = ("prompt_id", "sample_idx", "completion", "reward")
+    assert sorted(zip(*[kept[c] for c in columns])) == sorted(zip(*[selected[c] for c in columns]))
+    ours = json.loads((out / "metrics.json").read_text())["minibatches"][0]["step_losses"]
+    assert ours == pytest.approx(curve, rel=1e-4, abs=1e-5)
+    assert len(set(round(x, 3) for x in curve)) > 1  # the curve moves: the weights trained between the steps

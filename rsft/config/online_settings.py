@@ -80,7 +80,9 @@ class OnlineConfig(Checked):
     steps_per_batch: int = setting(4, "Optimiser steps on each mini-batch's kept completions (and replay).",
                                    check=at_least(1, "(a mini-batch that takes no step never changes the policy)"))
     batch_size: int = setting(4, "Examples per optimiser step over all processes; the steps walk the mini-batch's "
-                                 "examples in a seeded order, wrapping.", check=at_least(1))
+                                 "examples in the order transformers' Trainer walks sft's (the seed "
+                                 "seed + b for mini-batch b): epochs of seeded permutations, an epoch's last step "
+                                 "shorter when batch_size does not divide the examples.", check=at_least(1))
     replay: int = setting(0, "Kept completions of earlier mini-batches drawn (seeded) into each mini-batch's examples; "
                              "0 = off.", check=at_least(0, "(0 = off)"))
     mode: str = setting("lora", "full | lora (the adapter trains; merged into the saved policy's weights).",
