@@ -1,4 +1,5 @@
-"""Training a Bradley-Terry reward model, the service below stage=reward and stage=refresh: the pairs it trains on (prefs/ or the user's), label smoothing, TRL's RewardTrainer, and its held-out metrics."""
+"""Training a Bradley-Terry reward model, the service below stage=reward, stage=refresh and online's refreshes: the
+pairs it trains on (prefs/ or the user's), label smoothing, TRL's RewardTrainer, and its held-out metrics."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets
@@ -31,6 +33,7 @@ from reward.trainer import train_reward_model
 from rsft import distributed
 from rsft.errors import ConfigError, MissingInput
 from rsft.models import backbone_source
+from rsft.pairs import labelled_pairs
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact, is_complete, load_dataset_artifact, loading_artifact
 from rsft.tracking import Tracker
@@ -191,3 +194,39 @@ def refreshed_reward(cfg: DictConfig, labels: list[dict], current: Path, target:
             save_reward_model(model, tokenizer, tmp, stats)
     distributed.barrier()
     return metrics, sizes
+
+
+@dataclass
+class RefreshedModels:
+    """Where stage=online's refreshed reward models live: `folder`/reward-NNN (NNN = refreshes done), in the stage's
+    resume folder (rsft.store.ProgressFolder: keyed by the fingerprint, deleted once the artifact is written); the
+    run's reward/ before the first refresh."""
+
+    folder: Path
+    initial: Path
+
+    def model(self, refreshes: int) -> Path:
+        return self.initial if refreshes == 0 else self.folder / f"reward-{refreshes:03d}"
+
+
+def refresh_on_samples(cfg: DictConfig, samples: list[dict], labels: list[dict], models: RefreshedModels, device,
+                       batch: int) -> tuple[dict, dict]:
+    """stage=online's refresh before scoring mini-batch `batch`: `samples` (the rows sampled since the last refresh,
+    prompt ids `<id>@<mini-batch>`) labelled as stage=labels labels a round's (rsft.pairs.labelled_pairs), and the
+    reward model retrained on the earlier `labels` and these (refreshed_reward) into models.model(refreshes + 1).
+    (the new label set {"train": rows, "test": rows}, the refresh's record)."""
+    started, index = time.perf_counter(), len(labels)
+    current = models.model(index)
+    splits, counts = labelled_pairs(cfg, Dataset.from_list(samples), index, current, device)
+    new = {"train": splits["train"].to_list(), "test": splits["test"].to_list()}
+    log.info("online: refresh %d before scoring mini-batch %d: %d new labelled pairs", index + 1, batch, counts["pairs"])
+    metrics, sizes = refreshed_reward(cfg, [*labels, new], current, models.model(index + 1), device,
+                                      {"stage": "online", "refresh": index + 1, "batch": batch})
+    log.info("online: refresh %d: held-out accuracy %.3f on %d pairs", index + 1, metrics["heldout_accuracy"],
+             metrics["heldout_pairs"])
+    record = {"refresh": index + 1, "batch": batch,
+              "mini-batches": sorted({int(r["prompt_id"].rsplit("@", 1)[1]) for r in samples}),
+              "labelled_pairs": counts["pairs"], **sizes,
+              **{k: metrics[k] for k in ("heldout_accuracy", "train_accuracy", "gold_agreement") if k in metrics},
+              "seconds": round(time.perf_counter() - started, 3)}
+    return new, record

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from datasets import Dataset
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rsft.errors import ConfigError, InputError
 from reward.tables import read_table
@@ -130,6 +130,30 @@ def load_prompts(cfg: DictConfig, which: str = "train", round_idx: int = 0) -> D
                     "(so that prompt gets more samples), e.g. %s", source, duplicates["duplicate_prompt_rows"],
                     duplicates["examples"])
     return ds
+
+
+def prompt_stream(cfg: DictConfig) -> Dataset:
+    """stage=online's prompts (cfg: the data section), those the rounds would see, in order: with data.rotate the
+    whole train split (round r takes its next data.limit rows), without it the first data.limit rows (every round
+    takes the same ones)."""
+    rotate = bool(cfg.get("rotate", False))
+    return load_prompts(OmegaConf.merge(cfg, {"limit": None} if rotate else {}, {"rotate": False}), "train")
+
+
+def check_batch_size(stream: Dataset, size: int) -> None:
+    """An online mini-batch holds distinct prompts: M larger than the stream would put one prompt in a mini-batch twice,
+    and its 2K completions would then compete under one prompt id (selection keeps the best K of them)."""
+    if size > len(stream):
+        raise ConfigError(f"online.prompts_per_batch={size}: more than the {len(stream)} train prompts the stream holds "
+                          f"(data.path, data.limit, data.rotate); expected at most {len(stream)}, so that a mini-batch "
+                          f"never holds a prompt twice")
+
+
+def minibatch_prompts(stream: Dataset, batch: int, size: int) -> Dataset:
+    """Mini-batch `batch`: the stream's rows batch*M .. batch*M + M - 1 (M = size), wrapping round the stream."""
+    check_batch_size(stream, size)
+    rows = [(batch * size + i) % len(stream) for i in range(size)]
+    return stream.select(rows)
 
 
 OVERLAP_EXAMPLES = 3  # held-out prompt ids shown when some are train prompts too

@@ -66,7 +66,6 @@ from rsft.metrics import (
     best_of_n_curve,
     flat_metrics,
     gold_scores,
-    policy_metrics,
 )
 from rsft.models import resolve_device
 from rsft.paths import RunPaths
@@ -110,9 +109,6 @@ def build(cfg: DictConfig, job: Job) -> Built:
     paths, round_idx, initial = job.paths, cfg.round, cfg.eval.policy == "initial"
     settings = sampling_settings(cfg.sample)
     policy_path, judge = job.plan.given["policy"], job.plan.given["judge"]
-    warnings = reward_service.judge_warnings(judge, paths.reward) if judge is not None else []
-    for warning in warnings:  # the judge then shares the proxy's taste and cannot stand in for an oracle
-        log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
     curve_round = 0 if initial else round_idx
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
@@ -128,12 +124,10 @@ def build(cfg: DictConfig, job: Job) -> Built:
         engine.close()
     del model
     scorer = reward_service.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
-    judge_scorer = reward_service.open_judge(cfg, device, judge)
-    ds = reward_service.scored_evaluation(ds, scorer, judge_scorer)
-
-    metrics = policy_metrics(ds, None if initial else load_dataset_artifact(paths.initial_eval))
+    judge_scorer, judge_name, warnings = reward_service.judge_for(cfg, device, judge, paths.reward)
+    ds, metrics = reward_service.evaluated(ds, scorer, judge_scorer, judge_name,
+                                           None if initial else load_dataset_artifact(paths.initial_eval))
     if judge_scorer is not None:
-        metrics["judge"] = str(judge if judge is not None else reward_service.judge_spec(cfg))
         metrics["judge_warnings"] = warnings
     if is_complete(paths.scored(curve_round)):
         scored = load_dataset_artifact(paths.scored(curve_round))

@@ -55,3 +55,27 @@ def scale_learning_rate(optimizer, schedule, factor: float) -> None:
         group["lr"] *= factor
     if hasattr(schedule, "base_lrs"):
         schedule.base_lrs = [rate * factor for rate in schedule.base_lrs]
+
+
+def watch_snapshot(guard, progress, batch: int, final: bool, optimizer, schedule) -> str | None:
+    """online.guard on the snapshot just taken after `batch` mini-batches (progress.evals[-1]; a crossing joins
+    progress.guard): the reason to stop, when it is crossed with action=stop; with lower_lr the optimiser's rate and
+    its schedule's are scaled. The snapshot before any training is not judged, and the last one only recorded (no
+    training follows it)."""
+    if guard.metric is None:
+        return None
+    metrics = progress.evals[-1]["metrics"]
+    if batch == 0:
+        watch_initial(guard, metrics, "online.guard")
+        return None
+    reason = crossed(guard, metrics, "online.guard", f"the snapshot after {batch} mini-batches")
+    if reason is None:
+        return None
+    progress.guard.append({"batch": batch, "reason": reason,
+                           "action": "recorded (the last snapshot)" if final else guard.action})
+    if final or guard.action == "stop":
+        log.warning("online.guard: %s; %s", reason, "recorded" if final else "the run ends here")
+        return None if final else reason
+    scale_learning_rate(optimizer, schedule, guard.lr_factor)
+    log.warning("online.guard: %s; the learning rate is multiplied by %g from here", reason, guard.lr_factor)
+    return None

@@ -201,6 +201,25 @@ def gold_scores(ds: Dataset) -> list[float] | None:
     return [gold_score(t, c, f) for t, c, f in zip(ds["task"], ds["completion"], ds["finish_reason"])]
 
 
+def mean_or_none(values) -> float | None:
+    """The mean of the values that are not None; None when there are none."""
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def kept_means(candidates: list[dict], kept: list[dict]) -> dict:
+    """The mean reward of a batch's scored rows and of the ones kept, and with the demo's oracle (a `task` column)
+    their mean gold score, recorded only: the oracle never selects (stage=online's mini-batch metrics)."""
+    means = {"reward_mean": mean_or_none(r["reward"] for r in candidates),
+             "kept_reward_mean": mean_or_none(r["reward"] for r in kept)}
+    if not candidates or "task" not in candidates[0]:
+        return means
+    gold = gold_scores(Dataset.from_dict({k: [r[k] for r in candidates] for k in ("task", "completion", "finish_reason")}))
+    kept_keys = {(r["prompt_id"], r["sample_idx"]) for r in kept}
+    return {**means, "gold_mean": mean_or_none(gold),
+            "kept_gold_mean": mean_or_none(g for r, g in zip(candidates, gold) if (r["prompt_id"], r["sample_idx"]) in kept_keys)}
+
+
 def scorable(values) -> list[float]:
     """The values a reward source could score (None: it could not)."""
     return [v for v in values if v is not None]

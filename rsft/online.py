@@ -9,30 +9,27 @@ This module is the mini-batch schedule and its checkpoint; each step is a servic
   4. select by the select group's rules (rsft.best_of_k.kept_of_batch; best_and_worst for the DPO term);
   5. train: online.steps_per_batch steps of SFT, plus with online.dpo_weight a DPO term
      (rsft.policy_training.train_on_batch; the examples are stage=sft's, cut_examples);
-  6. with online.refresh_every, label the samples as stage=labels does (rsft.pairs.labelled_pairs) and retrain
-     the reward model as stage=refresh does (rsft.bt_fit.retrained_on_labels);
+  6. with online.refresh_every, label the samples as stage=labels does and retrain the reward model as stage=refresh
+     does (rsft.bt_fit.refresh_on_samples: rsft.pairs.labelled_pairs, rsft.bt_fit.retrained_on_labels);
   7. every online.eval_every mini-batches, before the first and after the last, evaluate as stage=eval does
-     (rsft.generation.sample_evaluation, rsft.reward_service.scored_evaluation, rsft.metrics.policy_metrics),
-     with online.guard watching the snapshots (rsft.guard).
+     (rsft.generation.sample_evaluation, rsft.reward_service.evaluated), online.guard watching (rsft.guard).
 Under torchrun every process samples its share and trains data-parallel; a step is the one a single process takes.
 
 Resume: every online.checkpoint_every mini-batches a verified checkpoint (rsft.checkpoints.LoopCheckpoints) holds
 the trainable weights, the optimiser and schedule, the RNG states and Progress; a rerun of the same command
 resumes after the newest one and, on CPU, ends as an uninterrupted run ends (tests/test_online.py).
 
-Writes online/: policy/ (LoRA merged), kept/ (every kept completion, its mini-batch in `round`),
-evals/batch_XXXX/ (each snapshot's scored completions) and metrics.json (per mini-batch and per snapshot).
+Writes online/ (rsft.online_report.online_writer): policy/ (LoRA merged), kept/ (every kept completion, its
+mini-batch in `round`), evals/batch_XXXX/ (each snapshot's scored completions) and metrics.json (per mini-batch and
+per snapshot).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
-import statistics
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
 import torch
 from datasets import Dataset
@@ -42,10 +39,8 @@ from tqdm import tqdm
 from reward.formats import pair_files
 from rsft import distributed, reward_service
 from rsft.config import samples_per_prompt, uses_trained_reward
-from rsft.data import load_prompts, prompt_files
-from rsft.errors import ConfigError
-from rsft.guard import crossed as guard_crossed
-from rsft.guard import scale_learning_rate, watch_initial
+from rsft.data import load_prompts, minibatch_prompts, prompt_files, prompt_stream, check_batch_size
+from rsft.guard import watch_snapshot
 from rsft.generation import (
     adaptive_k,
     build_draft,
@@ -54,13 +49,13 @@ from rsft.generation import (
     sample_evaluation,
     sampling_settings,
 )
-from rsft.pairs import labelled_pairs
-from rsft.metrics import METRICS_FILE, flat_metrics, gold_scores, policy_metrics
+from rsft.metrics import flat_metrics, kept_means
 from rsft.models import load_policy, resolve_device
+from rsft.online_report import online_record, online_writer
 from rsft.paths import RunPaths
 from rsft.checkpoints import rng_states, seed_everything, set_rng_states
-from rsft.policy_training import OnlinePolicy, policy_writer, train_on_batch
-from rsft.bt_fit import refreshed_reward
+from rsft.policy_training import OnlinePolicy, check_scheduler, policy_writer, train_on_batch
+from rsft.bt_fit import RefreshedModels, refresh_on_samples
 from rsft.runner import Built, Job, Plan
 from rsft.best_of_k import best_and_worst, kept_of_batch
 from rsft.trl_common import check_trained
@@ -73,19 +68,9 @@ def minibatch_seed(seed: int, batch: int) -> int:
     return int(seed) * 1_000_003 + 500_009 + int(batch)
 
 
-def check_scheduler(name: str) -> None:
-    from transformers import SchedulerType
-
-    try:
-        SchedulerType(name)
-    except ValueError:
-        raise ConfigError(f"online.lr_scheduler={name!r}: expected one of transformers' schedules: "
-                          f"{', '.join(s.value for s in SchedulerType)}") from None
-
-
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The reward (the run's reward/ by digest, any other source by its identity) and the prompt files."""
-    check_scheduler(cfg.online.lr_scheduler)
+    check_scheduler(cfg.online.lr_scheduler, "online.lr_scheduler")
     sampling_settings(cfg.sample, cfg.draft)
     trained = [reward_service.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
     evaluates = cfg.online.eval_every > 0
@@ -100,29 +85,6 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         files += pair_files(cfg.reward.data)
     return Plan(outputs=[paths.online], inputs=trained + labels + ([judge] if judge is not None else []),
                 user_files=files, sources=sources)
-
-
-def prompt_stream(cfg: DictConfig) -> Dataset:
-    """The prompts the rounds would see, in order: with data.rotate the whole train split (round r takes its
-    next data.limit rows), without it the first data.limit rows (every round takes the same ones)."""
-    rotate = bool(cfg.data.get("rotate", False))
-    return load_prompts(OmegaConf.merge(cfg.data, {"limit": None} if rotate else {}, {"rotate": False}), "train")
-
-
-def check_batch_size(stream: Dataset, size: int) -> None:
-    """A mini-batch holds distinct prompts: M larger than the stream would put one prompt in a mini-batch twice,
-    and its 2K completions would then compete under one prompt id (selection keeps the best K of them)."""
-    if size > len(stream):
-        raise ConfigError(f"online.prompts_per_batch={size}: more than the {len(stream)} train prompts the stream holds "
-                          f"(data.path, data.limit, data.rotate); expected at most {len(stream)}, so that a mini-batch "
-                          f"never holds a prompt twice")
-
-
-def minibatch_prompts(stream: Dataset, batch: int, size: int) -> Dataset:
-    """Mini-batch `batch`: the stream's rows batch*M .. batch*M + M - 1 (M = size), wrapping round the stream."""
-    check_batch_size(stream, size)
-    rows = [(batch * size + i) % len(stream) for i in range(size)]
-    return stream.select(rows)
 
 
 # ---- one mini-batch ----
@@ -157,17 +119,13 @@ class Context:
     scorer: object
     settings: object
     judge: object = None  # eval.judge opened, or None: scores the snapshots beside the reward
+    judge_name: str | None = None
     eval_scorer: object = None  # what scores the snapshots: the run's reward/ (the sampler's scorer may be refreshed)
-    refreshed: object = None    # with online.refresh_every: Refreshed, where the refreshed reward models live
+    refreshed: object = None    # with online.refresh_every: RefreshedModels, where the refreshed reward models live
 
     @property
     def system_prompt(self):
         return self.cfg.data.get("system_prompt")
-
-
-def mean_or_none(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
 
 
 def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int) -> dict:
@@ -196,60 +154,24 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
     progress.kept.extend(kept)
     completions, tokens, wall = progress.sampled()
     seconds = time.perf_counter() - started
-    columns = ("task", "completion", "finish_reason")  # the oracle's score is recorded, never selects
-    gold = gold_scores(Dataset.from_dict({k: [r[k] for r in candidates] for k in columns})
-                       ) if candidates and "task" in candidates[0] else None
-    kept_keys = {(r["prompt_id"], r["sample_idx"]) for r in kept}
     return {
         "batch": batch, "prompts": len(prompts), "completions": sampling["num_completions"],
         "tokens": sampling["tokens"], "completions_sampled": completions + sampling["num_completions"],
         "tokens_sampled": tokens + sampling["tokens"], "seconds": round(seconds, 3),
-        "wall_seconds": round(wall + seconds, 3), "reward_mean": mean_or_none(r["reward"] for r in candidates),
-        "kept": len(kept), "kept_reward_mean": mean_or_none(r["reward"] for r in kept), **trained,
+        "wall_seconds": round(wall + seconds, 3), "kept": len(kept), **kept_means(candidates, kept), **trained,
         **({"reward_model": len(progress.refreshes)} if refresh else {}),
-        **({"gold_mean": mean_or_none(gold),
-            "kept_gold_mean": mean_or_none(g for r, g in zip(candidates, gold)
-                                           if (r["prompt_id"], r["sample_idx"]) in kept_keys)}
-           if gold is not None else {}),
     }
 
 
-@dataclass
-class Refreshed:
-    """Where the refreshed reward models live: `folder`/reward-NNN (NNN = refreshes done), in the stage's resume
-    folder (rsft.store.ProgressFolder: keyed by the fingerprint, deleted once the artifact is written); the
-    run's reward/ before the first refresh."""
-
-    folder: Path
-    initial: Path
-
-    def model(self, refreshes: int) -> Path:
-        return self.initial if refreshes == 0 else self.folder / f"reward-{refreshes:03d}"
-
-
 def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
-    """Label the samples since the last refresh, retrain the reward model on every label so far (as stage=refresh
-    retrains a round's), and score with it from now on. Every process trains (data-parallel under torchrun, as
-    stage=refresh); the main process writes the model, which every process then opens."""
-    cfg, device, started = ctx.cfg, ctx.policy.device, time.perf_counter()
-    index, current = len(progress.refreshes), ctx.refreshed.model(len(progress.refreshes))
-    samples = Dataset.from_list(progress.unlabelled)
-    splits, counts = labelled_pairs(cfg, samples, index, current, device)  # as stage=labels labels a round
-    progress.labels.append({"train": splits["train"].to_list(), "test": splits["test"].to_list()})
-    log.info("online: refresh %d before scoring mini-batch %d: %d new labelled pairs", index + 1, batch, counts["pairs"])
-    target = ctx.refreshed.model(index + 1)
-    metrics, sizes = refreshed_reward(cfg, progress.labels, current, target, device,
-                                      {"stage": "online", "refresh": index + 1, "batch": batch})
-    ctx.scorer = reward_service.open_reward(cfg, device, target)
-    record = {"refresh": index + 1, "batch": batch, "mini-batches": sorted({int(r["prompt_id"].rsplit("@", 1)[1])
-                                                                          for r in progress.unlabelled}),
-              "labelled_pairs": counts["pairs"], **sizes,
-              **{k: metrics[k] for k in ("heldout_accuracy", "train_accuracy", "gold_agreement") if k in metrics},
-              "seconds": round(time.perf_counter() - started, 3)}
+    """Label the samples since the last refresh and retrain the reward model on every label so far
+    (rsft.bt_fit.refresh_on_samples); it scores from now on."""
+    labels, record = refresh_on_samples(ctx.cfg, progress.unlabelled, progress.labels, ctx.refreshed,
+                                        ctx.policy.device, batch)
+    progress.labels.append(labels)
     progress.refreshes.append(record)
     progress.unlabelled = []
-    log.info("online: refresh %d: held-out accuracy %.3f on %d pairs", index + 1, metrics["heldout_accuracy"],
-             metrics["heldout_pairs"])
+    ctx.scorer = reward_service.open_reward(ctx.cfg, ctx.policy.device, ctx.refreshed.model(record["refresh"]))
 
 
 def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tracker) -> None:
@@ -261,10 +183,7 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
     with torch.no_grad():  # as stage=eval samples and scores the held-out prompts (its seed, its K)
         ds, _ = sample_evaluation(ctx.policy.model, ctx.tokenizer, prompts, ctx.settings, ctx.cfg, provenance,
                                   progress=False)
-    ds = reward_service.scored_evaluation(ds, ctx.eval_scorer or ctx.scorer, ctx.judge)
-    metrics = policy_metrics(ds, baseline)
-    if ctx.judge is not None:
-        metrics["judge"] = ctx.cfg.eval.judge
+    ds, metrics = reward_service.evaluated(ds, ctx.eval_scorer or ctx.scorer, ctx.judge, ctx.judge_name, baseline)
     completions, tokens, wall = progress.sampled()
     record = {"batch": batch, "completions_sampled": completions, "tokens_sampled": tokens, "wall_seconds": wall,
               "metrics": metrics}
@@ -277,39 +196,13 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
                  "online_eval/wall_seconds": wall}, step=batch)
 
 
-def watch_range(ctx: Context, progress: Progress, batch: int, final: bool) -> str | None:
-    """online.guard on the snapshot just taken after `batch` mini-batches (rsft.guard): the reason to stop, when it
-    is crossed with action=stop; with lower_lr the optimiser's rate and its schedule's are scaled. The snapshot
-    before any training is not judged, and the last one only recorded (no training follows it)."""
-    guard = ctx.cfg.online.guard
-    if guard.metric is None:
-        return None
-    metrics = progress.evals[-1]["metrics"]
-    if batch == 0:
-        watch_initial(guard, metrics, "online.guard")
-        return None
-    reason = guard_crossed(guard, metrics, "online.guard", f"the snapshot after {batch} mini-batches")
-    if reason is None:
-        return None
-    action = "recorded (the last snapshot)" if final else guard.action
-    progress.guard.append({"batch": batch, "reason": reason, "action": action})
-    if final or guard.action == "stop":
-        log.warning("online.guard: %s; %s", reason, "the run ends here" if not final else "recorded")
-        return None if final else reason
-    scale_learning_rate(ctx.policy.optimizer, ctx.policy.schedule, guard.lr_factor)
-    log.warning("online.guard: %s; the learning rate is multiplied by %g from here", reason, guard.lr_factor)
-    return None
-
-
 # ---- resume ----
 
 
 def checkpoint_state(policy: OnlinePolicy, progress: Progress) -> dict:
+    """The trainable weights, the optimiser, schedule and RNG states, and every field of Progress."""
     return {"weights": policy.trainable(), "optimizer": policy.optimizer.state_dict(),
-            "schedule": policy.schedule.state_dict(), "rng": rng_states(), "next_batch": progress.next_batch,
-            "kept": progress.kept, "minibatches": progress.minibatches, "evals": progress.evals,
-            "eval_rows": progress.eval_rows, "unlabelled": progress.unlabelled, "labels": progress.labels,
-            "refreshes": progress.refreshes, "guard": progress.guard}
+            "schedule": policy.schedule.state_dict(), "rng": rng_states(), **vars(progress)}
 
 
 def resume(checkpoints, policy: OnlinePolicy) -> Progress:
@@ -327,8 +220,7 @@ def resume(checkpoints, policy: OnlinePolicy) -> Progress:
     policy.optimizer.load_state_dict(state["optimizer"])
     policy.schedule.load_state_dict(state["schedule"])
     set_rng_states(state["rng"])
-    progress = Progress(state["next_batch"], state["kept"], state["minibatches"], state["evals"], state["eval_rows"],
-                        state["unlabelled"], state["labels"], state["refreshes"], state.get("guard", []))
+    progress = Progress(**{f.name: state[f.name] for f in fields(Progress) if f.name in state})  # older: no guard
     log.info("online: resuming after mini-batch %d (%d kept completions so far)", progress.next_batch - 1,
              len(progress.kept))
     return progress
@@ -342,7 +234,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     batches, every, eval_every = online.minibatches, online.checkpoint_every, online.eval_every
     seed_everything(cfg.seed)
     settings = sampling_settings(cfg.sample, cfg.draft)
-    stream = prompt_stream(cfg)
+    stream = prompt_stream(cfg.data)
     check_batch_size(stream, online.prompts_per_batch)  # before the policy loads
     model, tokenizer, source = load_policy(cfg, None, device)
     log.info("online: %s learns over %d mini-batches of %d prompts x %s completions (%s, %d steps each)", source,
@@ -351,20 +243,16 @@ def build(cfg: DictConfig, job: Job) -> Built:
     trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
     scorer = reward_service.open_reward(cfg, device, trained_folder)
     log.info("online: scored by %s", trained_folder or reward_service.source_spec(cfg))
-    judge = None
-    if eval_every and cfg.eval.get("judge") is not None:
-        folder = reward_service.judge_model(cfg)
-        for warning in reward_service.judge_warnings(folder, job.paths.reward) if folder is not None else []:
-            log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
-        judge = reward_service.open_judge(cfg, device, folder)
-        log.info("online: snapshots judged by %s", folder or reward_service.judge_spec(cfg))
+    judge, judge_name = None, None
+    if eval_every:
+        judge, judge_name, _ = reward_service.judge_for(cfg, device, reward_service.judge_model(cfg), job.paths.reward)
     ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
-                  eval_scorer=scorer)
+                  judge_name, eval_scorer=scorer)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
     refresh = online.refresh_every
     checkpoints = job.loop_checkpoints() if every or refresh else None  # kept by the main process, read by every one
     if refresh:
-        ctx.refreshed = Refreshed(checkpoints.folder, trained_folder)
+        ctx.refreshed = RefreshedModels(checkpoints.folder, trained_folder)
         if distributed.is_main():
             checkpoints.folder.mkdir(parents=True, exist_ok=True)
     distributed.barrier()
@@ -377,7 +265,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         for batch in range(progress.next_batch, batches):
             if eval_every and batch % eval_every == 0:
                 snapshot(ctx, held_out, progress, batch, job.tracker)
-                stopped = watch_range(ctx, progress, batch, final=False)
+                stopped = watch_snapshot(online.guard, progress, batch, False, policy.optimizer, policy.schedule)
                 if stopped:
                     break
             metrics = run_minibatch(ctx, stream, progress, batch)
@@ -396,37 +284,14 @@ def build(cfg: DictConfig, job: Job) -> Built:
                 distributed.barrier()
     if eval_every and not stopped:
         snapshot(ctx, held_out, progress, batches, job.tracker)
-        watch_range(ctx, progress, batches, final=True)
+        watch_snapshot(online.guard, progress, batches, True, policy.optimizer, policy.schedule)
     final = policy.final()
-    losses = [m["loss"] for m in progress.minibatches if m["loss"] is not None]
-    check_trained(final, losses[-1] if losses else None, online, "online")
-    completions, tokens, wall = progress.sampled()
-    stats = {"minibatches": len(progress.minibatches), "completions_sampled": completions, "tokens_sampled": tokens,
-             "wall_seconds": wall, "kept": len(progress.kept), "steps": sum(m["steps"] for m in progress.minibatches),
-             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-             "world_size": distributed.world_size(), "reward_refreshes": len(progress.refreshes),
-             "stopped": stopped, "guard": progress.guard}
-    if progress.evals:
-        stats.update({f"eval_{k}": v for k, v in progress.evals[-1]["metrics"].items()
-                      if k in ("reward_mean", "gold_mean", "judge_mean") and v is not None})
-    meta = {"stage": "online", "policy": source, "stats": stats, "minibatches": progress.minibatches,
-            "refreshes": progress.refreshes,
-            "evals": [{k: v for k, v in e.items() if k != "metrics"} | {"metrics": flat_metrics(e["metrics"])}
-                      for e in progress.evals],
-            "settings": OmegaConf.to_container(online, resolve=True)}
+    stats, meta = online_record(progress, OmegaConf.to_container(online, resolve=True), source, stopped,
+                                distributed.world_size())
+    check_trained(final, stats["loss_last"], online, "online")
     log.info("online: %d mini-batches, %d completions (%d tokens) sampled, %d kept, loss %s -> %s; written to %s",
-             batches, completions, tokens, len(progress.kept), stats["loss_first"], stats["loss_last"], job.out)
-    write_policy = policy_writer(final, None, tokenizer)
-
-    def write(tmp):
-        write_policy(tmp / "policy")
-        kept = Dataset.from_list(progress.kept) if progress.kept else Dataset.from_dict({"prompt_id": []})
-        kept.save_to_disk(str(tmp / "kept"), num_shards=1)
-        for batch, rows in sorted(progress.eval_rows.items()):
-            Dataset.from_list(rows).save_to_disk(str(tmp / "evals" / f"batch_{batch:04d}"), num_shards=1)
-        (tmp / METRICS_FILE).write_text(json.dumps({"minibatches": progress.minibatches, "evals": progress.evals,
-                                                    "refreshes": progress.refreshes}, indent=2, default=str))
-        if progress.refreshes:  # the last refreshed reward model, beside the policy it scored for
-            shutil.copytree(ctx.refreshed.model(len(progress.refreshes)), tmp / "reward")
-
+             batches, stats["completions_sampled"], stats["tokens_sampled"], stats["kept"], stats["loss_first"],
+             stats["loss_last"], job.out)
+    write = online_writer(progress, policy_writer(final, None, tokenizer),
+                          ctx.refreshed.model(len(progress.refreshes)) if progress.refreshes else None)
     return Built([(meta, write)], {f"online/final_{k}": v for k, v in stats.items() if v is not None}, step=batches)

@@ -10,25 +10,66 @@ counted. An online run's points: its snapshots (online/evals/batch_XXXX/, listed
 the tokens and wall seconds its mini-batches had taken. Every evaluation uses the same held-out prompts,
 eval.num_samples and eval.seed, so completion (prompt_id, sample_idx) pairs across them (rsft.stats).
 
-`online_summary` gives rsft.report the Online section of summary.md; scripts/online_vs_rounds.py compares
+`online_record` makes the artifact's record (meta.json's stats) from the run's progress; `online_summary` gives rsft.report the Online section of summary.md; scripts/online_vs_rounds.py compares
 several runs. Reads artifacts only (rsft.store), never a stage module.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from datasets import Dataset, load_from_disk
 
 from rsft import stats
 from rsft.errors import InputError, MissingInput
-from rsft.metrics import SCORE_TITLES, scored_by_key
+from rsft.metrics import METRICS_FILE, SCORE_TITLES, flat_metrics, scored_by_key
 from rsft.paths import RunPaths
 from rsft.plotting import finish, interval_errorbar, pyplot
 from rsft.store import is_complete, load_dataset_artifact, read_meta
 
-TRUTH_ORDER = tuple(SCORE_TITLES)  # gold, then the judge, then the proxy: the first a point holds is its truth
+TRUTH_ORDER = tuple(SCORE_TITLES)
+FINAL_EVAL = ("reward_mean", "gold_mean", "judge_mean")  # the last snapshot's means, among the run's stats
+
+
+def online_record(progress, settings: dict, source: str, stopped: str | None, world_size: int) -> tuple[dict, dict]:
+    """(stats, meta) of stage=online's artifact from its progress (rsft.online.Progress): what it sampled, kept and
+    trained, the first and last mini-batch losses, the refreshes, the guard's crossings, and the last snapshot's
+    means; meta adds every mini-batch's, refresh's and snapshot's record (metrics flattened) and the settings."""
+    losses = [m["loss"] for m in progress.minibatches if m["loss"] is not None]
+    completions, tokens, wall = progress.sampled()
+    stats = {"minibatches": len(progress.minibatches), "completions_sampled": completions, "tokens_sampled": tokens,
+             "wall_seconds": wall, "kept": len(progress.kept), "steps": sum(m["steps"] for m in progress.minibatches),
+             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+             "world_size": world_size, "reward_refreshes": len(progress.refreshes), "stopped": stopped,
+             "guard": progress.guard}
+    if progress.evals:
+        stats.update({f"eval_{k}": v for k, v in progress.evals[-1]["metrics"].items() if k in FINAL_EVAL and v is not None})
+    meta = {"stage": "online", "policy": source, "stats": stats, "minibatches": progress.minibatches,
+            "refreshes": progress.refreshes,
+            "evals": [{k: v for k, v in e.items() if k != "metrics"} | {"metrics": flat_metrics(e["metrics"])}
+                      for e in progress.evals],
+            "settings": settings}
+    return stats, meta  # gold, then the judge, then the proxy: the first a point holds is its truth
+
+
+def online_writer(progress, write_policy, reward: Path | None):
+    """What writes stage=online's artifact (the runner calls it with the folder): policy/ (write_policy), kept/ (every
+    kept row), evals/batch_XXXX/ (each snapshot's scored rows), metrics.json (every mini-batch's, snapshot's and
+    refresh's record) and, after refreshes, reward/ (a copy of the newest refreshed model, `reward`)."""
+    def write(tmp: Path):
+        write_policy(tmp / "policy")
+        kept = Dataset.from_list(progress.kept) if progress.kept else Dataset.from_dict({"prompt_id": []})
+        kept.save_to_disk(str(tmp / "kept"), num_shards=1)
+        for batch, rows in sorted(progress.eval_rows.items()):
+            Dataset.from_list(rows).save_to_disk(str(tmp / "evals" / f"batch_{batch:04d}"), num_shards=1)
+        (tmp / METRICS_FILE).write_text(json.dumps({"minibatches": progress.minibatches, "evals": progress.evals,
+                                                    "refreshes": progress.refreshes}, indent=2, default=str))
+        if reward is not None:  # the last refreshed reward model, beside the policy it scored for
+            shutil.copytree(reward, tmp / "reward")
+
+    return write
 
 
 def round_points(paths: RunPaths) -> list[dict]:

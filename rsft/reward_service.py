@@ -215,6 +215,17 @@ def judge_warnings(judge: Path, proxy: Path) -> list[str]:
     return []
 
 
+def judge_for(cfg: DictConfig, device, folder: Path | None, proxy: Path) -> tuple[RewardSource | None, str | None, list]:
+    """eval.judge opened for an evaluation (stage=eval, online's snapshots): (the source or None without a judge, the
+    name its metrics record, judge_warnings against the `proxy` reward folder, each logged here: such a judge shares
+    the proxy's taste and cannot stand in for an oracle)."""
+    warnings = judge_warnings(folder, proxy) if folder is not None else []
+    for warning in warnings:
+        log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
+    judge = open_judge(cfg, device, folder)
+    return judge, None if judge is None else str(folder if folder is not None else judge_spec(cfg)), warnings
+
+
 def calibrates(cfg: DictConfig) -> bool:
     """reward_source.calibrate, which a trained model does without (its scores are normalised by its own train set)."""
     return cfg.reward_source.kind != "trained" and bool(cfg.reward_source.calibrate)
@@ -258,6 +269,18 @@ def scored_evaluation(ds, scorer: RewardSource, judge: RewardSource | None):
         ds = ds.add_column("judge", judged).add_column("judge_normalised", judge.normalise(judged))
     gold = gold_scores(ds)
     return ds.add_column("gold", gold) if gold is not None else ds
+
+
+def evaluated(ds, scorer: RewardSource, judge: RewardSource | None, judge_name: str | None, baseline):
+    """(scored_evaluation of an evaluation's completions, their metrics): rsft.metrics.policy_metrics paired against
+    `baseline` (the initial policy's scored completions, or None), with the judge's name; stage=eval's and online's."""
+    from rsft.metrics import policy_metrics
+
+    ds = scored_evaluation(ds, scorer, judge)
+    metrics = policy_metrics(ds, baseline)
+    if judge is not None:
+        metrics["judge"] = judge_name
+    return ds, metrics
 
 
 def score_in_shards(scorer, shards, store: ShardStore) -> list[float | None]:

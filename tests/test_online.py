@@ -13,6 +13,7 @@ from datasets import load_from_disk
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+import rsft.data
 import rsft.online
 from rsft.errors import ConfigError
 from rsft.paths import RunPaths
@@ -98,9 +99,9 @@ def test_the_stream_is_the_prompts_the_rounds_would_see(make_cfg, rotate, rows):
     """With data.rotate the whole train split in order (the rounds take its next data.limit rows each round);
     without it the first data.limit rows, again and again (every round takes the same ones)."""
     cfg = make_cfg(*ONLINE, "data.limit=3", f"data.rotate={str(rotate).lower()}")
-    stream = rsft.online.prompt_stream(cfg)
-    every = rsft.online.load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
-    taken = [list(rsft.online.minibatch_prompts(stream, b, 2)["prompt_id"]) for b in range(3)]
+    stream = rsft.data.prompt_stream(cfg.data)
+    every = rsft.data.load_prompts(OmegaConf.merge(cfg.data, {"limit": None, "rotate": False}), "train")
+    taken = [list(rsft.data.minibatch_prompts(stream, b, 2)["prompt_id"]) for b in range(3)]
     assert sum(taken, []) == [every["prompt_id"][i] for i in rows]
 
 
@@ -268,10 +269,10 @@ def test_a_minibatch_larger_than_the_prompt_stream_is_refused(make_cfg):
     """online.prompts_per_batch above the stream's prompts would put a prompt in one mini-batch twice (its 2K
     completions competing under one id): refused, naming the setting and the count."""
     cfg = make_cfg(*ONLINE, "data.limit=3", "data.rotate=false")
-    stream = rsft.online.prompt_stream(cfg)
-    assert len(rsft.online.minibatch_prompts(stream, 1, 3)) == 3  # every prompt once: allowed
+    stream = rsft.data.prompt_stream(cfg.data)
+    assert len(rsft.data.minibatch_prompts(stream, 1, 3)) == 3  # every prompt once: allowed
     with pytest.raises(ConfigError, match="online.prompts_per_batch=4: more than the 3 train prompts"):
-        rsft.online.minibatch_prompts(stream, 0, 4)
+        rsft.data.minibatch_prompts(stream, 0, 4)
 
 
 def test_online_sft_loss_is_the_loss_trls_sft_trainer_takes_on_the_same_examples(tmp_path):
