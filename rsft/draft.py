@@ -325,13 +325,13 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
     teacher_path = paths.draft_teacher(cfg.round)
     return Plan(outputs=[paths.draft_output(cfg.round)],
-                inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])])
+                inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])], given={"sources": sources})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     """The hand-written training loops run in one process (rsft.stages: one_process); the others wait."""
     train = train_feature_draft if trains_feature_draft(cfg) else distil
-    return train(cfg, job.paths, training_sources(cfg, job.paths), resolve_device(cfg.device), job.loop_checkpoints())
+    return train(cfg, job.paths, job.plan.given["sources"], resolve_device(cfg.device), job.loop_checkpoints())
 
 
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:

@@ -91,7 +91,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     if trained:
         reward_service.reward_model(cfg)  # a missing reward model or a bad judge stops here, before any work
     judge = reward_service.judge_model(cfg)
-    inputs = ([paths.reward] if trained else []) + [p for p in (judge,) if p is not None]
+    inputs = ([paths.eval_reward] if trained else []) + [p for p in (judge,) if p is not None]
     device = resolve_device(cfg.device)
     sources = reward_service.source_identity(cfg, device)
     if reward_service.judge_spec(cfg) is not None:
@@ -102,13 +102,15 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     return Plan(outputs=[paths.initial_eval if initial else paths.eval(round_idx)], inputs=inputs,
                 user_files=prompt_files(cfg.data, "eval"), sources=sources,
                 first=[] if initial else [OmegaConf.merge(cfg, {"eval": {"policy": "initial"}})],
-                given={"policy": policy_path, "judge": judge})
+                given={"policy": policy_path, "judge": judge, "reward": paths.eval_reward if trained else None,
+                       "proxy": paths.reward, "baseline": None if initial else paths.initial_eval,
+                       "scored": paths.scored(0 if initial else round_idx)})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    paths, round_idx, initial = job.paths, cfg.round, cfg.eval.policy == "initial"
+    round_idx, initial, given = cfg.round, cfg.eval.policy == "initial", job.plan.given
     settings = sampling_settings(cfg.sample)
-    policy_path, judge = job.plan.given["policy"], job.plan.given["judge"]
+    policy_path, judge, scored_path = given["policy"], given["judge"], given["scored"]
     curve_round = 0 if initial else round_idx
     prompts = load_prompts(cfg.data, "eval")
     device = resolve_device(cfg.device)
@@ -123,14 +125,14 @@ def build(cfg: DictConfig, job: Job) -> Built:
     if engine is not None:
         engine.close()
     del model
-    scorer = reward_service.open_reward(cfg, device, paths.eval_reward if uses_trained_reward(cfg) else None)
-    judge_scorer, judge_name, warnings = reward_service.judge_for(cfg, device, judge, paths.reward)
+    scorer = reward_service.open_reward(cfg, device, given["reward"])
+    judge_scorer, judge_name, warnings = reward_service.judge_for(cfg, device, judge, given["proxy"])
     ds, metrics = reward_service.evaluated(ds, scorer, judge_scorer, judge_name,
-                                           None if initial else load_dataset_artifact(paths.initial_eval))
+                                           given["baseline"] and load_dataset_artifact(given["baseline"]))
     if judge_scorer is not None:
         metrics["judge_warnings"] = warnings
-    if is_complete(paths.scored(curve_round)):
-        scored = load_dataset_artifact(paths.scored(curve_round))
+    if is_complete(scored_path):  # the initial evaluation's: a snapshot of round 0's, if they exist by now
+        scored = load_dataset_artifact(scored_path)
         # the judge scores the round's K samples too: its curve is the truth the over-optimisation point reads
         judged = None if judge_scorer is None else reward_service.score_rows(
             judge_scorer, scored["prompt"], scored["completion"],

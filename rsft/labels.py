@@ -46,8 +46,9 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     if not is_complete(paths.samples(round_idx)):
         raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
                            f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
-    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)] + (
-        [judged_by(cfg, paths, round_idx)] if cfg.refresh.choose in MODEL_CHOICES else []))
+    chooser = judged_by(cfg, paths, round_idx) if cfg.refresh.choose in MODEL_CHOICES else None
+    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)] + [chooser] * bool(chooser),
+                given={"samples": paths.samples(round_idx), "chooser": chooser})
 
 
 def judged_by(cfg: DictConfig, paths: RunPaths, round_idx: int):
@@ -65,13 +66,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
     round_idx = cfg.round
     user_file = job.plan.given.get("user_file")
     if user_file is None:
-        chooser = None
-        if cfg.refresh.choose in MODEL_CHOICES:
-            chooser = judged_by(cfg, job.paths, round_idx)
+        chooser = job.plan.given["chooser"]
+        if chooser is not None:
             log.info("labels: round %d's pairs chosen where %s is least sure (%s)", round_idx, chooser,
                      f"{cfg.refresh.dropout_passes} dropout passes" if cfg.refresh.choose == "uncertain"
                      else "its head's posterior, one pick at a time")
-        splits, counts = labelled_pairs(cfg, load_dataset_artifact(job.paths.samples(round_idx)), round_idx, chooser,
+        splits, counts = labelled_pairs(cfg, load_dataset_artifact(job.plan.given["samples"]), round_idx, chooser,
                                         resolve_device(cfg.device))
     else:
         splits, counts = user_labels(cfg, user_file)

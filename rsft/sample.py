@@ -42,35 +42,36 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The samples read the policy and distilled draft artifacts they come from, the prompt file, and with
     pruning or adaptive K the reward model that decides them (their settings: rsft.stages)."""
     sampling_settings(cfg.sample, cfg.draft)  # bad settings stop here, before anything is loaded
-    round_idx = cfg.round
-    inputs = [p for p in (paths.sampling_policy(round_idx),) if p is not None]
+    round_idx, policy, budget_reward = cfg.round, paths.sampling_policy(cfg.round), None
+    inputs = [p for p in (policy,) if p is not None]
     if cfg.draft.kind in TRAINED_DRAFT_KINDS:
         inputs.append(paths.sampling_draft(round_idx))
     sources = {}
     if prune_schedule(cfg.sample) is not None or adaptive_k(cfg.sample) is not None:  # the reward decides them
-        inputs += [paths.budget_reward(round_idx)] if uses_trained_reward(cfg) else []
+        budget_reward = paths.budget_reward(round_idx) if uses_trained_reward(cfg) else None
+        inputs += [budget_reward] if budget_reward is not None else []
         sources = reward_service.source_identity(cfg, resolve_device(cfg.device))
     return Plan(outputs=[paths.samples(round_idx)], inputs=inputs, user_files=prompt_files(cfg.data, "train"),
-                sources=sources)
+                sources=sources, given={"policy": policy, "budget_reward": budget_reward})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
-    paths, round_idx = job.paths, cfg.round
+    round_idx, budget_reward = cfg.round, job.plan.given["budget_reward"]
     settings = sampling_settings(cfg.sample, cfg.draft)
     prompts = load_prompts(cfg.data, "train", round_idx)  # with data.rotate, round r's own slice
     device = resolve_device(cfg.device)
     seed = round_seed(cfg.seed, cfg.round)
-    model, tokenizer, policy_source, engine = open_policy(cfg, paths.sampling_policy(round_idx), device,
+    model, tokenizer, policy_source, engine = open_policy(cfg, job.plan.given["policy"], device,
                                                           settings, seed)
     draft = None if engine is not None else build_draft(cfg, model, tokenizer, device)
     prune, adaptive = prune_schedule(cfg.sample), adaptive_k(cfg.sample)
     scorer = None
     if prune is not None or adaptive is not None:
-        budget_reward = paths.budget_reward(round_idx) if uses_trained_reward(cfg) else reward_service.source_spec(cfg)
-        scorer = reward_service.open_reward(cfg, device, budget_reward if uses_trained_reward(cfg) else None)
+        scorer = reward_service.open_reward(cfg, device, budget_reward)
         spending = ([f"pruning at {list(prune.checkpoints)} tokens (share {prune.share})"] if prune else []) + (
             [f"adaptive K (k0={adaptive[0]}, mean {adaptive[1]:g} per prompt)"] if adaptive else [])
-        log.info("sample: %s with the reward model at %s", " and ".join(spending), budget_reward)
+        log.info("sample: %s with the reward model at %s", " and ".join(spending),
+                 budget_reward or reward_service.source_spec(cfg))
     provenance = {
         "round": round_idx,
         "policy": policy_source,

@@ -94,14 +94,15 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     if not is_complete(source):
         raise MissingInput(f"sft needs round {round_idx}'s selected completions at {source}; run "
                            f"`python -m rsft.run stage=select round={round_idx}` first")
-    return Plan(outputs=[paths.policy(round_idx)], inputs=[p for p in (source, init_path) if p is not None])
+    return Plan(outputs=[paths.policy(round_idx)], inputs=[p for p in (source, init_path) if p is not None],
+                given={"selected": source, "init": init_path})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     from trl import SFTTrainer
 
     round_idx = cfg.round
-    source, init_path = job.paths.selected(round_idx), job.paths.sft_init_policy(round_idx, cfg.sft.init)
+    source, init_path = job.plan.given["selected"], job.plan.given["init"]
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
         raise InputError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")

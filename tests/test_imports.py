@@ -192,3 +192,29 @@ def test_the_runner_loads_no_training_library():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_stages_build_reads_no_run_directory_place_its_plan_already_named():
+    """Declared inputs (issue 46): a stage's plan names the places it reads once (Plan.inputs, Plan.given) and its
+    build receives them from job.plan; build computing one again (`paths.samples(r)` in both) could read another
+    place than the one fingerprinted."""
+    import importlib
+    import inspect
+
+    from rsft.paths import RunPaths
+    from rsft.stages import STAGES
+
+    places = {name for name, _ in inspect.getmembers(RunPaths) if not name.startswith("_")}
+
+    def read(function) -> set[str]:
+        return {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute) and node.attr in places
+                and (getattr(node.value, "id", None) == "paths" or getattr(node.value, "attr", None) == "paths")}
+
+    again = {}
+    for stage in (s for s in STAGES if s.artifact):
+        tree = ast.parse(inspect.getsource(importlib.import_module(stage.module)))
+        functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+        twice = read(functions["plan"]) & read(functions["build"])
+        if twice:
+            again[stage.name] = sorted(twice)
+    assert not again, again
