@@ -5,7 +5,9 @@ memory (OnlinePolicy) with its one optimiser step of SFT, plus a DPO term (train
 
 The online step is written by hand: TRL's SFTTrainer trains on one fixed dataset, and online's data is new every
 mini-batch while the optimiser's state must carry over. Its SFT loss is the one SFTTrainer takes (cross-entropy on
-the completion tokens, the mean over the step's completion tokens) on the same examples (cut_examples)."""
+the completion tokens, the mean over the step's completion tokens) on the same examples (cut_examples), and its steps
+walk them in the Trainer's order (trainer_batches). Its DPO term (dpo_loss_sum) is DPOTrainer's default loss: TRL 1.16
+computes it only inside DPOTrainer.compute_loss, so it is written here and tested equal to it."""
 
 from __future__ import annotations
 
@@ -236,6 +238,16 @@ class Pairs:
     weight: float
 
 
+def dpo_loss_sum(model, pairs: Pairs, pad_id: int, device, rank: int = 0, world: int = 1) -> torch.Tensor:
+    """The DPO loss -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) summed over this
+    process's pairs (every `world`-th from `rank`), log-probabilities summed over each completion's tokens: the loss
+    TRL's DPOTrainer takes for stage=dpo (its default sigmoid loss; tests/test_online.py compares them)."""
+    chosen = -token_nll(model, pairs.chosen[rank::world], pad_id, device)      # [my pairs]
+    rejected = -token_nll(model, pairs.rejected[rank::world], pad_id, device)  # [my pairs]
+    margin = (chosen - pairs.reference_chosen[rank::world]) - (rejected - pairs.reference_rejected[rank::world])
+    return -torch.nn.functional.logsigmoid(pairs.beta * margin).sum()
+
+
 def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_norm: float,
                pairs: Pairs | None = None) -> tuple[float, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
@@ -254,10 +266,7 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
         objective = objective + sft
         sums[0] = sft.detach() * total
     if pairs is not None and pairs.chosen[rank::world]:
-        chosen = -token_nll(policy.model, pairs.chosen[rank::world], pad_id, policy.device)      # [my pairs]
-        rejected = -token_nll(policy.model, pairs.rejected[rank::world], pad_id, policy.device)  # [my pairs]
-        margin = (chosen - pairs.reference_chosen[rank::world]) - (rejected - pairs.reference_rejected[rank::world])
-        dpo_sum = -torch.nn.functional.logsigmoid(pairs.beta * margin).sum()
+        dpo_sum = dpo_loss_sum(policy.model, pairs, pad_id, policy.device, rank, world)
         objective = objective + pairs.weight * dpo_sum / len(pairs.chosen)
         sums[1] = dpo_sum.detach()
     if objective.requires_grad:

@@ -343,3 +343,49 @@ def test_one_minibatch_over_a_rounds_prompts_keeps_the_rounds_rows_and_trains_it
     ours = json.loads((out / "metrics.json").read_text())["minibatches"][0]["step_losses"]
     assert ours == pytest.approx(curve, rel=1e-4, abs=1e-5)
     assert len(set(round(x, 3) for x in curve)) > 1  # the curve moves: the weights trained between the steps
+
+
+def test_online_dpo_term_is_the_loss_trls_dpo_trainer_takes_on_the_same_pairs(tmp_path):
+    """One DPO objective (issue 46): online's DPO term (rsft.policy_training.dpo_loss_sum over the pairs, divided by
+    their count) takes on the token rows TRL's DPOTrainer collates for stage=dpo the very loss DPOTrainer computes:
+    its default sigmoid loss against a frozen reference, log-probabilities summed over each completion."""
+    import copy
+
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
+    from rsft.policy_training import Pairs, dpo_loss_sum, token_nll
+
+    tokenizer = build_byte_tokenizer()
+    model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "num_key_value_heads": 1, "intermediate_size": 32, "seed": 5}, len(tokenizer),
+                                 tokenizer)
+    reference = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                      "num_key_value_heads": 1, "intermediate_size": 32, "seed": 6}, len(tokenizer),
+                                     tokenizer).eval()  # another model: the margin is not zero
+    pairs = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Say hi."}],
+                                          [{"role": "user", "content": "Name a colour."}]],
+                               "chosen": [[{"role": "assistant", "content": "Hi there!"}],
+                                          [{"role": "assistant", "content": "Blue"}]],
+                               "rejected": [[{"role": "assistant", "content": "No."}],
+                                            [{"role": "assistant", "content": "A long answer about colours"}]]})
+    beta = 0.3
+    trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(reference), train_dataset=pairs, processing_class=tokenizer,
+                         args=DPOConfig(output_dir=str(tmp_path), beta=beta, use_cpu=True, report_to=[],
+                                        per_device_train_batch_size=2, max_length=512))
+    inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])
+    rows = [{"input_ids": ids[mask.bool()].tolist(), "completion_mask": done[mask.bool()].tolist()}
+            for ids, mask, done in zip(inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"])]
+    chosen, rejected = rows[:2], rows[2:]  # the collated batch is [chosen; rejected]
+    assert all(sum(r["completion_mask"]) > 0 for r in rows)
+    model.eval()
+    pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
+    with torch.no_grad():
+        theirs = trainer.compute_loss(model, inputs)
+        frozen = trainer.ref_model  # the copy as DPOTrainer set it up (its forward differs from `reference` in float)
+        terms = Pairs(chosen, rejected, -token_nll(frozen, chosen, pad, cpu), -token_nll(frozen, rejected, pad, cpu),
+                      beta, 1.0)
+        ours = dpo_loss_sum(model, terms, pad, cpu) / len(chosen)
+    assert float(theirs) != pytest.approx(float(torch.log(torch.tensor(2.0))), abs=1e-4)  # a margin, not log 2
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
