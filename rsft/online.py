@@ -41,14 +41,7 @@ from rsft import distributed, reward_service
 from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import load_prompts, minibatch_prompts, prompt_files, prompt_stream, check_batch_size
 from rsft.guard import watch_snapshot
-from rsft.generation import (
-    adaptive_k,
-    build_draft,
-    prune_schedule,
-    sample_dataset,
-    sample_evaluation,
-    sampling_settings,
-)
+from rsft.generation import adaptive_k, build_draft, prune_schedule, sample_dataset, sample_evaluation, sampling_settings
 from rsft.metrics import flat_metrics, kept_means
 from rsft.models import load_policy, resolve_device
 from rsft.online_report import online_record, online_writer
@@ -57,6 +50,7 @@ from rsft.checkpoints import rng_states, seed_everything, set_rng_states
 from rsft.policy_training import OnlinePolicy, check_scheduler, policy_writer, train_on_batch
 from rsft.bt_fit import RefreshedModels, refresh_on_samples
 from rsft.runner import Built, Job, Plan
+from rsft.tracking import PhaseClock
 from rsft.best_of_k import best_and_worst, kept_of_batch
 from rsft.trl_common import check_trained
 
@@ -130,7 +124,7 @@ class Context:
 
 def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int) -> dict:
     """Sample, score, select and train on mini-batch `batch`; its metrics (the kept rows join `progress`)."""
-    cfg, started = ctx.cfg, time.perf_counter()
+    cfg, clock = ctx.cfg, PhaseClock()
     prompts = minibatch_prompts(stream, batch, cfg.online.prompts_per_batch)
     provenance = {"round": batch, "policy": f"online (mini-batch {batch})",
                   "sampler": json.dumps({**ctx.settings.__dict__, "draft": cfg.draft.kind}, sort_keys=True)}
@@ -141,24 +135,28 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
                                       samples_per_prompt(cfg.sample), minibatch_seed(cfg.seed, batch), ctx.system_prompt,
                                       provenance, progress=False, scorer=ctx.scorer if prune or adaptive else None,
                                       prune=prune, adaptive=adaptive)
+    clock.lap("sampling")
     refresh = cfg.online.refresh_every
     if refresh:
         progress.unlabelled.extend({**r, "prompt_id": f"{r['prompt_id']}@{batch}"} for r in ds.to_list())
         if (batch + 1) % refresh == 0:
             refresh_reward(ctx, progress, batch)
+    clock.lap("refresh")
     candidates = reward_service.score_batch(ctx.scorer, ds, reward_service.calibrates(cfg))
     kept = kept_of_batch(cfg, candidates, batch)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
+    clock.lap("scoring")
     trained = train_on_batch(ctx.policy, ctx.tokenizer, cfg.online, cfg.seed, ctx.system_prompt, kept, progress.kept,
                              batch, pairs)
     progress.kept.extend(kept)
+    clock.lap("training")
     completions, tokens, wall = progress.sampled()
-    seconds = time.perf_counter() - started
+    seconds = clock.total
     return {
         "batch": batch, "prompts": len(prompts), "completions": sampling["num_completions"],
         "tokens": sampling["tokens"], "completions_sampled": completions + sampling["num_completions"],
         "tokens_sampled": tokens + sampling["tokens"], "seconds": round(seconds, 3),
-        "wall_seconds": round(wall + seconds, 3), "kept": len(kept), **kept_means(candidates, kept), **trained,
+        "wall_seconds": round(wall + seconds, 3), "phase_seconds": clock.seconds, "kept": len(kept), **kept_means(candidates, kept), **trained,
         **({"reward_model": len(progress.refreshes)} if refresh else {}),
     }
 
@@ -175,7 +173,8 @@ def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:
 
 
 def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tracker) -> None:
-    """Evaluate after `batch` mini-batches; its rows and metrics join `progress`."""
+    """Evaluate after `batch` mini-batches; its rows and metrics (and its seconds) join `progress`."""
+    started = time.perf_counter()
     baseline = Dataset.from_list(progress.eval_rows[0]) if 0 in progress.eval_rows else None
     provenance = {"round": batch, "policy": f"online (after {batch} mini-batches)",
                   "sampler": json.dumps({**ctx.settings.__dict__, "draft": "none"}, sort_keys=True)}
@@ -186,7 +185,7 @@ def snapshot(ctx: Context, prompts: Dataset, progress: Progress, batch: int, tra
     ds, metrics = reward_service.evaluated(ds, ctx.eval_scorer or ctx.scorer, ctx.judge, ctx.judge_name, baseline)
     completions, tokens, wall = progress.sampled()
     record = {"batch": batch, "completions_sampled": completions, "tokens_sampled": tokens, "wall_seconds": wall,
-              "metrics": metrics}
+              "seconds": round(time.perf_counter() - started, 3), "metrics": metrics}
     progress.evals.append(record)
     progress.eval_rows[batch] = ds.to_list()
     log.info("online: eval after %d mini-batches (%d tokens sampled): %s", batch, tokens,

@@ -113,6 +113,33 @@ def online_points(paths: RunPaths) -> list[dict]:
             for e in evals]
 
 
+LOOP_PHASES = {"sample": "sampling", "labels": "refresh", "refresh": "refresh", "score": "scoring", "select": "scoring",
+               "sft": "training", "dpo": "training", "draft": "draft", "eval": "evaluation"}  # prefs, reward: shared
+
+
+def seconds_by_phase(paths: RunPaths, online: bool) -> dict[str, float]:
+    """Where a method's time went, by phase, from what its artifacts recorded (writes not counted on either side).
+    online=False: the loop's artifacts' build seconds by stage (LOOP_PHASES; each stage's own model load inside it),
+    leaving out the initial prefs/ and reward/ that an online run copies, and online/; online=True: online/'s
+    mini-batch phases (sampling, refresh, scoring with selection, training), its snapshots (evaluation) and the
+    rest of its build (model load and set-up)."""
+    seconds: dict[str, float] = {}
+    if online:
+        metrics = json.loads((paths.online / "metrics.json").read_text())
+        for batch in metrics["minibatches"]:
+            for phase, value in batch.get("phase_seconds", {}).items():
+                seconds[phase] = seconds.get(phase, 0.0) + value
+        seconds["evaluation"] = sum(e.get("seconds", 0.0) for e in metrics["evals"])
+        seconds["load and set-up"] = float(read_meta(paths.online)["build_seconds"]) - sum(seconds.values())
+        return {phase: round(value, 1) for phase, value in seconds.items()}
+    for meta in sorted(paths.root.glob("**/meta.json")):
+        record = json.loads(meta.read_text())
+        phase = LOOP_PHASES.get(record.get("stage"))
+        if phase is not None and not meta.is_relative_to(paths.online):
+            seconds[phase] = round(seconds.get(phase, 0.0) + float(record.get("build_seconds") or 0.0), 1)
+    return seconds
+
+
 def common_columns(points: list[dict]) -> list[str]:
     """The score columns every point's evaluation holds, the truth first (gold, judge, reward)."""
     return [c for c in TRUTH_ORDER if all(c in p["eval"].column_names for p in points)]

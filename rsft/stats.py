@@ -22,6 +22,7 @@ prompts.
 from __future__ import annotations
 
 import math
+import statistics
 import re
 from collections import Counter, defaultdict
 
@@ -212,6 +213,22 @@ def verdict(difference: dict, margin: float) -> str:
     if high < 0:
         return "worse"
     return "undecided"
+
+
+def paired_over_seeds(a: list[dict[str, list[float]]], b: list[dict[str, list[float]]], margin: float) -> dict:
+    """A against B over seed pairs (A's i-th run with B's i-th), each run {prompt_id: values} on the same held-out
+    prompts: {"a", "b", "a_minus_b"}, each side pooled over seeds and prompts (pooled_bootstrap) and the paired
+    difference of the per-prompt means with its verdict at `margin` (stated before the runs)."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} runs against {len(b)}: pair them seed for seed, one each")
+    for i, (mine, theirs) in enumerate(zip(a, b)):
+        if mine.keys() != theirs.keys():
+            raise ValueError(f"seed pair {i}: the sides evaluated other prompts; evaluate both with the same "
+                             f"data.eval_limit, eval.num_samples and eval.seed")
+    differences = [{prompt: [statistics.fmean(mine[prompt]) - statistics.fmean(theirs[prompt])] for prompt in mine}
+                   for mine, theirs in zip(a, b)]
+    pooled = pooled_bootstrap(differences)
+    return {"a": pooled_bootstrap(a), "b": pooled_bootstrap(b), "a_minus_b": {**pooled, "verdict": verdict(pooled, margin)}}
 
 
 def verdict_shown(difference: dict, margin: float) -> str:

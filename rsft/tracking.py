@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,6 +29,24 @@ from rsft.machine import machine
 from rsft.store import library_versions
 
 log = logging.getLogger(__name__)
+
+
+class PhaseClock:
+    """Wall seconds per named phase of a piece of work: `lap(name)` ends the phase running since the last lap (or the
+    clock's start) and adds its seconds to `name`; `seconds` is every phase's, `total` their sum."""
+
+    def __init__(self):
+        self.started = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return self.last - self.started
 
 
 class Tracker:

@@ -443,18 +443,15 @@ def seeds(args) -> dict:
         for k in args.ks:
             per = {name: [pass_at_k_by_prompt(points[budget]["eval"], column, k) for points in runs]
                    for name, runs in sides.items()}
-            for a, b in zip(per["a"], per["b"]):
-                if a.keys() != b.keys():
-                    raise InputError(f"pass@{k} at {budget} completions: the sides evaluated other prompts; use the "
-                                     f"same data.eval_limit, eval.num_samples and eval.seed")
-            differences = [{prompt: [a[prompt][0] - b[prompt][0]] for prompt in a} for a, b in zip(per["a"], per["b"])]
-            pooled = stats.pooled_bootstrap(differences)
-            a_side, b_side = stats.pooled_bootstrap(per["a"]), stats.pooled_bootstrap(per["b"])
-            word = stats.verdict(pooled, args.margin)
-            print(f"| {budget} | {k} | {stats.shown(a_side)} | {stats.shown(b_side)} | {stats.shown(pooled, True)} | "
-                  f"{', '.join(f'{d:+.3f}' for d in pooled['seed_means'])} | {word} (m = {args.margin:g}) |")
-            rows.append({"completions": budget, "k": k, "a": a_side, "b": b_side,
-                         "a_minus_b": {**pooled, "verdict": word}})
+            try:
+                compared = stats.paired_over_seeds(per["a"], per["b"], args.margin)
+            except ValueError as error:
+                raise InputError(f"pass@{k} at {budget} completions: {error}") from None
+            pooled = compared["a_minus_b"]
+            print(f"| {budget} | {k} | {stats.shown(compared['a'])} | {stats.shown(compared['b'])} | "
+                  f"{stats.shown(pooled, True)} | {', '.join(f'{d:+.3f}' for d in pooled['seed_means'])} | "
+                  f"{pooled['verdict']} (m = {args.margin:g}) |")
+            rows.append({"completions": budget, "k": k, **compared})
     print("\n| run | seconds by phase |\n|---|---|")
     phases = {str(run): phase_seconds(run) for run in (*args.a, *args.b)}
     for run, seconds in phases.items():

@@ -237,6 +237,28 @@ def seeds_table(record: dict) -> list[str]:
     return lines
 
 
+def online_vs_rounds_table(record: dict) -> list[str]:
+    """Online against the rounds over seed pairs (scripts/online_vs_rounds.py seeds --record NAME): each side's score
+    after training, pooled over seeds and prompts, the tokens each seed sampled, the pooled paired difference with
+    the verdict at the record's margin and each seed's own, and each run's seconds by phase."""
+    from rsft.stats import shown
+
+    compared, column, seeds = record["online_vs_rounds"], record["column"], len(record["rounds"])
+    difference = compared["a_minus_b"]
+    lines = [f"| side | {column} after, pooled over {seeds} seeds [95% CI] | tokens sampled by seed | "
+             f"online - rounds, pooled | by seed | verdict |", "|---|---|---|---|---|---|"]
+    for side, name in (("b", "rounds"), ("a", "online")):
+        lines.append(f"| {name} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][name])} | "
+                     + (f"{_signed(difference)} | {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
+                        f"{difference['verdict']} (m = {record['margin']:g}) |" if name == "online" else " | | |"))
+    phases = sorted({phase for seconds in record["seconds_by_phase"].values() for phase in seconds})
+    lines += ["", "| run | " + " | ".join(f"{phase} s" for phase in phases) + " | all s |", "|---|" + "---|" * (len(phases) + 1)]
+    for run, seconds in record["seconds_by_phase"].items():
+        lines.append(f"| {Path(run).name} | " + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
+                     + f" | {sum(seconds.values()):,.0f} |")
+    return lines
+
+
 POLICY_SHAPES = {"smollm2-135m": "SmolLM2-135M", "llama-1.5b": "Llama 1.5B (Qwen2-1.5B's shape: hidden 1536, 28 layers)"}
 
 
@@ -311,7 +333,7 @@ def gpu_speculation_table(record: dict) -> list[str]:
 
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
-               "comparison": comparison_table, "seeds": seeds_table}
+               "comparison": comparison_table, "seeds": seeds_table, "online-vs-rounds": online_vs_rounds_table}
 
 
 def with_record_tables(text: str, page: str) -> str:

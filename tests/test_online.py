@@ -33,7 +33,7 @@ def _weights(path) -> list[torch.Tensor]:
 
 
 def _without_time(minibatches: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if k not in ("seconds", "wall_seconds")} for m in minibatches]
+    return [{k: v for k, v in m.items() if k not in ("seconds", "wall_seconds", "phase_seconds")} for m in minibatches]
 
 
 def killed_in_minibatch_3(monkeypatch) -> list[int]:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from datasets import Dataset
 
 import rsft.report
 import rsft.run
+from rsft.errors import InputError
 from rsft.online_report import online_summary, pick_column, round_points
 from rsft.paths import RunPaths
 from rsft.report import begun_rounds, write_plots, write_summary
@@ -104,3 +106,45 @@ def test_the_truth_is_gold_then_the_judge_then_the_proxy(tmp_path):
     for p in points:
         p["eval"] = p["eval"].remove_columns("gold").add_column("judge", [0.0] * len(p["eval"]))
     assert pick_column(points, None) == "judge" and pick_column(points, "reward") == "reward"
+
+
+def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_side_by_phase(tmp_path, capsys):
+    """scripts/online_vs_rounds.py seeds on hand-written runs: the i-th rounds run pairs with the i-th online run,
+    online - rounds is pooled over the seed pairs with the rule's verdict at the stated margin, and each run's
+    seconds come by phase (the loop's by stage, the shared prefs/ and reward/ left out; online's from its metrics)."""
+    import importlib.util
+
+    from rsft.online_report import seconds_by_phase
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("online_vs_rounds", REPO / "scripts" / "online_vs_rounds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rounds, online = [], []
+    for seed in range(3):
+        loop, other = RunPaths(tmp_path / f"r{seed}"), RunPaths(tmp_path / f"o{seed}")
+        _loop_and_online(loop)
+        write_artifact(loop.reward, {"stage": "reward", "build_seconds": 99.0})  # shared with online: not counted
+        _loop_and_online(other)
+        minibatches = [{"batch": 0, "phase_seconds": {"sampling": 3.0, "training": 2.0}},
+                       {"batch": 1, "phase_seconds": {"sampling": 4.0, "training": 1.0}}]
+        evals = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 1.0 * b,
+                  "seconds": 1.5} for b in (0, 2)]
+        (other.online / "metrics.json").write_text(json.dumps({"minibatches": minibatches, "evals": evals}))
+        meta = json.loads((other.online / "meta.json").read_text())
+        (other.online / "meta.json").write_text(json.dumps({**meta, "build_seconds": 20.0}))
+        rounds.append(str(loop.root))
+        online.append(str(other.root))
+    assert seconds_by_phase(RunPaths(tmp_path / "r0"), online=False) == {"sampling": 20.0, "training": 20.0,
+                                                                        "evaluation": 0.0}
+    assert seconds_by_phase(RunPaths(tmp_path / "o0"), online=True) == {"sampling": 7.0, "training": 3.0, "evaluation": 3.0,
+                                                          "load and set-up": 7.0}
+    record = script.seeds(["--rounds", *rounds, "--online", *online, "--margin", "0.03"])
+    difference = record["online_vs_rounds"]["a_minus_b"]
+    # online's last snapshot scores gold 0.75 + 0.01 p, the rounds' last evaluation 0.7 + 0.01 p: +0.05 everywhere
+    assert difference["mean"] == pytest.approx(0.05) and difference["low"] == pytest.approx(0.05)
+    assert difference["seed_means"] == pytest.approx([0.05] * 3) and difference["verdict"] == "better"
+    assert record["column"] == "gold" and record["tokens"] == {"rounds": [2000] * 3, "online": [1000] * 3}
+    assert "online - rounds: +0.050" in capsys.readouterr().out
+    with pytest.raises(InputError, match="pair them seed for seed"):
+        script.seeds(["--rounds", *rounds, "--online", *online[:2], "--margin", "0.03"])
