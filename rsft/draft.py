@@ -156,9 +156,9 @@ def extra_sequences(tokenizer, cfg: DictConfig, teacher_config, sources: list) -
     return sequences
 
 
-def _teacher_and_data(cfg: DictConfig, paths: RunPaths, sources: list, device):
-    """The policy the draft must imitate, and the token sequences to imitate it on."""
-    teacher, tokenizer, teacher_name = load_policy(cfg, paths.draft_teacher(cfg.round), device)
+def _teacher_and_data(cfg: DictConfig, teacher_path, sources: list, device):
+    """The policy the draft must imitate (the configured one for None), and the token sequences to imitate it on."""
+    teacher, tokenizer, teacher_name = load_policy(cfg, teacher_path, device)
     rows = concatenate_datasets([load_dataset_artifact(p).select_columns(["prompt", "completion_ids"])
                                  for p in sources])
     sequences = []
@@ -325,13 +325,14 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     extra = extra_feature_sources(cfg, paths) if trains_feature_draft(cfg) else []
     teacher_path = paths.draft_teacher(cfg.round)
     return Plan(outputs=[paths.draft_output(cfg.round)],
-                inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])], given={"sources": sources})
+                inputs=[*sources, *extra, *([teacher_path] if teacher_path else [])],
+                given={"sources": sources, "extra": extra, "teacher": teacher_path})
 
 
 def build(cfg: DictConfig, job: Job) -> Built:
     """The hand-written training loops run in one process (rsft.stages: one_process); the others wait."""
     train = train_feature_draft if trains_feature_draft(cfg) else distil
-    return train(cfg, job.paths, job.plan.given["sources"], resolve_device(cfg.device), job.loop_checkpoints())
+    return train(cfg, job.plan.given, resolve_device(cfg.device), job.loop_checkpoints())
 
 
 def _split(cfg: DictConfig, train: DictConfig, sequences: list) -> tuple[list, list]:
@@ -356,10 +357,11 @@ def _built(cfg: DictConfig, kind: str, metrics: dict, write_files) -> Built:
                  step=max(cfg.round, 0))
 
 
-def distil(cfg: DictConfig, paths: RunPaths, sources: list, device, checkpoints: LoopCheckpoints | None = None) -> Built:
-    """Train the draft on the policy's sequences, measure its acceptance, write it to `out`."""
+def distil(cfg: DictConfig, given: dict, device, checkpoints: LoopCheckpoints | None = None) -> Built:
+    """Train the draft on the policy's sequences (`given`: the plan's sources and teacher), measure its acceptance,
+    write it to `out`."""
     dcfg = cfg.distill
-    teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
+    teacher, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, given["teacher"], given["sources"], device)
     rng = random.Random(cfg.seed)
     rng.shuffle(sequences)
     n_heldout = max(1, int(len(sequences) * dcfg.heldout_fraction))
@@ -478,15 +480,15 @@ def build_feature_draft(policy, num_layers: int, head_token_ids: list[int] | Non
     return draft.to(policy.device)
 
 
-def train_feature_draft(cfg: DictConfig, paths: RunPaths, sources: list, device,
-                        checkpoints: LoopCheckpoints | None = None) -> Built:
-    """Train a feature draft for the round's policy on its sequences, measure its acceptance, write it."""
+def train_feature_draft(cfg: DictConfig, given: dict, device, checkpoints: LoopCheckpoints | None = None) -> Built:
+    """Train a feature draft for the round's policy on its sequences (`given`: the plan's sources, extra sources and
+    teacher), measure its acceptance, write it."""
     train = cfg.draft.train
-    policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, paths, sources, device)
+    policy, tokenizer, sequences, teacher_name = _teacher_and_data(cfg, given["teacher"], given["sources"], device)
     policy.eval().requires_grad_(False)
     heldout, training_set = _split(cfg, train, sequences)
     held_keys = {(tuple(p), tuple(c)) for p, c in heldout}  # the held-out sequences stay out of training
-    training_set += [s for s in extra_sequences(tokenizer, cfg, policy.config, extra_feature_sources(cfg, paths))
+    training_set += [s for s in extra_sequences(tokenizer, cfg, policy.config, given["extra"])
                      if (tuple(s[0]), tuple(s[1])) not in held_keys]
     head_ids = (frequent_tokens(training_set, train.head_tokens, tokenizer.eos_token_id)
                 if train.head_tokens > 0 else None)

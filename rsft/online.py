@@ -78,7 +78,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         labels = [paths.prefs] if cfg.reward.data.path is None else []
         files += pair_files(cfg.reward.data)
     return Plan(outputs=[paths.online], inputs=trained + labels + ([judge] if judge is not None else []),
-                user_files=files, sources=sources)
+                user_files=files, sources=sources, given={"reward": trained[0] if trained else None, "judge": judge})
 
 
 # ---- one mini-batch ----
@@ -239,12 +239,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
     log.info("online: %s learns over %d mini-batches of %d prompts x %s completions (%s, %d steps each)", source,
              batches, online.prompts_per_batch, cfg.sample.num_samples, online.mode, online.steps_per_batch)
     policy = OnlinePolicy.build(model, online, device, batches * online.steps_per_batch)
-    trained_folder = job.plan.inputs[0] if uses_trained_reward(cfg) else None
+    trained_folder = job.plan.given["reward"]
     scorer = reward_service.open_reward(cfg, device, trained_folder)
     log.info("online: scored by %s", trained_folder or reward_service.source_spec(cfg))
     judge, judge_name = None, None
     if eval_every:
-        judge, judge_name, _ = reward_service.judge_for(cfg, device, reward_service.judge_model(cfg), job.paths.reward)
+        judge, judge_name, _ = reward_service.judge_for(cfg, device, job.plan.given["judge"], job.paths.reward)
     ctx = Context(cfg, policy, tokenizer, build_draft(cfg, policy.model, tokenizer, device), scorer, settings, judge,
                   judge_name, eval_scorer=scorer)
     held_out = load_prompts(cfg.data, "eval") if eval_every else None
@@ -270,7 +270,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
             metrics = run_minibatch(ctx, stream, progress, batch)
             progress.minibatches.append(metrics)
             progress.next_batch = batch + 1
-            job.tracker.log({f"online/{k}": v for k, v in metrics.items() if v is not None}, step=batch + 1)
+            logged = {**flat_metrics(metrics), **{f"{k}_seconds": v for k, v in metrics["phase_seconds"].items()}}
+            job.tracker.log({f"online/{k}": v for k, v in logged.items()}, step=batch + 1)
             if progress.refreshes and progress.refreshes[-1]["batch"] == batch:
                 job.tracker.log({f"online_refresh/{k}": v for k, v in progress.refreshes[-1].items()
                                  if isinstance(v, (int, float))}, step=batch + 1)

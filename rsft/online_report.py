@@ -10,8 +10,10 @@ counted. An online run's points: its snapshots (online/evals/batch_XXXX/, listed
 the tokens and wall seconds its mini-batches had taken. Every evaluation uses the same held-out prompts,
 eval.num_samples and eval.seed, so completion (prompt_id, sample_idx) pairs across them (rsft.stats).
 
-`online_record` makes the artifact's record (meta.json's stats) from the run's progress; `online_summary` gives rsft.report the Online section of summary.md; scripts/online_vs_rounds.py compares
-several runs. Reads artifacts only (rsft.store), never a stage module.
+`online_record` and `online_writer` make stage=online's artifact (meta.json's record, the folder's files) from the
+run's progress; `online_summary` gives rsft.report the Online section of summary.md; seconds_by_phase and
+scripts/online_vs_rounds.py compare several runs. Reads and writes artifacts only (rsft.store), never a stage
+module.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from rsft.paths import RunPaths
 from rsft.plotting import finish, interval_errorbar, pyplot
 from rsft.store import is_complete, load_dataset_artifact, read_meta
 
-TRUTH_ORDER = tuple(SCORE_TITLES)
+TRUTH_ORDER = tuple(SCORE_TITLES)  # gold, then the judge, then the proxy: the first a point holds is its truth
 FINAL_EVAL = ("reward_mean", "gold_mean", "judge_mean")  # the last snapshot's means, among the run's stats
 
 
@@ -51,7 +53,7 @@ def online_record(progress, settings: dict, source: str, stopped: str | None, wo
             "evals": [{k: v for k, v in e.items() if k != "metrics"} | {"metrics": flat_metrics(e["metrics"])}
                       for e in progress.evals],
             "settings": settings}
-    return stats, meta  # gold, then the judge, then the proxy: the first a point holds is its truth
+    return stats, meta
 
 
 def online_writer(progress, write_policy, reward: Path | None):
@@ -122,7 +124,8 @@ def seconds_by_phase(paths: RunPaths, online: bool) -> dict[str, float]:
     online=False: the loop's artifacts' build seconds by stage (LOOP_PHASES; each stage's own model load inside it),
     leaving out the initial prefs/ and reward/ that an online run copies, and online/; online=True: online/'s
     mini-batch phases (sampling, refresh, scoring with selection, training), its snapshots (evaluation) and the
-    rest of its build (model load and set-up)."""
+    rest of its build (model load and set-up; left out after a resume, where the build's seconds are the last
+    command's and the mini-batches' are every command's)."""
     seconds: dict[str, float] = {}
     if online:
         metrics = json.loads((paths.online / "metrics.json").read_text())
@@ -130,7 +133,9 @@ def seconds_by_phase(paths: RunPaths, online: bool) -> dict[str, float]:
             for phase, value in batch.get("phase_seconds", {}).items():
                 seconds[phase] = seconds.get(phase, 0.0) + value
         seconds["evaluation"] = sum(e.get("seconds", 0.0) for e in metrics["evals"])
-        seconds["load and set-up"] = float(read_meta(paths.online)["build_seconds"]) - sum(seconds.values())
+        rest = float(read_meta(paths.online)["build_seconds"]) - sum(seconds.values())
+        if rest >= 0:
+            seconds["load and set-up"] = rest
         return {phase: round(value, 1) for phase, value in seconds.items()}
     for meta in sorted(paths.root.glob("**/meta.json")):
         record = json.loads(meta.read_text())

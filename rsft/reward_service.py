@@ -223,7 +223,10 @@ def judge_for(cfg: DictConfig, device, folder: Path | None, proxy: Path) -> tupl
     for warning in warnings:
         log.warning("eval.judge=%s: %s", cfg.eval.judge, warning)
     judge = open_judge(cfg, device, folder)
-    return judge, None if judge is None else str(folder if folder is not None else judge_spec(cfg)), warnings
+    name = None if judge is None else str(folder if folder is not None else judge_spec(cfg))
+    if name is not None:
+        log.info("eval.judge: the evaluations are judged by %s", name)
+    return judge, name, warnings
 
 
 def calibrates(cfg: DictConfig) -> bool:

@@ -251,11 +251,15 @@ def online_vs_rounds_table(record: dict) -> list[str]:
         lines.append(f"| {name} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][name])} | "
                      + (f"{_signed(difference)} | {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
                         f"{difference['verdict']} (m = {record['margin']:g}) |" if name == "online" else " | | |"))
-    phases = sorted({phase for seconds in record["seconds_by_phase"].values() for phase in seconds})
-    lines += ["", "| run | " + " | ".join(f"{phase} s" for phase in phases) + " | all s |", "|---|" + "---|" * (len(phases) + 1)]
-    for run, seconds in record["seconds_by_phase"].items():
-        lines.append(f"| {Path(run).name} | " + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
-                     + f" | {sum(seconds.values()):,.0f} |")
+    by_side = record["seconds_by_phase"]
+    phases = sorted({phase for runs in by_side.values() for seconds in runs.values() for phase in seconds})
+    lines += ["", "| side | run | " + " | ".join(f"{phase} s" for phase in phases) + " | all s |",
+              "|---|---|" + "---|" * (len(phases) + 1)]
+    for side, runs in by_side.items():
+        for run, seconds in runs.items():
+            lines.append(f"| {side} | {Path(run).name} | "
+                         + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
+                         + f" | {sum(seconds.values()):,.0f} |")
     return lines
 
 

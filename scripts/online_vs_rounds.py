@@ -82,15 +82,15 @@ def seeds(argv) -> dict:
     except ValueError as error:
         raise InputError(str(error)) from None
     difference = compared["a_minus_b"]
-    phases = {**{str(run): seconds_by_phase(RunPaths(run), online=False) for run in args.rounds},
-              **{str(run): seconds_by_phase(RunPaths(run), online=True) for run in args.online}}
+    phases = {"rounds": {str(run): seconds_by_phase(RunPaths(run), online=False) for run in args.rounds},
+              "online": {str(run): seconds_by_phase(RunPaths(run), online=True) for run in args.online}}
     print(describe(machine()))
     print(f"\n| side | {column} after, pooled over {len(args.rounds)} seeds [95% CI] | tokens sampled by seed | "
           f"seconds by seed (writes not counted) |\n|---|---|---|---|")
     for side, name in (("b", "rounds"), ("a", "online")):
         runs = args.rounds if name == "rounds" else args.online
         print(f"| {name} | {stats.shown(compared[side])} | {', '.join(str(p['tokens']) for p in last[name])} | "
-              f"{', '.join(f'{sum(phases[str(r)].values()):.0f}' for r in runs)} |")
+              f"{', '.join(f'{sum(phases[name][str(r)].values()):.0f}' for r in runs)} |")
     print(f"\nonline - rounds: {stats.shown(difference, True)}, by seed "
           f"{', '.join(f'{d:+.3f}' for d in difference['seed_means'])}: {difference['verdict']} (m = {args.margin:g})")
     try:
