@@ -389,3 +389,18 @@ def test_online_dpo_term_is_the_loss_trls_dpo_trainer_takes_on_the_same_pairs(tm
         ours = dpo_loss_sum(model, terms, pad, cpu) / len(chosen)
     assert float(theirs) != pytest.approx(float(torch.log(torch.tensor(2.0))), abs=1e-4)  # a margin, not log 2
     assert float(ours) == pytest.approx(float(theirs), rel=1e-5)
+
+
+def test_the_steps_walk_epochs_of_seeded_permutations_with_a_shorter_last_step():
+    """trainer_batches: 5 examples, 2 a step: each epoch is a permutation (seed + epoch) cut into 2, 2, 1; the
+    next epoch follows; the same seed gives the same walk and another seed another."""
+    from rsft.policy_training import trainer_batches
+
+    walk = trainer_batches(5, 2, 5, seed=7)
+    assert [len(step) for step in walk] == [2, 2, 1, 2, 2]
+    first = torch.randperm(5, generator=torch.Generator().manual_seed(7)).tolist()
+    second = torch.randperm(5, generator=torch.Generator().manual_seed(8)).tolist()
+    assert walk[:3] == [first[:2], first[2:4], first[4:]] and walk[3:] == [second[:2], second[2:4]]
+    assert trainer_batches(5, 2, 5, seed=7) == walk and trainer_batches(5, 2, 5, seed=9) != walk
+    bigger = trainer_batches(3, 8, 2, seed=0)  # a step larger than the examples takes the whole epoch
+    assert [sorted(step) for step in bigger] == [[0, 1, 2], [0, 1, 2]]
