@@ -114,3 +114,30 @@ def warn_if_other_machine(what: str, path: str | os.PathLike, record: dict | Non
                     "which artifact came from which). For one machine's numbers rebuild with overwrite=true here.",
                     what, path, describe(record), describe(machine()))
     return True
+
+
+RECORDS = Path(__file__).resolve().parents[1] / "docs" / "results"  # the results records (scripts/gen_docs.py)
+
+
+def commit() -> str | None:
+    """The project's commit (git's short hash) when its checkout is a git repository, else None: a results record
+    names the code that measured it."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
+                              cwd=RECORDS.parents[1])
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def write_record(name: str, record: dict, folder: Path = RECORDS) -> Path:
+    """Write a results record as NAME.json in `folder` (docs/results/, what scripts/gen_docs.py renders tables
+    from); its path."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}.json"
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return out

@@ -76,7 +76,7 @@ sys.path.insert(0, str(ROOT))
 
 from rsft import stats  # noqa: E402
 from rsft.errors import InputError, MissingInput, main_guard  # noqa: E402
-from rsft.machine import describe, machine  # noqa: E402
+from rsft.machine import commit, describe, machine, write_record  # noqa: E402
 from rsft.paths import RunPaths  # noqa: E402
 from rsft.store import is_complete, load_dataset_artifact  # noqa: E402
 
@@ -456,18 +456,12 @@ def seeds(args) -> dict:
     phases = {str(run): phase_seconds(run) for run in (*args.a, *args.b)}
     for run, seconds in phases.items():
         print(f"| {run} | {', '.join(f'{k} {v:.0f}' for k, v in seconds.items())} |")
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
-                              cwd=ROOT).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        head = None
     record = {"record": args.record, "made_by": "scripts/bench_grpo.py seeds", "command": " ".join(sys.argv),
-              "commit": head,
+              "commit": commit(),
               "machine": machine(), "task": args.task, "margin": args.margin, "a": [str(r) for r in args.a],
               "b": [str(r) for r in args.b], "rows": rows, "seconds_by_phase": phases}
     if args.record:
-        out = ROOT / "docs" / "results" / f"{args.record}.json"
-        out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        out = write_record(args.record, record)
         print(f"\nrecord: {out.relative_to(ROOT)}")
     return record
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from rsft import stats
 from rsft.errors import InputError, MissingInput, main_guard
+from rsft.machine import commit, write_record
 from rsft.paths import RunPaths
 from rsft.report import evaluations
 from rsft.store import is_complete, load_dataset_artifact
@@ -128,17 +129,6 @@ def run_facts(run: Path, column: str) -> dict:
             "build_seconds_by_stage": seconds, "build_seconds": round(sum(seconds.values()), 1)}
 
 
-def commit() -> str | None:
-    import subprocess
-
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
-                              cwd=RECORDS.parents[1])
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None
-
-
 def comparison_record(name: str, argv: list[str], run_a: Path, run_b: Path, column: str, margin: float,
                       rows: list[dict]) -> dict:
     from datetime import datetime, timezone
@@ -209,11 +199,9 @@ def main(argv=None) -> None:
         previous = {"a": mine, "b": theirs}
         rows.append(row)
     if args.record:
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        out = RECORDS / f"{args.record}.json"
         given = list(argv) if argv is not None else sys.argv[1:]
-        record = comparison_record(args.record, given, args.run_a, args.run_b, column, args.margin, rows)
-        out.write_text(json.dumps(record, indent=1) + "\n")
+        out = write_record(args.record, comparison_record(args.record, given, args.run_a, args.run_b, column,
+                                                          args.margin, rows), RECORDS)
         print(f"\nrecorded {out}")
 
 

@@ -34,14 +34,12 @@ summary.md its Online section and plots/online.png).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 from rsft import stats
 from rsft.errors import InputError, MissingInput, main_guard
-from rsft.machine import describe, machine
+from rsft.machine import commit, describe, machine, write_record
 from rsft.online_report import (
     mean,
     online_points,
@@ -93,19 +91,13 @@ def seeds(argv) -> dict:
               f"{', '.join(f'{sum(phases[name][str(r)].values()):.0f}' for r in runs)} |")
     print(f"\nonline - rounds: {stats.shown(difference, True)}, by seed "
           f"{', '.join(f'{d:+.3f}' for d in difference['seed_means'])}: {difference['verdict']} (m = {args.margin:g})")
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30,
-                              cwd=ROOT).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        head = None
     record = {"record": args.record, "made_by": "scripts/online_vs_rounds.py seeds", "command": " ".join(sys.argv),
-              "commit": head, "machine": machine(), "column": column, "margin": args.margin,
+              "commit": commit(), "machine": machine(), "column": column, "margin": args.margin,
               "rounds": [str(r) for r in args.rounds], "online": [str(r) for r in args.online],
               "online_vs_rounds": compared, "tokens": {name: [p["tokens"] for p in points] for name, points in last.items()},
               "seconds_by_phase": phases}
     if args.record:
-        out = ROOT / "docs" / "results" / f"{args.record}.json"
-        out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+        out = write_record(args.record, record)
         print(f"\nrecord: {out.relative_to(ROOT)}")
     return record
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rsft.errors import InputError, main_guard
+from rsft.machine import write_record
 
 RECORDS = ROOT / "docs" / "results"
 KEPT = ("method", "batch_rows", "repeat", "seconds", "tokens_per_second", "peak_mb", "ceiling_share", "steps",
@@ -73,9 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         record["commit_in_log"], record["commit"] = record["commit"], args.commit
     if not record["parts"]:
         raise InputError(f"{args.log}: no bench measurements in it (no part printed a {{\"method\": ...}} line)")
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    out = RECORDS / f"{args.name}.json"
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    out = write_record(args.name, record, RECORDS)
     print(f"recorded {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}: {len(record['parts'])} parts, "
           f"{sum(len(p['runs']) for p in record['parts'])} measurements")
 
