@@ -245,7 +245,7 @@ def online_vs_rounds_table(record: dict) -> list[str]:
 
     compared, column, seeds = record["online_vs_rounds"], record["column"], len(record["rounds"])
     difference = compared["a_minus_b"]
-    lines = [f"| side | {column} after, pooled over {seeds} seeds [95% CI] | tokens sampled by seed | "
+    lines = [f"| side | {column} after, pooled over {seeds} seed{'s' * (seeds > 1)} [95% CI] | tokens sampled by seed | "
              f"online - rounds, pooled | by seed | verdict |", "|---|---|---|---|---|---|"]
     for side, name in (("b", "rounds"), ("a", "online")):
         lines.append(f"| {name} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][name])} | "
