@@ -47,7 +47,7 @@ def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
         raise MissingInput(f"labels of round {round_idx} are pairs of its samples at {paths.samples(round_idx)}, which "
                            f"are missing; run `python -m rsft.run stage=sample round={round_idx}` first")
     chooser = judged_by(cfg, paths, round_idx) if cfg.refresh.choose in MODEL_CHOICES else None
-    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx)] + [chooser] * bool(chooser),
+    return Plan(outputs=[paths.round_prefs(round_idx)], inputs=[paths.samples(round_idx), *([chooser] if chooser else [])],
                 given={"samples": paths.samples(round_idx), "chooser": chooser})
 
 

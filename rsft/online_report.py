@@ -136,13 +136,13 @@ def seconds_by_phase(paths: RunPaths, online: bool) -> dict[str, float]:
         rest = float(read_meta(paths.online)["build_seconds"]) - sum(seconds.values())
         if rest >= 0:
             seconds["load and set-up"] = rest
-        return {phase: round(value, 1) for phase, value in seconds.items()}
-    for meta in sorted(paths.root.glob("**/meta.json")):
-        record = json.loads(meta.read_text())
-        phase = LOOP_PHASES.get(record.get("stage"))
-        if phase is not None and not meta.is_relative_to(paths.online):
-            seconds[phase] = round(seconds.get(phase, 0.0) + float(record.get("build_seconds") or 0.0), 1)
-    return seconds
+    else:
+        for meta in sorted(paths.root.glob("**/meta.json")):
+            record = json.loads(meta.read_text())
+            phase = LOOP_PHASES.get(record.get("stage"))
+            if phase is not None and not meta.is_relative_to(paths.online):
+                seconds[phase] = seconds.get(phase, 0.0) + float(record.get("build_seconds") or 0.0)
+    return {phase: round(value, 1) for phase, value in seconds.items()}
 
 
 def common_columns(points: list[dict]) -> list[str]:
