@@ -25,6 +25,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
+from rsft.config.sample_settings import k_schedule
 from rsft.errors import MissingInput
 from rsft.paths import RunPaths
 from rsft.store import is_complete, read_meta
@@ -67,6 +68,14 @@ def resolved(cfg: DictConfig, announce: bool = False) -> tuple[DictConfig, dict 
     """`cfg` with sample.num_samples=auto replaced by the round's K, and the choice (None when K is a number):
     the runner records it in the artifacts' meta.json (`auto_k`). announce: log the choice (the stage that samples
     the round does; the others that read K resolve it alike, silently)."""
+    schedule = k_schedule(cfg.sample.num_samples)
+    if schedule is not None:  # a fixed K per round: the r-th, the last repeating
+        round_idx = max(cfg.round, 0)
+        k = int(schedule[min(round_idx, len(schedule) - 1)])
+        choice = {"k": k, "why": f"sample.num_samples={schedule}: round {round_idx}'s K", "from_round": None}
+        if announce:
+            log.info("sample.num_samples=%s: round %s samples K=%s", schedule, cfg.round, k)
+        return OmegaConf.merge(cfg, {"sample": {"num_samples": k}}), choice
     if cfg.sample.num_samples != AUTO:
         return cfg, None
     choice = choose(cfg, RunPaths.from_config(cfg), max(cfg.round, 0))

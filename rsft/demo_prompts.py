@@ -9,10 +9,14 @@ budget, adds a preamble, repeats itself, runs into the token limit. Every budget
 
 How: TOPICS x TEMPLATES x two variants of each template (its count or word budget) = 384 prompts.
 The split holds out whole (template, topic) pairs: for each template, `TEST_TOPICS_PER_TEMPLATE`
-topics go to test, so test has 64 prompts (8 per template) and train 320, and no test prompt
-differs from a train prompt only in its number or phrasing. A `random.Random(SEED)` picks the
-held-out pairs, each prompt's phrasing and the order; ids are `demo-<split>-<nnnn>` in that order,
-so they are stable as long as this file is.
+topics go to test, so test has 64 prompts (8 per template), and no test prompt differs from a
+train prompt only in its number or phrasing. The other 320, shuffled, are split in order: the first
+256 are train, the last 64 validation, for choosing a setting (a floor, a learning rate) without
+reading test. Validation shares (template, topic) pairs with train, as a random split of one pool
+does, but no validation prompt is a train prompt, and a loop reaches none of them before it has
+used 256 train prompts (ten rounds of 24). A `random.Random(SEED)` picks the held-out pairs, each
+prompt's phrasing and the order; ids are `demo-<split>-<nnnn>` in that order, so they are stable
+as long as this file is (train's first 256 are what they were when train held all 320).
 
 Record: {"prompt_id": str, "prompt": str, "task": dict}. The task keys are the same in every
 record (None where unused) so that `task` can be stored as a `datasets` column:
@@ -34,6 +38,8 @@ from rsft.errors import ConfigError
 
 SEED = 0
 TEST_TOPICS_PER_TEMPLATE = 4
+VALIDATION_PROMPTS = 64  # the tail of the shuffled train pool
+SPLITS = ("train", "validation", "test")
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three"}
 
 TOPICS: dict[str, list[str]] = {
@@ -132,10 +138,10 @@ def _record(template: Template, topic: str, count: int | None, max_words: int, p
 
 
 def build_demo_prompts(split: str) -> list[dict]:
-    """The demo prompts of `split` ("train": 320, "test": 64), in a fixed shuffled order."""
-    if split not in ("train", "test"):
-        raise ConfigError(f"demo prompts have splits 'train' and 'test', not {split!r}; set data.split (and "
-                          f"data.eval_split) to train or test")
+    """The demo prompts of `split` ("train": 256, "validation": 64, "test": 64), in a fixed shuffled order."""
+    if split not in SPLITS:
+        raise ConfigError(f"demo prompts have splits {', '.join(repr(s) for s in SPLITS)}, not {split!r}; set "
+                          f"data.split (and data.eval_split) to one of them")
     rng = random.Random(SEED)
     held_out = {(template.name, topic)
                 for template in TEMPLATES
@@ -149,8 +155,12 @@ def build_demo_prompts(split: str) -> list[dict]:
                 records[pair_split].append(_record(template, topic, count, max_words, phrasing))
     # Both splits are built and shuffled every call so that each one's order and ids never
     # depend on which split was asked for.
-    for name, split_records in records.items():
+    for split_records in records.values():
         rng.shuffle(split_records)
+    # validation: the tail of the shuffled train pool (train's ids and order up to 256 are as they were)
+    records["validation"] = records["train"][len(records["train"]) - VALIDATION_PROMPTS:]
+    records["train"] = records["train"][:len(records["train"]) - VALIDATION_PROMPTS]
+    for name, split_records in records.items():
         for index, record in enumerate(split_records, start=1):
             record["prompt_id"] = f"demo-{name}-{index:04d}"
     return [{"prompt_id": r["prompt_id"], "prompt": r["prompt"], "task": r["task"]} for r in records[split]]

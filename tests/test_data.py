@@ -77,7 +77,7 @@ EDGE_PROMPTS = ["  leading spaces", "\n\nleading newlines", "trailing\n\n", "hé
 
 
 def same_ids_as_plain_tokenization(tokenizer) -> None:
-    prompts = [r["prompt"] for split in ("train", "test") for r in build_demo_prompts(split)] + EDGE_PROMPTS
+    prompts = [r["prompt"] for split in ("train", "validation", "test") for r in build_demo_prompts(split)] + EDGE_PROMPTS
     for system_prompt in (None, "be brief", " you are\n helpful "):
         for prompt in prompts:
             old = tokenizer(chat_text(tokenizer, prompt, system_prompt), add_special_tokens=False)["input_ids"]

@@ -8,7 +8,10 @@ from datasets import Dataset
 from rsft.demo_prompts import TEMPLATES, TOPICS, build_demo_prompts
 
 TASK_KEYS = {"template", "topic", "keywords", "form", "count", "max_words", "tone_words"}
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
+# train's 1st and 72nd prompts as they were before validation was split off the train pool
+FIRST_TRAIN_PROMPT = "In at most 10 words, explain why people care about reading."
+SEVENTY_SECOND_TRAIN_PROMPT = "Explain reading to a child in at most 15 words."
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +25,7 @@ def test_deterministic(prompts):
 
 
 def test_sizes(prompts):
-    assert 250 <= len(prompts["train"]) <= 400
-    assert 48 <= len(prompts["test"]) <= 80
+    assert (len(prompts["train"]), len(prompts["validation"]), len(prompts["test"])) == (256, 64, 64)
 
 
 def test_ids_unique_and_stable_format(prompts):
@@ -39,7 +41,9 @@ def test_splits_disjoint(prompts):
     # Whole (template, topic) pairs are held out, so test prompts are not train prompts with
     # another number in them.
     pairs = {split: {(r["task"]["template"], r["task"]["topic"]) for r in prompts[split]} for split in SPLITS}
-    assert not pairs["train"] & pairs["test"]
+    assert not pairs["train"] & pairs["test"] and not pairs["validation"] & pairs["test"]
+    # validation is the tail of the train pool: no prompt of train, nor of test
+    assert not {r["prompt"] for r in prompts["validation"]} & {r["prompt"] for r in train + test}
 
 
 def test_every_template_in_both_splits(prompts):
@@ -49,7 +53,7 @@ def test_every_template_in_both_splits(prompts):
 
 
 def test_same_task_keys_and_simple_values(prompts):
-    for record in prompts["train"] + prompts["test"]:
+    for record in [r for split in SPLITS for r in prompts[split]]:
         assert set(record) == {"prompt_id", "prompt", "task"}
         task = record["task"]
         assert set(task) == TASK_KEYS
@@ -59,7 +63,7 @@ def test_same_task_keys_and_simple_values(prompts):
 
 
 def test_tasks_match_prompts(prompts):
-    for record in prompts["train"] + prompts["test"]:
+    for record in [r for split in SPLITS for r in prompts[split]]:
         task, prompt = record["task"], record["prompt"]
         assert task["topic"] in prompt
         assert task["keywords"] == TOPICS[task["topic"]]
@@ -79,5 +83,13 @@ def test_storable_as_datasets_column(prompts):
 
 
 def test_unknown_split():
-    with pytest.raises(ValueError, match="validation"):
-        build_demo_prompts("validation")
+    with pytest.raises(ValueError, match="'train', 'validation', 'test', not 'dev'"):
+        build_demo_prompts("dev")
+
+
+def test_train_kept_its_first_256_prompts_when_validation_was_split_off():
+    """Runs recorded before the validation split (a loop of 3 rounds x 24 uses train's first 72) still reproduce:
+    train's first prompts and ids are fixed, checked against two known ones."""
+    train = build_demo_prompts("train")
+    assert train[0]["prompt_id"] == "demo-train-0001" and train[255]["prompt_id"] == "demo-train-0256"
+    assert (train[0]["prompt"], train[71]["prompt"]) == (FIRST_TRAIN_PROMPT, SEVENTY_SECOND_TRAIN_PROMPT)

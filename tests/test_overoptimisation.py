@@ -211,6 +211,58 @@ def test_a_loop_with_auto_k_samples_each_round_the_k_its_last_curve_chose(make_c
         assert read_meta(paths.samples(r))["fingerprint"]["config"]["sample.num_samples"] == k
 
 
+def test_a_fixed_schedule_of_the_ks_auto_chose_samples_the_same_completions_as_auto(make_cfg):
+    """auto K's baseline: its own chosen schedule fixed (sample.num_samples=[k0, k1, ...]). Where the schedule is
+    what auto chose, every round's completions are the same, so a comparison against it isolates the choosing."""
+    from datasets import load_from_disk
+
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    auto = make_cfg(*LOOP, "loop.rounds=3", "sample.num_samples=auto", "sample.auto_k.cap=4", "sample.auto_k.floor=2",
+                    "run_name=auto")
+    run_stage(auto)
+    auto_paths = RunPaths.from_config(auto)
+    chosen = [read_meta(auto_paths.samples(r))["auto_k"]["k"] for r in range(3)]
+    fixed = make_cfg(*LOOP, "loop.rounds=3", f"sample.num_samples=[{','.join(map(str, chosen))}]", "run_name=fixed")
+    run_stage(fixed)
+    fixed_paths = RunPaths.from_config(fixed)
+    for r, k in enumerate(chosen):
+        meta = read_meta(fixed_paths.samples(r))
+        assert meta["config"]["sample"]["num_samples"] == k and meta["auto_k"]["from_round"] is None
+        assert meta["fingerprint"]["config"]["sample.num_samples"] == k
+        mine, theirs = (load_from_disk(str(p.samples(r))) for p in (fixed_paths, auto_paths))
+        assert mine["completion"] == theirs["completion"] and mine["prompt_id"] == theirs["prompt_id"]
+    # a schedule shorter than the rounds repeats its last K
+    short = make_cfg(*LOOP, "loop.rounds=3", "sample.num_samples=[4,2]", "run_name=short")
+    run_stage(short)
+    assert [read_meta(RunPaths.from_config(short).samples(r))["config"]["sample"]["num_samples"]
+            for r in range(3)] == [4, 2, 2]
+
+
+def test_a_k_schedule_is_checked_at_every_k_it_holds(make_cfg):
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+
+    check_config(make_cfg(*LOOP, "sample.num_samples=[8,4,3]"))
+    for value, message in (("[]", r"num_samples=\[\]: expected a non-empty list"),
+                           ("[8,0]", r"num_samples\[1\]=0: expected an integer >= 1 \(round 1's K\)"),
+                           ("[8,2.5]", r"num_samples\[1\]=2.5")):
+        with pytest.raises(ValueError, match=message):
+            check_config(make_cfg(*LOOP, f"sample.num_samples={value}"))
+    # pruning and adaptive K must make sense at every round's K, the smallest included
+    with pytest.raises(ValueError, match=r"adaptive_k\.k0=3: expected an integer below num_samples=3"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=[8,3]", "sample.adaptive_k.k0=3",
+                              "sample.adaptive_k.mean=5"))
+    # pairs need two completions in every round
+    with pytest.raises(ConfigError, match=r"select.pairs=true needs sample.num_samples >= 2 in every round "
+                                          r"\(got \[4, 1\], whose fewest is 1\)"):
+        check_config(make_cfg(*LOOP, "sample.num_samples=[4,1]", "select.pairs=true"))
+    with pytest.raises(ConfigError, match=r"is a K per round, and stage=online has no rounds"):
+        check_config(make_cfg("stage=online", "sample.num_samples=[4,2]"))
+
+
 def test_the_stop_rule_stops_after_patience_rounds_without_a_decided_gain_and_says_why(make_cfg):
     from rsft.paths import RunPaths
     from rsft.run import run_stage

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 from rsft import stages
 
-from rsft.config.sample_settings import most_samples
+from rsft.config.sample_settings import fewest_samples, k_schedule, most_samples
 from rsft.errors import ConfigError
 
 
@@ -67,6 +67,9 @@ def _check_online(cfg) -> None:
     if cfg.sample.num_samples == "auto":
         raise ConfigError("sample.num_samples=auto chooses a round's K from the previous round's evaluation, and "
                           "stage=online has no rounds: set sample.num_samples=<K> (e.g. 8)")
+    if k_schedule(cfg.sample.num_samples) is not None:
+        raise ConfigError(f"sample.num_samples={list(cfg.sample.num_samples)} is a K per round, and stage=online has "
+                          f"no rounds: set sample.num_samples=<K> (e.g. 8)")
     if cfg.sample.get("backend", "rsft") != "rsft":
         raise ConfigError(f"sample.backend={cfg.sample.backend}: stage=online samples with the weights it is "
                           f"training, in memory, and a vLLM engine loads them from a folder; set sample.backend=rsft")
@@ -91,14 +94,22 @@ def _check_online(cfg) -> None:
                               f"(reward_source=trained, or a combination component {{source: trained}})")
 
 
+def _shown_k(sample) -> str:
+    """sample.num_samples as a message shows it, with the fewest K a round gets where that differs."""
+    value = sample.num_samples
+    shown = str(list(value)) if k_schedule(value) is not None else str(value)
+    return shown if shown == str(fewest_samples(sample)) else f"{shown}, whose fewest is {fewest_samples(sample)}"
+
+
 def check_across_groups(cfg, groups) -> None:
     """The rules that span groups, for a command of stage cfg.stage reading `groups` (rsft.stages.groups_read). A
     rule about a setting applies to the commands that read it (rsft.stages.command_reads), not to stages by name."""
     reads = lambda key: stages.command_reads(cfg.stage, cfg, key)  # noqa: E731
-    if "select" in groups and cfg.select.pairs and most_samples(cfg.sample) < 2:
+    if "select" in groups and cfg.select.pairs and fewest_samples(cfg.sample) < 2:
         # checked against this run's sampling settings; pairs pooled across rounds are not counted
-        raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 (got {cfg.sample.num_samples}): a pair "
-                          f"is the best and the worst completion of a prompt; or set select.pairs=false")
+        raise ConfigError(f"select.pairs=true needs sample.num_samples >= 2 in every round (got "
+                          f"{_shown_k(cfg.sample)}): a pair is the best and the worst completion of a prompt; or set "
+                          f"select.pairs=false")
     # strategy=greedy takes the argmax at every step: K completions of one prompt are K copies of one, so
     # selection, pairs and labels have nothing to choose between (the run would end far later, elsewhere)
     if reads("sample.num_samples") and "sample" in groups and cfg.sample.strategy == "greedy" \
@@ -124,11 +135,11 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"loop.refresh_reward=true retrains this run's Bradley-Terry model, and reward_source="
                           f"{cfg.reward_source.kind} does not use one; set loop.refresh_reward=false (or auto)")
     if "refresh" in groups and refresh_reward_on(cfg) and simulated_labels_available(cfg) \
-            and cfg.refresh.pairs is None and most_samples(cfg.sample) < 2:
+            and cfg.refresh.pairs is None and fewest_samples(cfg.sample) < 2:
         # the demo's labels pair completions of one prompt: with one each, a refresh labels nothing
         raise ConfigError(f"loop.refresh_reward={f'{cfg.loop.refresh_reward}'.lower()} labels pairs among each "
                           f"prompt's first refresh.samples_per_prompt completions, and sample.num_samples="
-                          f"{cfg.sample.num_samples} gives one: set sample.num_samples >= 2, or "
+                          f"{_shown_k(cfg.sample)} gives one: set sample.num_samples >= 2, or "
                           f"loop.refresh_reward=false")
     if "refresh" in groups and refresh_reward_on(cfg) and not simulated_labels_available(cfg) \
             and cfg.refresh.pairs is None:

@@ -35,7 +35,8 @@ class DataDemoConfig(PromptSetConfig):
     # (docs/results.md#why-each-default-setting)
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all).")
     split: str = setting("train", "The split sampled for training.")
-    eval_split: str = setting("test", "The held-out split eval judges on.")
+    eval_split: str = setting("test", "The held-out split eval judges on (demo: test, or validation to choose a "
+                                      "setting without reading test).")
 
 
 @dataclass

@@ -150,6 +150,26 @@ class AutoKConfig(Checked):
                 _fail(self._AT + "start", self.start, f"between auto_k.floor={self.floor} and auto_k.cap={self.cap}")
 
 
+def k_schedule(value) -> list[int] | None:
+    """sample.num_samples as a list of K per round (round r samples the r-th, the last repeating), else None."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        return None
+    return list(value)
+
+
+def _num_samples(key: str, value) -> None:
+    """An integer >= 1, auto, or a non-empty list of integers >= 1 (a fixed K per round)."""
+    if value == "auto":
+        return
+    schedule = k_schedule(value)
+    if schedule is None:
+        return _integer(key, value, 1, "or auto, or a list of K per round ([8, 4, 3])")
+    if not schedule:
+        _fail(key, value, "a non-empty list of K per round ([8, 4, 3]), an integer >= 1, or auto")
+    for index, k in enumerate(schedule):
+        _integer(f"{key}[{index}]", k, 1, "(round " + str(index) + "'s K)")
+
+
 def samples_per_prompt(sample) -> int:
     """sample.num_samples where it is a number: `auto` is resolved to the round's K (rsft.auto_k) before a stage
     samples, so a sampler that meets it unresolved is a bug, not a user's mistake."""
@@ -160,16 +180,29 @@ def samples_per_prompt(sample) -> int:
 
 
 def most_samples(sample) -> int:
-    """The most completions per prompt a round can sample: num_samples, or with auto the cap."""
+    """The most completions per prompt a round can sample: num_samples, with auto the cap, with a schedule its
+    largest K."""
+    schedule = k_schedule(sample.num_samples)
+    if schedule is not None:
+        return max(int(k) for k in schedule)
     return int(sample.auto_k.cap) if sample.num_samples == "auto" else int(sample.num_samples)
+
+
+def fewest_samples(sample) -> int:
+    """The fewest completions per prompt a round can sample: num_samples, with auto the floor, with a schedule its
+    smallest K."""
+    schedule = k_schedule(sample.num_samples)
+    if schedule is not None:
+        return min(int(k) for k in schedule)
+    return int(sample.auto_k.floor) if sample.num_samples == "auto" else int(sample.num_samples)
 
 
 @dataclass
 class SampleConfig(Checked):
     num_samples: Any = setting(8, "K: completions sampled per prompt; auto: each round samples the K the previous "
-                                  "round's best-of-N curve says is enough (sample.auto_k).", shown_type="int or auto",
-                               check=Check(lambda key, value: value == "auto" or _integer(key, value, 1, "or auto"),
-                                           ">= 1"))
+                                  "round's best-of-N curve says is enough (sample.auto_k); a list ([8, 4, 3]): round r "
+                                  "samples its r-th K, the last repeating.", shown_type="int, auto or list of int",
+                               check=Check(_num_samples, ">= 1"))
     auto_k: AutoKConfig = setting(AutoKConfig, "With num_samples=auto: how K is chosen each round.")
     max_new_tokens: int = setting(48, "Tokens per completion at most; a longer one is cut (finish_reason length).",
                                   check=MAX_NEW_TOKENS)
@@ -230,6 +263,11 @@ class SampleConfig(Checked):
                 _sampling_rule(check_prune_stops, list(self.prune.at), self.prune.share, self.prune.rank_finished,
                                rows, rows_from, "")
             return
+        # a schedule is checked at each of its K, each being some round's num_samples
+        for n in sorted({int(k) for k in k_schedule(self.num_samples) or [n]}):
+            self._check_budget_at(n, k0, mean, adaptive)
+
+    def _check_budget_at(self, n: int, k0: int, mean, adaptive: bool) -> None:
         # num_samples is the most completions one prompt gets: a first pass of all of them leaves nothing to give
         if adaptive and k0 >= n:
             _fail("adaptive_k.k0", k0, f"an integer below num_samples={n} (a first pass of every completion "

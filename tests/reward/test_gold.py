@@ -7,7 +7,7 @@ import pytest
 from reward.gold import SOFT_WEIGHTS, gold_components, gold_score
 from rsft.demo_prompts import TEMPLATES, build_demo_prompts
 
-ALL_TASKS = [r["task"] for split in ("train", "test") for r in build_demo_prompts(split)]
+ALL_TASKS = [r["task"] for split in ("train", "validation", "test") for r in build_demo_prompts(split)]
 COMPONENTS = {"not_empty", "on_topic", *SOFT_WEIGHTS}
 
 
