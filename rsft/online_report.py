@@ -115,6 +115,19 @@ def online_points(paths: RunPaths) -> list[dict]:
             for e in evals]
 
 
+def last_point(paths: RunPaths, kind: str = "auto") -> tuple[dict, bool]:
+    """A run's last evaluated point and whether it is an online run's. kind: "online" (the last snapshot of its
+    online/), "rounds" (the loop's last evaluated round), or "auto": whichever of the two the run has, and an
+    error naming both where it has both (a run directory may hold a loop and an online run)."""
+    if kind == "auto":
+        online, rounds = is_complete(paths.online), is_complete(paths.initial_eval)
+        if online and rounds:
+            raise InputError(f"{paths.root} holds both a round loop's evaluations and an online run's: say which to "
+                             f"compare (rounds or online)")
+        kind = "online" if online else "rounds"
+    return (online_points(paths) if kind == "online" else round_points(paths))[-1], kind == "online"
+
+
 LOOP_PHASES = {"sample": "sampling", "labels": "refresh", "refresh": "refresh", "score": "scoring", "select": "scoring",
                "sft": "training", "dpo": "training", "draft": "draft", "eval": "evaluation"}  # prefs, reward: shared
 

@@ -19,6 +19,18 @@ mean with its interval, the paired A - B with its verdict, each run's paired cha
 the evaluation's other metrics. scripts/gen_docs.py renders the docs' tables from such records (the default job's:
 `--record default-job`).
 
+Over several seeds, with a margin stated before the runs (issue 47: a headline claim pools seeds):
+
+    python scripts/compare_runs.py seeds --a runs/auto-s0 runs/auto-s1 runs/auto-s2 \
+        --b runs/k8-s0 runs/k8-s1 runs/k8-s2 --names auto K=8 --margin 0.03 [--column gold] [--record NAME]
+        [--kinds auto auto]   # rounds or online where a run directory holds both
+
+pairs A's i-th run with B's i-th (one seed each) at their last evaluations (a round loop's last evaluated round,
+or an online run's last snapshot): each side pooled over seeds and prompts, A - B with its two-level interval
+(rsft.stats.paired_over_seeds) and the verdict at the margin, each seed's own difference, the tokens each run
+sampled, and each run's seconds by phase (rsft.online_report.seconds_by_phase). --record NAME writes
+docs/results/NAME.json, which scripts/gen_docs.py renders (table kind over-seeds).
+
 --kept REWARD_MODEL judges what each run kept instead (round_XX/selected, the SFT data) with that reward
 model, paired by prompt over the prompts both runs kept (a prompt's mean when k > 1). A gap between the
 kept sets that the trained policies do not show is lost in SFT, not in selection: on HH best-of-8's kept
@@ -139,7 +151,74 @@ def comparison_record(name: str, argv: list[str], run_a: Path, run_b: Path, colu
             "margin": margin, "a": run_facts(run_a, column), "b": run_facts(run_b, column), "policies": rows}
 
 
+def by_prompt(point: dict, column: str) -> dict[str, list[float]]:
+    ds = point["eval"]
+    return stats.by_prompt([p for p, v in zip(ds["prompt_id"], ds[column]) if v is not None],
+                           [v for v in ds[column] if v is not None])
+
+
+def seeds(argv: list[str]) -> dict:
+    """A against B over seed pairs, at each run's last evaluation (the module's docstring)."""
+    from rsft.machine import describe, machine
+    from rsft.online_report import last_point, seconds_by_phase
+    from rsft.online_report import pick_column as pick_point_column
+
+    parser = argparse.ArgumentParser(prog="compare_runs.py seeds", description=seeds.__doc__)
+    parser.add_argument("--a", type=Path, nargs="+", required=True, help="A's runs, one per seed")
+    parser.add_argument("--b", type=Path, nargs="+", required=True, help="B's runs, in the same seed order")
+    parser.add_argument("--names", nargs=2, default=["A", "B"], metavar=("A", "B"), help="what each side is")
+    parser.add_argument("--kinds", nargs=2, choices=["auto", "rounds", "online"], default=["auto", "auto"],
+                        metavar=("A", "B"), help="each side's runs: rounds (the loop's last evaluated round), online "
+                                                 "(the last snapshot) or auto (whichever a run holds)")
+    parser.add_argument("--margin", type=float, required=True, help="m >= 0, stated before the runs")
+    parser.add_argument("--column", choices=["gold", "judge", "reward"], default=None)
+    parser.add_argument("--record", default=None, metavar="NAME", help="also write docs/results/NAME.json")
+    args = parser.parse_args(argv)
+    if not args.margin >= 0:
+        raise InputError(f"--margin {args.margin}: expected a number >= 0 (the non-inferiority margin, set before the run)")
+    if len(args.a) != len(args.b):
+        raise InputError(f"--a has {len(args.a)} runs and --b {len(args.b)}: pair them seed for seed, one each")
+    for run in (*args.a, *args.b):
+        if not run.is_dir():
+            raise MissingInput(f"run {run}: no such folder; give run directories (runs/<run_name>)")
+    runs = {"a": args.a, "b": args.b}
+    kinds = dict(zip("ab", args.kinds))
+    last = {side: [last_point(RunPaths(run), kinds[side]) for run in runs[side]] for side in runs}
+    points = {side: [point for point, _ in last[side]] for side in last}
+    column = pick_point_column(points["a"] + points["b"], args.column)
+    try:
+        compared = stats.paired_over_seeds([by_prompt(p, column) for p in points["a"]],
+                                           [by_prompt(p, column) for p in points["b"]], args.margin)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    phases = {side: {str(run): seconds_by_phase(RunPaths(run), online=online)
+                     for run, (_, online) in zip(runs[side], last[side])} for side in runs}
+    names = dict(zip("ab", args.names))
+    print(describe(machine()))
+    print(f"\n| side | {column} after, pooled over {len(args.a)} seeds [95% CI] | tokens sampled by seed | "
+          f"seconds by seed (writes not counted) |\n|---|---|---|---|")
+    for side in ("b", "a"):
+        print(f"| {names[side]} | {stats.shown(compared[side])} | {', '.join(str(p['tokens']) for p in points[side])} | "
+              f"{', '.join(f'{sum(phases[side][str(r)].values()):.0f}' for r in runs[side])} |")
+    difference = compared["a_minus_b"]
+    print(f"\n{names['a']} - {names['b']}: {stats.shown(difference, True)}, by seed "
+          f"{', '.join(f'{d:+.3f}' for d in difference['seed_means'])}: {difference['verdict']} (m = {args.margin:g})")
+    record = {"record": args.record, "made_by": "scripts/compare_runs.py seeds",
+              "command": "python scripts/compare_runs.py seeds " + " ".join(argv), "commit": commit(),
+              "machine": machine(), "column": column, "margin": args.margin, "names": names,
+              "runs": {side: [str(r) for r in runs[side]] for side in runs}, "compared": compared,
+              "points": {side: [p["point"] for p in points[side]] for side in points},
+              "tokens": {side: [p["tokens"] for p in points[side]] for side in points}, "seconds_by_phase": phases}
+    if args.record:
+        print(f"\nrecorded {write_record(args.record, record, RECORDS)}")
+    return record
+
+
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["seeds"]:
+        seeds(argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_a", type=Path)
     parser.add_argument("run_b", type=Path)
@@ -199,8 +278,7 @@ def main(argv=None) -> None:
         previous = {"a": mine, "b": theirs}
         rows.append(row)
     if args.record:
-        given = list(argv) if argv is not None else sys.argv[1:]
-        out = write_record(args.record, comparison_record(args.record, given, args.run_a, args.run_b, column,
+        out = write_record(args.record, comparison_record(args.record, argv, args.run_a, args.run_b, column,
                                                           args.margin, rows), RECORDS)
         print(f"\nrecorded {out}")
 

@@ -237,27 +237,27 @@ def seeds_table(record: dict) -> list[str]:
     return lines
 
 
-def online_vs_rounds_table(record: dict) -> list[str]:
-    """Online against the rounds over seed pairs (scripts/online_vs_rounds.py seeds --record NAME): each side's score
-    after training, pooled over seeds and prompts, the tokens each seed sampled, the pooled paired difference with
-    the verdict at the record's margin and each seed's own, and each run's seconds by phase."""
+def over_seeds_table(record: dict) -> list[str]:
+    """A against B over seed pairs (scripts/compare_runs.py seeds --record NAME): each side's score after training,
+    pooled over seeds and prompts, the tokens each seed sampled, the pooled paired difference with the verdict at
+    the record's margin and each seed's own, and each run's seconds by phase."""
     from rsft.stats import shown
 
-    compared, column, seeds = record["online_vs_rounds"], record["column"], len(record["rounds"])
-    difference = compared["a_minus_b"]
+    compared, column, names = record["compared"], record["column"], record["names"]
+    seeds, difference = len(record["runs"]["a"]), compared["a_minus_b"]
     lines = [f"| side | {column} after, pooled over {seeds} seed{'s' * (seeds > 1)} [95% CI] | tokens sampled by seed | "
-             f"online - rounds, pooled | by seed | verdict |", "|---|---|---|---|---|---|"]
-    for side, name in (("b", "rounds"), ("a", "online")):
-        lines.append(f"| {name} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][name])} | "
+             f"{names['a']} - {names['b']}, pooled | by seed | verdict |", "|---|---|---|---|---|---|"]
+    for side in ("b", "a"):
+        lines.append(f"| {names[side]} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][side])} | "
                      + (f"{_signed(difference)} | {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
-                        f"{difference['verdict']} (m = {record['margin']:g}) |" if name == "online" else " | | |"))
+                        f"{difference['verdict']} (m = {record['margin']:g}) |" if side == "a" else " | | |"))
     by_side = record["seconds_by_phase"]
     phases = sorted({phase for runs in by_side.values() for seconds in runs.values() for phase in seconds})
     lines += ["", "| side | run | " + " | ".join(f"{phase} s" for phase in phases) + " | all s |",
               "|---|---|" + "---|" * (len(phases) + 1)]
-    for side, runs in by_side.items():
-        for run, seconds in runs.items():
-            lines.append(f"| {side} | {Path(run).name} | "
+    for side in ("b", "a"):
+        for run, seconds in by_side[side].items():
+            lines.append(f"| {names[side]} | {Path(run).name} | "
                          + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
                          + f" | {sum(seconds.values()):,.0f} |")
     return lines
@@ -337,7 +337,7 @@ def gpu_speculation_table(record: dict) -> list[str]:
 
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
-               "comparison": comparison_table, "seeds": seeds_table, "online-vs-rounds": online_vs_rounds_table}
+               "comparison": comparison_table, "seeds": seeds_table, "over-seeds": over_seeds_table}
 
 
 def with_record_tables(text: str, page: str) -> str:

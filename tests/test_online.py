@@ -241,15 +241,17 @@ def test_online_vs_rounds_pairs_each_snapshot_with_the_rounds_last_evaluation(tm
         return [{"prompt_id": f"p{p}", "sample_idx": s, "gold": gold + 0.01 * p} for p in range(4) for s in range(2)]
 
     loop, online = RunPaths(tmp_path / "loop"), RunPaths(tmp_path / "online")
-    write_artifact(loop.initial_eval, {"stage": "eval"}, evaluation(0.5))
+    # every artifact states its build seconds, so no printed share depends on how fast this machine wrote them
+    write_artifact(loop.initial_eval, {"stage": "eval", "build_seconds": 0.0}, evaluation(0.5))
     for r in range(2):
-        write_artifact(loop.samples(r), {"stage": "sample", "sampling": {"tokens": 1000, "num_completions": 100}})
-        write_artifact(loop.policy(r), {"stage": "sft"})
-        write_artifact(loop.eval(r), {"stage": "eval"}, evaluation(0.6 + 0.1 * r))
+        write_artifact(loop.samples(r), {"stage": "sample", "build_seconds": 5.0,
+                                         "sampling": {"tokens": 1000, "num_completions": 100}})
+        write_artifact(loop.policy(r), {"stage": "sft", "build_seconds": 15.0})
+        write_artifact(loop.eval(r), {"stage": "eval", "build_seconds": 0.0}, evaluation(0.6 + 0.1 * r))
     snapshots = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 10.0 * b}
                  for b in (0, 2)]
     files = {"metrics.json": json.dumps({"minibatches": [], "evals": snapshots})}
-    with atomic_artifact(online.online, {"stage": "online"}) as tmp:
+    with atomic_artifact(online.online, {"stage": "online", "build_seconds": 0.0}) as tmp:
         for (name, text) in files.items():
             (tmp / name).write_text(text)
         for b, gold in ((0, 0.5), (2, 0.75)):
@@ -259,9 +261,9 @@ def test_online_vs_rounds_pairs_each_snapshot_with_the_rounds_last_evaluation(tm
     spec.loader.exec_module(script)
     script.main([str(loop.root), str(online.root), "--plot", str(tmp_path / "plot.png")])
     out = capsys.readouterr().out
-    assert "| round 1 | 2000 | 200 |" in out
+    assert "| round 1 | 2000 | 200 | 40 |" in out
     lines = [line for line in out.splitlines() if line.startswith(f"| {online.online} | after 2 mini-batches")]
-    assert "| 0.50 |" in lines[-1] and "+0.050 [+0.050, +0.050]" in lines[-1]
+    assert "| 0.50 | 0.50 |" in lines[-1] and "+0.050 [+0.050, +0.050]" in lines[-1]  # tokens, then wall share
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 

@@ -59,17 +59,18 @@ def _evaluation(gold, judge=None):
 
 def _loop_and_online(paths: RunPaths, judge: bool = False):
     """Two evaluated rounds (1000 tokens each) and an online/ with snapshots after 0 and 2 mini-batches."""
-    write_artifact(paths.initial_eval, {"stage": "eval"}, _evaluation(0.5))
+    # every artifact states its build seconds: one left to the clock would make a sum of them depend on speed
+    write_artifact(paths.initial_eval, {"stage": "eval", "build_seconds": 0.0}, _evaluation(0.5))
     for r in range(2):
         write_artifact(paths.samples(r), {"stage": "sample", "build_seconds": 10.0,
                                   "sampling": {"tokens": 1000, "num_completions": 100}})
         write_artifact(paths.policy(r), {"stage": "sft", "build_seconds": 10.0})
-        write_artifact(paths.eval(r), {"stage": "eval"}, _evaluation(0.6 + 0.1 * r))
+        write_artifact(paths.eval(r), {"stage": "eval", "build_seconds": 0.0}, _evaluation(0.6 + 0.1 * r))
     snapshots = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 10.0 * b}
                  for b in (0, 2)]
     minibatches = [{"batch": b, "kept": 3, "loss": 1.0 - 0.25 * b, "completions_sampled": 25 * (b + 1),
                     "tokens_sampled": 250 * (b + 1)} for b in range(2)]
-    with atomic_artifact(paths.online, {"stage": "online"}) as tmp:
+    with atomic_artifact(paths.online, {"stage": "online", "build_seconds": 0.0}) as tmp:
         (tmp / "metrics.json").write_text(json.dumps({"minibatches": minibatches, "evals": snapshots}))
         for b, gold in ((0, 0.5), (2, 0.75)):
             rows = _evaluation(gold, judge=0.25 * b if judge else None)
@@ -109,7 +110,7 @@ def test_the_truth_is_gold_then_the_judge_then_the_proxy(tmp_path):
 
 
 def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_side_by_phase(tmp_path, capsys):
-    """scripts/online_vs_rounds.py seeds on hand-written runs: the i-th rounds run pairs with the i-th online run,
+    """scripts/compare_runs.py seeds on hand-written runs: the i-th rounds run pairs with the i-th online run,
     online - rounds is pooled over the seed pairs with the rule's verdict at the stated margin, and each run's
     seconds come by phase (the loop's by stage, the shared prefs/ and reward/ left out; online's from its metrics)."""
     import importlib.util
@@ -117,7 +118,7 @@ def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_sid
     from rsft.online_report import seconds_by_phase
     from tests.conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("online_vs_rounds", REPO / "scripts" / "online_vs_rounds.py")
+    spec = importlib.util.spec_from_file_location("compare_runs", REPO / "scripts" / "compare_runs.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rounds, online = [], []
@@ -139,12 +140,18 @@ def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_sid
                                                                         "evaluation": 0.0}
     assert seconds_by_phase(RunPaths(tmp_path / "o0"), online=True) == {"sampling": 7.0, "training": 3.0, "evaluation": 3.0,
                                                           "load and set-up": 7.0}
-    record = script.seeds(["--rounds", *rounds, "--online", *online, "--margin", "0.03"])
-    difference = record["online_vs_rounds"]["a_minus_b"]
+    with pytest.raises(InputError, match="holds both a round loop's evaluations and an online run's"):
+        script.seeds(["--a", *online, "--b", *rounds, "--margin", "0.03"])  # these runs hold both
+    record = script.seeds(["--a", *online, "--b", *rounds, "--names", "online", "rounds", "--kinds", "online",
+                           "rounds", "--margin", "0.03"])
+    difference = record["compared"]["a_minus_b"]
     # online's last snapshot scores gold 0.75 + 0.01 p, the rounds' last evaluation 0.7 + 0.01 p: +0.05 everywhere
     assert difference["mean"] == pytest.approx(0.05) and difference["low"] == pytest.approx(0.05)
     assert difference["seed_means"] == pytest.approx([0.05] * 3) and difference["verdict"] == "better"
-    assert record["column"] == "gold" and record["tokens"] == {"rounds": [2000] * 3, "online": [1000] * 3}
+    assert record["column"] == "gold" and record["tokens"] == {"b": [2000] * 3, "a": [1000] * 3}
+    # each side's seconds by its own kind: online's from its metrics, the loop's from its artifacts
+    assert record["seconds_by_phase"]["a"][online[0]]["load and set-up"] == 7.0
+    assert "load and set-up" not in record["seconds_by_phase"]["b"][rounds[0]]
     assert "online - rounds: +0.050" in capsys.readouterr().out
     with pytest.raises(InputError, match="pair them seed for seed"):
-        script.seeds(["--rounds", *rounds, "--online", *online[:2], "--margin", "0.03"])
+        script.seeds(["--a", *online[:2], "--b", *rounds, "--margin", "0.03"])
