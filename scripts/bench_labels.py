@@ -27,6 +27,10 @@ much as the initial ones.
 labels only, without the initial ones: the regime where every label counts (a task with few labels so far);
 the pairs are still chosen by the run's reward/ (uncertain, posterior) or at random.
 --plot draws the gold-order accuracy against the labels, every choice, with 95% intervals.
+--margin M --record NAME (issue 47: results as data) decides, pooled over the source runs' seeds, each chosen
+variant against random at the full budget B and against random at its own budget (equal labels), on the gold
+order (the widest measure), with rsft.stats.paired_over_seeds at the margin m stated before the run, and writes
+docs/results/NAME.json (table kind labels in scripts/gen_docs.py).
 
 Every variant holds out the same pairs (the held-out prompts' pairs do not depend on the choice), so
 their held-out accuracies are paired: the script scores those pairs with each refreshed model and
@@ -137,7 +141,13 @@ def main(argv=None) -> None:
     parser.add_argument("--gold-rounds", type=rounds, default=[1], metavar="R,R,...",
                         help="whose samples the gold order is measured on (default: 1); 1,2 doubles the prompts")
     parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
+    parser.add_argument("--margin", type=float, default=None, help="m >= 0 on the gold-order accuracy, stated before "
+                                                                   "the run: the rule's margin for --record")
+    parser.add_argument("--record", default=None, metavar="NAME", help="also write docs/results/NAME.json (needs "
+                                                                      "--margin)")
     args = parser.parse_args(argv)
+    if args.record and (args.margin is None or not args.margin >= 0):
+        parser.error(f"--record needs --margin m >= 0, stated before the run (got {args.margin})")
     gold_from = ", ".join(f"round {r}" for r in args.gold_rounds) + "'s samples"
     if args.shares is None:
         variants = (("random", "random", 1.0), *((c, c, 1.0) for c in args.choices),
@@ -147,7 +157,7 @@ def main(argv=None) -> None:
                           choose, share)
                          for share in sorted(set(args.shares) | {1.0}, reverse=True)
                          for choose in ("random", *args.choices))
-    curves = {}
+    curves, measured = {}, []
     from reward.trained import load_scorer
 
     print(describe(machine()))
@@ -197,6 +207,7 @@ def main(argv=None) -> None:
                          stats.shown(stats.paired_difference(result["gold"], same[0]["gold"]), signed=True))
             print("| " + " | ".join(cells) + " |")
         curves[f"{source.name} (seed {seed})"] = results
+        measured.append((source, seed, results))
         (args.out / f"{source.name}-results.json").write_text(json.dumps(
             {name: {"train_pairs": r["train_pairs"], "budget": r["budget"],
                     **{part: sum(r[part].values()) / len(r[part]) for part in ("round", "initial", "gold")}}
@@ -204,6 +215,43 @@ def main(argv=None) -> None:
     if args.plot is not None:
         plot(curves, args.plot, gold_from)
         print(f"\nplot: {args.plot}")
+    if args.record:
+        from rsft.machine import commit, write_record
+
+        record = {"record": args.record, "made_by": "scripts/bench_labels.py",
+                  "command": "python scripts/bench_labels.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "commit": commit(), "machine": machine(), "init": args.init, "margin": args.margin,
+                  "measure": f"gold order, {gold_from}", "sources": [str(s) for s, _, _ in measured],
+                  "seeds": [seed for _, seed, _ in measured], "rows": decided_rows(measured, args.margin)}
+        print(f"\nrecorded {write_record(args.record, record)}")
+
+
+def decided_rows(measured: list[tuple[Path, int, dict]], margin: float) -> list[dict]:
+    """Each variant's gold-order accuracy pooled over the seeds, and each other variant against random at the full
+    budget B (and a chosen one against random at its own budget), pooled over seeds and prompts with the verdict at `margin`. The
+    prompts are those every seed has a pair of distinct gold on (a pooled interval draws one set of prompts)."""
+    first = measured[0][2]
+    shared = set.intersection(*({p for p, _ in r[name]["gold"]} for _, _, r in measured for name in r))
+
+    def per_prompt(result: dict) -> dict[str, list[float]]:
+        values = stats.by_prompt([p for p, _ in result["gold"]], list(result["gold"].values()))
+        return {p: v for p, v in values.items() if p in shared}
+
+    rows = []
+    for name, result in first.items():
+        row = {"variant": name, "choose": result["choose"],
+               "labels": [r[name]["train_pairs"] for _, _, r in measured],
+               "gold_order": stats.pooled_bootstrap([per_prompt(r[name]) for _, _, r in measured])}
+        if name != "random":  # random at fewer labels too: the control for what fewer labels cost unchosen
+            against = {"random at B": "random"}
+            same = [n for n, r in first.items() if r["choose"] == "random" and r["budget"] == result["budget"]]
+            if same and same[0] not in ("random", name):
+                against["random at equal labels"] = same[0]
+            row["against"] = {label: {"variant": other, **stats.paired_over_seeds(
+                [per_prompt(r[name]) for _, _, r in measured], [per_prompt(r[other]) for _, _, r in measured],
+                margin)["a_minus_b"]} for label, other in against.items()}
+        rows.append(row)
+    return rows
 
 
 def shares(text: str) -> list[float]:

@@ -263,6 +263,28 @@ def over_seeds_table(record: dict) -> list[str]:
     return lines
 
 
+def labels_table(record: dict) -> list[str]:
+    """Label choices against random over seeds (scripts/bench_labels.py --record NAME): each variant's labels by seed,
+    its gold-order accuracy pooled over seeds and prompts, and the paired difference against random at the full
+    budget and at equal labels, with the verdict at the record's margin and each seed's own difference."""
+    from rsft.stats import shown
+
+    def against(row: dict, label: str) -> str:
+        if label not in row.get("against", {}):
+            return " | "
+        difference = row["against"][label]
+        return (f"{_signed(difference)}, by seed {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
+                f"{difference['verdict']} (m = {record['margin']:g})")
+
+    seeds = len(record["seeds"])
+    lines = [f"| labels | pairs by seed | gold order, pooled over {seeds} seeds [95% CI] | against random at B | "
+             f"verdict | against random at equal labels | verdict |", "|---|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        lines.append(f"| {row['variant']} | {', '.join(str(n) for n in row['labels'])} | {shown(row['gold_order'])} | "
+                     f"{against(row, 'random at B')} | {against(row, 'random at equal labels')} |")
+    return lines
+
+
 POLICY_SHAPES = {"smollm2-135m": "SmolLM2-135M", "llama-1.5b": "Llama 1.5B (Qwen2-1.5B's shape: hidden 1536, 28 layers)"}
 
 
@@ -337,7 +359,8 @@ def gpu_speculation_table(record: dict) -> list[str]:
 
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
-               "comparison": comparison_table, "seeds": seeds_table, "over-seeds": over_seeds_table}
+               "comparison": comparison_table, "seeds": seeds_table, "over-seeds": over_seeds_table,
+               "labels": labels_table}
 
 
 def with_record_tables(text: str, page: str) -> str:

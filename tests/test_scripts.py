@@ -184,3 +184,33 @@ def test_the_command_prints_one_line_and_no_traceback(command, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
     line, hint = done.stderr.strip().splitlines()[-2:]
     assert str(run) in line and "no such folder" in line and hint == TRACEBACK_HINT
+
+
+def test_bench_labels_decides_each_variant_against_random_pooled_over_seeds(monkeypatch):
+    """scripts/bench_labels.py --record: each variant against random at the full budget, and a chosen one against
+    random at its own budget, pooled over seeds on the prompts every seed has; random-60 is the control."""
+    from pathlib import Path
+
+    script = load("bench_labels", monkeypatch)
+
+    def result(choose, budget, right):  # gold-order keys: 4 pairs on each of prompts a, b (c on seed 0 only)
+        keys = {(p, i): float(i < right) for p in "ab" for i in range(4)}
+        return {"choose": choose, "budget": budget, "train_pairs": budget, "gold": keys}
+
+    measured = []
+    for seed in range(3):
+        results = {"random": result("random", 100, 2), "posterior": result("posterior", 100, 3),
+                   "posterior-60": result("posterior", 60, 2), "random-60": result("random", 60, 1)}
+        if seed == 0:
+            results["random"]["gold"][("c", 9)] = 1.0
+        measured.append((Path(f"s{seed}"), seed, results))
+    rows = {row["variant"]: row for row in script.decided_rows(measured, 0.05)}
+    assert "against" not in rows["random"] and rows["random"]["gold_order"]["mean"] == 0.5  # c left out
+    assert rows["posterior"]["against"]["random at B"]["mean"] == 0.25
+    assert rows["posterior"]["against"]["random at B"]["verdict"] == "better"
+    assert set(rows["posterior"]["against"]) == {"random at B"}  # at B random at equal labels is random itself
+    assert rows["posterior-60"]["against"]["random at B"]["verdict"] == "not worse"
+    assert rows["posterior-60"]["against"]["random at equal labels"] == {
+        **rows["posterior-60"]["against"]["random at equal labels"], "variant": "random-60", "mean": 0.25}
+    assert rows["random-60"]["against"]["random at B"]["verdict"] == "worse"
+    assert set(rows["random-60"]["against"]) == {"random at B"}
