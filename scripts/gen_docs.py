@@ -357,10 +357,98 @@ def gpu_speculation_table(record: dict) -> list[str]:
     return lines
 
 
+def _verdict_with(difference: dict) -> str:
+    from rsft.stats import shown
+
+    return f"{difference['verdict']}, {shown(difference, signed=True)}"
+
+
+def _by_seed(difference: dict) -> str:
+    return ", ".join(f"{d:+.3f}" for d in difference["seed_means"])
+
+
+def _share_range(mine: list[float], theirs: list[float]) -> str:
+    shares = [a / b for a, b in zip(mine, theirs) if b]
+    return f"{min(shares):.2f}-{max(shares):.2f}" if len(shares) > 1 else f"{shares[0]:.2f}"
+
+
+def _seeds_of(record: dict) -> str:
+    made_by = record.get("made_by", "")
+    if made_by == "scripts/compare_runs.py":
+        return f"1 ({record['a'].get('seed')})"
+    if made_by == "scripts/compare_runs.py seeds":
+        return f"{len(record['runs']['a'])} a side"
+    if made_by == "scripts/bench_grpo.py seeds":
+        return f"{len(record['a'])} a side"
+    if made_by == "scripts/bench_labels.py":
+        return f"{len(record['seeds'])} ({', '.join(str(s) for s in record['seeds'])})"
+    return "-"
+
+
+def headline(record: dict, show: dict) -> str:
+    """What a record decided, as the summary's result cell: the rule's verdicts and intervals, read from the record
+    (`show` picks the part: a comparison's final policy or each round's change, a GPU check's ratio at some rows)."""
+    import statistics
+
+    made_by = record.get("made_by", "")
+    if made_by == "scripts/compare_runs.py":
+        policies = record["policies"]
+        if show.get("part") == "each round":
+            return "; ".join(f"{row['policy']} {row['a_vs_previous']['verdict']} "
+                             f"({row['a_vs_previous']['mean']:+.3f})" for row in policies if "a_vs_previous" in row)
+        return _verdict_with(policies[-1]["a_minus_b"])
+    if made_by == "scripts/compare_runs.py seeds":
+        difference, names, tokens = record["compared"]["a_minus_b"], record["names"], record["tokens"]
+        seconds = {side: [sum(v.values()) for v in record["seconds_by_phase"][side].values()] for side in ("a", "b")}
+        return (f"{_verdict_with(difference)} (by seed {_by_seed(difference)}); {names['a']} at "
+                f"{_share_range(tokens['a'], tokens['b'])} of the tokens and {_share_range(seconds['a'], seconds['b'])} "
+                f"of the seconds")
+    if made_by == "scripts/bench_grpo.py seeds":
+        budget = max(row["completions"] for row in record["rows"])
+        return f"after {budget:,} completions: " + "; ".join(
+            f"pass@{row['k']} {_verdict_with(row['a_minus_b'])}" for row in record["rows"] if row["completions"] == budget
+            and row["k"] in show.get("k", (1, 8)))
+    if made_by == "scripts/bench_labels.py":
+        return "; ".join(f"{row['variant']} against {label}: {_verdict_with(against)}"
+                         for row in record["rows"] for label, against in row.get("against", {}).items())
+    if made_by == "scripts/record_gpu_check.py":
+        ratios = []
+        for part in record["parts"]:
+            runs = part["runs"]
+            for rows in sorted({r["batch_rows"] for r in runs}):
+                at = [r for r in runs if r["batch_rows"] == rows]
+                if show["part"] == "sampling" and _speeds(at, "hf") and _speeds(at, "plain"):
+                    ratios.append((rows, statistics.median(_speeds(at, "plain")) / statistics.median(_speeds(at, "hf"))))
+                elif show["part"] == "speculation":
+                    method = show["method"]
+                    plain = _speeds(at, "plain a=" + method.split("a=")[1].split()[0])
+                    if _speeds(at, method) and plain:
+                        ratios.append((rows, statistics.median(_speeds(at, method)) / statistics.median(plain)))
+        met = all(ratio >= show["target"] for _, ratio in ratios)
+        return (", ".join(f"{ratio:.2f}x at {rows} rows" for rows, ratio in ratios)
+                + f" against the target {show['target']:g}x: {'met' if met else 'not met'}")
+    raise InputError(f"summary: no headline for a record made by {made_by!r} ({record.get('record')})")
+
+
+def summary_table(spec: dict) -> list[str]:
+    """docs/results.md's summary (docs/results/summary.json): per headline claim, its rule, and the margin, seeds and
+    result read from the records it names; nothing in a row's numbers is typed."""
+    lines = ["| claim | measure, rule | m | seeds | result | record |", "|---|---|---|---|---|---|"]
+    for row in spec["rows"]:
+        records = [(name, load_record(name, "docs/results/summary.json")) for name in row["records"]]
+        margins = sorted({f"{r['margin']:g}" for _, r in records if r.get("margin") is not None})
+        label = len(records) > 1
+        result = "; ".join((f"{name}: " if label else "") + headline(r, row.get("show", {})) for name, r in records)
+        seeds = ", ".join(dict.fromkeys(_seeds_of(r) for _, r in records))
+        links = ", ".join(f"[{name}](results/{name}.json)" for name, _ in records)
+        lines.append(f"| {row['claim']} | {row['rule']} | {', '.join(margins) or '-'} | {seeds} | {result} | {links} |")
+    return lines
+
+
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
                "comparison": comparison_table, "seeds": seeds_table, "over-seeds": over_seeds_table,
-               "labels": labels_table}
+               "labels": labels_table, "summary": summary_table}
 
 
 def with_record_tables(text: str, page: str) -> str:

@@ -53,3 +53,30 @@ def test_a_log_that_is_not_a_gpu_check_is_refused(tmp_path, monkeypatch):
     log.write_text("hello\n")
     with pytest.raises(InputError, match="not a log of scripts/gpu_check.sh"):
         load("record_gpu_check", monkeypatch).main([str(log), "--name", "x"])
+
+
+def test_the_summary_reads_every_margin_seed_count_and_result_from_the_records_it_names(tmp_path, monkeypatch):
+    """docs/results.md's summary: a row names its records; its m, seeds and result cells come from them (here an
+    over-seeds record and a label-choice record), and a row naming a missing record stops gen_docs."""
+    gen_docs = load("gen_docs", monkeypatch)
+    monkeypatch.setattr(gen_docs, "RECORDS", tmp_path)
+    difference = {"mean": -0.01, "low": -0.05, "high": 0.02, "seed_means": [0.01, -0.04, 0.0], "verdict": "undecided"}
+    (tmp_path / "auto.json").write_text(json.dumps({
+        "made_by": "scripts/compare_runs.py seeds", "margin": 0.03, "names": {"a": "auto", "b": "K=8"},
+        "runs": {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]}, "compared": {"a_minus_b": difference},
+        "tokens": {"a": [60, 70, 80], "b": [100, 100, 100]},
+        "seconds_by_phase": {"a": {"a0": {"x": 5.0}, "a1": {"x": 9.0}, "a2": {"x": 10.0}},
+                             "b": {"b0": {"x": 10.0}, "b1": {"x": 10.0}, "b2": {"x": 10.0}}}}))
+    (tmp_path / "labels.json").write_text(json.dumps({
+        "made_by": "scripts/bench_labels.py", "margin": 0.02, "seeds": [0, 1, 2],
+        "rows": [{"variant": "random"}, {"variant": "posterior-60", "against": {
+            "random at B": {**difference, "verdict": "not worse", "mean": 0.0, "low": -0.01}}}]}))
+    spec = {"rows": [{"claim": "auto", "rule": "gold", "records": ["auto"]},
+                     {"claim": "labels", "rule": "gold order", "records": ["labels"]}]}
+    auto, labels = gen_docs.summary_table(spec)[2:]
+    assert auto == ("| auto | gold | 0.03 | 3 a side | undecided, -0.010 [-0.050, +0.020] (by seed +0.010, -0.040, "
+                    "+0.000); auto at 0.60-0.80 of the tokens and 0.50-1.00 of the seconds | [auto](results/auto.json) |")
+    assert labels == ("| labels | gold order | 0.02 | 3 (0, 1, 2) | posterior-60 against random at B: not worse, "
+                      "+0.000 [-0.010, +0.020] | [labels](results/labels.json) |")
+    with pytest.raises(InputError, match="missing.json, which does not exist"):
+        gen_docs.summary_table({"rows": [{"claim": "c", "rule": "r", "records": ["missing"]}]})
