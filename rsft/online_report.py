@@ -172,13 +172,18 @@ def pick_column(points: list[dict], wanted: str | None) -> str:
                      f"evaluation (gold needs the demo task's oracle, judge eval.judge)")
 
 
+def scored_by_prompt(point: dict, column: str) -> dict[str, list[float]]:
+    """The point's `column` scores grouped by prompt, unscored rows left out."""
+    ds: Dataset = point["eval"]
+    kept = [(p, v) for p, v in zip(ds["prompt_id"], ds[column]) if v is not None]
+    return stats.by_prompt([p for p, _ in kept], [v for _, v in kept])
+
+
 def mean(point: dict, column: str) -> dict:
     """The point's mean `column` score with its 95% bootstrap interval over prompts (unscored rows left out)."""
     means = point.setdefault("means", {})
     if column not in means:
-        ds: Dataset = point["eval"]
-        kept = [(p, v) for p, v in zip(ds["prompt_id"], ds[column]) if v is not None]
-        means[column] = stats.bootstrap(stats.by_prompt([p for p, _ in kept], [v for _, v in kept]))
+        means[column] = stats.bootstrap(scored_by_prompt(point, column))
     return means[column]
 
 

@@ -151,16 +151,10 @@ def comparison_record(name: str, argv: list[str], run_a: Path, run_b: Path, colu
             "margin": margin, "a": run_facts(run_a, column), "b": run_facts(run_b, column), "policies": rows}
 
 
-def by_prompt(point: dict, column: str) -> dict[str, list[float]]:
-    ds = point["eval"]
-    return stats.by_prompt([p for p, v in zip(ds["prompt_id"], ds[column]) if v is not None],
-                           [v for v in ds[column] if v is not None])
-
-
 def seeds(argv: list[str]) -> dict:
     """A against B over seed pairs, at each run's last evaluation (the module's docstring)."""
     from rsft.machine import describe, machine
-    from rsft.online_report import last_point, seconds_by_phase
+    from rsft.online_report import last_point, scored_by_prompt, seconds_by_phase
     from rsft.online_report import pick_column as pick_point_column
 
     parser = argparse.ArgumentParser(prog="compare_runs.py seeds", description=seeds.__doc__)
@@ -187,8 +181,8 @@ def seeds(argv: list[str]) -> dict:
     points = {side: [point for point, _ in last[side]] for side in last}
     column = pick_point_column(points["a"] + points["b"], args.column)
     try:
-        compared = stats.paired_over_seeds([by_prompt(p, column) for p in points["a"]],
-                                           [by_prompt(p, column) for p in points["b"]], args.margin)
+        compared = stats.paired_over_seeds([scored_by_prompt(p, column) for p in points["a"]],
+                                           [scored_by_prompt(p, column) for p in points["b"]], args.margin)
     except ValueError as error:
         raise InputError(str(error)) from None
     phases = {side: {str(run): seconds_by_phase(RunPaths(run), online=online)

@@ -179,22 +179,23 @@ def samples_per_prompt(sample) -> int:
     return k
 
 
-def most_samples(sample) -> int:
-    """The most completions per prompt a round can sample: num_samples, with auto the cap, with a schedule its
-    largest K."""
+def k_range(sample) -> tuple[int, int]:
+    """The fewest and the most completions per prompt a round can sample: num_samples, with auto the floor and the
+    cap, with a schedule its smallest and largest K."""
     schedule = k_schedule(sample.num_samples)
     if schedule is not None:
-        return max(int(k) for k in schedule)
-    return int(sample.auto_k.cap) if sample.num_samples == "auto" else int(sample.num_samples)
+        return min(int(k) for k in schedule), max(int(k) for k in schedule)
+    if sample.num_samples == "auto":
+        return int(sample.auto_k.floor), int(sample.auto_k.cap)
+    return int(sample.num_samples), int(sample.num_samples)
+
+
+def most_samples(sample) -> int:
+    return k_range(sample)[1]
 
 
 def fewest_samples(sample) -> int:
-    """The fewest completions per prompt a round can sample: num_samples, with auto the floor, with a schedule its
-    smallest K."""
-    schedule = k_schedule(sample.num_samples)
-    if schedule is not None:
-        return min(int(k) for k in schedule)
-    return int(sample.auto_k.floor) if sample.num_samples == "auto" else int(sample.num_samples)
+    return k_range(sample)[0]
 
 
 @dataclass
