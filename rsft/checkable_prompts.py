@@ -12,17 +12,23 @@ test questions are drawn from disjoint operand pairs, and a held-out pair's swap
 data.held_out=ordered is the split before that rule (commit 5c4b868 and earlier, every verifiable result
 recorded until then): disjoint ordered pairs, so 16 of its 64 test questions of + and x had their swapped twin
 (6 x 7 beside 7 x 6) in train.
+
+To choose a setting without reading test (a learning rate, issue 47), train on split "fit" and evaluate on split
+"validation" (data.split=fit data.eval_split=validation): train's 192 questions cut in two by the same rule, 128
+and 64, no validation question a fit question up to operand order. Train and test are unchanged by the cut.
 """
 
 from __future__ import annotations
 
 import random
+import re
 
 from rsft.errors import ConfigError
 
 FORMS = ("add", "next", "larger", "times")
 HELD_OUT = ("unordered", "ordered")  # data.held_out
 HELD_OUT_PAIRS = 16  # x 4 forms = 64 test questions; the other 48 pairs x 4 = 192 train
+SPLITS = ("train", "test", "fit", "validation")  # fit + validation = train, cut by the held-out rule
 SUFFIX = " Answer with just the number."
 
 
@@ -37,25 +43,32 @@ def _question(form: str, a: int, b: int) -> tuple[str, int]:
     return f"What is {a} times {b}?", a * b
 
 
+def _held(pairs: list[tuple[int, int]], held_out: str) -> set[tuple[int, int]]:
+    """The first HELD_OUT_PAIRS of `pairs` (in their order): ordered pairs, or (unordered) each with its twin."""
+    if held_out == "ordered":
+        return set(pairs[:HELD_OUT_PAIRS])
+    held: set[tuple[int, int]] = set()
+    for a, b in pairs:
+        both = {(a, b), (b, a)}
+        if not both & held and len(held | both) <= HELD_OUT_PAIRS:
+            held |= both
+    return held
+
+
 def build_checkable_prompts(split: str, seed: int = 0, held_out: str = "unordered") -> list[dict]:
-    """The questions of `split` ("train": 192, "test": 64), in a fixed shuffled order, each with its form,
-    operands and `reference` answer (a string, as the checker compares text). held_out: see the module."""
-    if split not in ("train", "test"):
-        raise ConfigError(f"checkable prompts have splits 'train' and 'test', not {split!r}; set data.split (and "
-                          f"data.eval_split) to train or test")
+    """The questions of `split` ("train": 192, "test": 64; "fit": 128 and "validation": 64, train cut in two), in a
+    fixed shuffled order, each with its form, operands and `reference` answer (a string, as the checker compares
+    text). held_out: see the module."""
+    if split not in SPLITS:
+        raise ConfigError(f"checkable prompts have splits {', '.join(repr(s) for s in SPLITS)}, not {split!r}; set "
+                          f"data.split (and data.eval_split) to one of them (fit and validation: train cut in two, to "
+                          f"choose a setting without reading test)")
     if held_out not in HELD_OUT:
         raise ConfigError(f"data.held_out={held_out!r}: expected one of {', '.join(HELD_OUT)}")
     rng = random.Random(seed)
     pairs = [(a, b) for a in range(2, 10) for b in range(2, 10)]  # 64 operand pairs per form
     rng.shuffle(pairs)
-    if held_out == "ordered":
-        held = set(pairs[:HELD_OUT_PAIRS])
-    else:  # in the shuffled order, each pair with its twin, while they fit
-        held: set[tuple[int, int]] = set()
-        for a, b in pairs:
-            both = {(a, b), (b, a)}
-            if not both & held and len(held | both) <= HELD_OUT_PAIRS:
-                held |= both
+    held = _held(pairs, held_out)
     rows = {"train": [], "test": []}
     for form in FORMS:
         for a, b in pairs:
@@ -66,4 +79,15 @@ def build_checkable_prompts(split: str, seed: int = 0, held_out: str = "unordere
         rng.shuffle(records)
         for i, record in enumerate(records):
             record["prompt_id"] = f"{name}-{i:04d}"
+    if split in ("fit", "validation"):  # train's rows (ids kept), cut by its own operand pairs in the same order
+        validation = _held([p for p in pairs if p not in held], held_out)
+        return [r for r in rows["train"] if (_operands(r) in validation) == (split == "validation")]
     return rows[split]
+
+
+def _operands(row: dict) -> tuple[int, int]:
+    """The operand pair a question was generated from (its form's inverse of _question)."""
+    numbers = [int(n) for n in re.findall(r"\d+", row["prompt"])]
+    if row["form"] in ("add", "times"):
+        return numbers[0], numbers[1]
+    return divmod(numbers[0], 10)  # next: 10a + b; larger: its first number is 10a + b

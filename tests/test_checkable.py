@@ -21,7 +21,7 @@ def test_the_splits_are_disjoint_fixed_and_every_answer_is_right():
     assert by_prompt["What number comes right after 38? Answer with just the number."] == "39"
     assert by_prompt["Which is larger, 35 or 54? Answer with just the number."] == "54"
     with pytest.raises(ConfigError, match="data.split"):
-        build_checkable_prompts("validation")
+        build_checkable_prompts("dev")
 
 
 def _operands(prompt: str) -> tuple[str, frozenset] | None:
@@ -46,6 +46,22 @@ def test_no_test_question_is_a_train_question_up_to_the_order_of_its_operands(se
     assert twins and not {r["prompt"] for r in old_test} & {r["prompt"] for r in old_train}
     with pytest.raises(ConfigError, match="data.held_out='both'"):
         build_checkable_prompts("test", seed, "both")
+
+
+@pytest.mark.parametrize("held_out", ["unordered", "ordered"])
+def test_fit_and_validation_cut_train_in_two_and_no_validation_question_is_a_fit_or_test_question(held_out):
+    """A setting chosen on validation (data.split=fit data.eval_split=validation) never read test, and did not
+    train on the questions it is judged on, up to the order of their operands."""
+    train, test, fit, validation = (build_checkable_prompts(s, 0, held_out)
+                                    for s in ("train", "test", "fit", "validation"))
+    assert (len(fit), len(validation)) == (128, 64)
+    assert sorted(r["prompt_id"] for r in fit + validation) == sorted(r["prompt_id"] for r in train)
+    assert {r["form"] for r in validation} == set(FORMS)
+    assert not {r["prompt"] for r in validation} & {r["prompt"] for r in fit + test}
+    if held_out == "unordered":
+        seen = {_operands(r["prompt"]) for r in fit + test} - {None}
+        assert not {_operands(r["prompt"]) for r in validation} & seen
+    assert build_checkable_prompts("validation", 1, held_out) != validation
 
 
 def test_the_checker_reads_the_first_number_and_has_nothing_to_check_without_a_reference():
