@@ -5,7 +5,7 @@
 Four forms, generated from a seed, each answered by one number: "What is 7 + 4?", "What number comes
 right after 38?", "Which is larger, 35 or 67?", "What is 6 times 7?", each followed by "Answer with just
 the number." The form mix is chosen so that the initial SmolLM2-135M-Instruct is right on a middling share
-(docs/results.md#a-verifiable-task): 2-digit arithmetic was too hard for it (5-10%). Every row carries its
+(docs/history.md#a-verifiable-task): 2-digit arithmetic was too hard for it (5-10%). Every row carries its
 `reference` answer, which the checker reward.checkers.first_number reads (a `function` reward). Train and
 test questions are drawn from disjoint operand pairs, and a held-out pair's swapped twin is held out with it
 (data.held_out=unordered, the default): no test question is a train question up to the order of its operands.

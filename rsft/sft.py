@@ -8,7 +8,7 @@ sampled from); writes round_XX/policy/, a plain `save_pretrained`
 folder with the tokenizer, which round XX + 1 samples from (rsft.paths.RunPaths.sampling_policy).
 
 Why `initial` by default: fine-tuning the previous round's policy again compounds the drift of
-every round; on the demo task it over-fitted in a second round (docs/results.md#why-sftinitinitial).
+every round; on the demo task it over-fitted in a second round (docs/history.md#why-sftinitinitial).
 Restarting from
 the initial policy each round on the kept completions of all rounds so far (select.pool_rounds=-1),
 as ReST-EM does (Singh et al. 2023, arXiv 2312.06585), keeps every round one fine-tune away from

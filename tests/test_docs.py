@@ -17,6 +17,42 @@ def test_config_reference_and_stage_table_are_up_to_date():
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+RENDERED = re.compile(r"<!-- table .*?<!-- end of table -->|<!-- value .*?<!-- /value -->", re.S)
+NOT_MEASURED = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->|\]\([^)]*\)|\bm = [0-9.]+|\b95%|\d+\.\d+\.\d+", re.S)
+MEASURED = re.compile(r"\b\d+(?:\.\d+)?x\b|\d+(?:\.\d+)?\s?%|(?<![\w.])[-+]?\d*\.\d+")
+
+
+def typed_numbers(text: str) -> list[str]:
+    """The measured numbers typed by hand in a page, each with its line: a decimal, a percentage or a ratio (1.9x)
+    outside what gen_docs renders from records (tables and values), code, comments and link targets. A margin
+    (m = 0.03, set before a run), the 95% of an interval and a version (5.24.0) are not measurements."""
+    kept = NOT_MEASURED.sub(" ", RENDERED.sub(" ", text))
+    return [f"{found.group(0)!r} in: {line.strip()[:160]}" for line in kept.splitlines()
+            for found in MEASURED.finditer(line)]
+
+
+def test_every_measured_number_of_the_readme_and_results_is_rendered_from_a_record():
+    """Issue 47: README.md and docs/results.md hold no number typed by hand; each is a table or a value gen_docs
+    renders from docs/results/*.json (so a missing or changed record fails test_config_reference_...). The
+    measurements from before records, typed at the time, are docs/history.md's."""
+    for page in (README, REPO / "docs" / "results.md"):
+        assert not typed_numbers(page.read_text()), (f"{page.name} holds typed numbers; render each from a record "
+                                                      f"(scripts/gen_docs.py):\n" + "\n".join(typed_numbers(page.read_text())))
+
+
+def test_the_typed_number_check_reads_measurements_only():
+    assert typed_numbers("gold goes 0.761 -> 0.891, 1.9x faster, at 63% of the tokens") == [
+        "'0.761' in: gold goes 0.761 -> 0.891, 1.9x faster, at 63% of the tokens",
+        "'0.891' in: gold goes 0.761 -> 0.891, 1.9x faster, at 63% of the tokens",
+        "'1.9x' in: gold goes 0.761 -> 0.891, 1.9x faster, at 63% of the tokens",
+        "'63%' in: gold goes 0.761 -> 0.891, 1.9x faster, at 63% of the tokens"]
+    rendered = ("gold <!-- value demo policies.-1.a.mean .3f -->0.891<!-- /value --> at m = 0.03 with 95% intervals, "
+                "`sample.temperature=0.7`, torch 2.13.0, [a](docs/results.md#v0.5)\n```\npass 0.5\n```\n"
+                "<!-- table seeds from docs/results/x.json, rendered by scripts/gen_docs.py -->\n| 0.5 |\n"
+                "<!-- end of table -->\n3 seeds, 64 prompts, K=8")
+    assert typed_numbers(rendered) == []
+
+
 def test_readme_is_short():
     assert len(README.read_text().splitlines()) <= 300
 
@@ -58,7 +94,7 @@ RULE_WORD = re.compile(r"\b(better|not worse|worse|undecided)\b|no paired interv
 
 def sentences(text: str) -> list[str]:
     """The prose of a Markdown page, one sentence a string: code blocks, tables and images left out, link
-    targets and inline code dropped, a paragraph's or list item's lines joined before it is split."""
+    targets, inline code and comments dropped, a paragraph's or list item's lines joined before it is split."""
     blocks, current, fenced = [], [], False
     for line in text.splitlines():
         stripped = line.strip()
@@ -77,6 +113,7 @@ def sentences(text: str) -> list[str]:
     for block in blocks:
         block = re.sub(r"\]\([^)\s]*\)", "]", block)  # [text](target) -> [text]
         block = re.sub(r"`[^`]*`", "`code`", block)
+        block = re.sub(r"<!--.*?-->", "", block)  # a rendered value's marker: its number stays
         found += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[`\"])", block) if s]
     return found
 

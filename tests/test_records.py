@@ -80,3 +80,18 @@ def test_the_summary_reads_every_margin_seed_count_and_result_from_the_records_i
                       "+0.000 [-0.010, +0.020] | [labels](results/labels.json) |")
     with pytest.raises(InputError, match="missing.json, which does not exist"):
         gen_docs.summary_table({"rows": [{"claim": "c", "rule": "r", "records": ["missing"]}]})
+
+
+def test_a_value_in_a_sentence_is_written_again_from_its_record_and_a_wrong_path_or_record_stops_gen_docs(
+        tmp_path, monkeypatch):
+    gen_docs = load("gen_docs", monkeypatch)
+    monkeypatch.setattr(gen_docs, "RECORDS", tmp_path)
+    (tmp_path / "job.json").write_text(json.dumps({"policies": [{"a": {"mean": 0.7612}}, {"a": {"mean": 0.8914}}]}))
+    page = "gold ends at <!-- value job policies.-1.a.mean .3f -->0.5<!-- /value --> (<!-- value job policies.0.a.mean +.2f -->?<!-- /value -->)"
+    assert gen_docs.with_record_values(page, "p.md") == (
+        "gold ends at <!-- value job policies.-1.a.mean .3f -->0.891<!-- /value --> "
+        "(<!-- value job policies.0.a.mean +.2f -->+0.76<!-- /value -->)")
+    with pytest.raises(InputError, match="no field 'policies.2.a.mean' \\(stopped at '2'\\)"):
+        gen_docs.with_record_values("<!-- value job policies.2.a.mean .3f -->0<!-- /value -->", "p.md")
+    with pytest.raises(InputError, match="gone.json, which does not exist"):
+        gen_docs.with_record_values("<!-- value gone a .3f -->0<!-- /value -->", "p.md")

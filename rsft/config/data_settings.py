@@ -32,7 +32,7 @@ class DataDemoConfig(PromptSetConfig):
     rotate: bool = setting(True, "Round r takes the next data.limit train prompts (wrapping once the split is used "
                                  "up).")
     # all held-out prompts: with fewer, the interval on a round's gain was wider than the gain
-    # (docs/results.md#why-each-default-setting)
+    # (docs/history.md#why-each-default-setting)
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all).")
     split: str = setting("train", "The split sampled for training.")
     eval_split: str = setting("test", "The held-out split eval judges on (demo: test, or validation to choose a "
@@ -47,6 +47,11 @@ class DataCheckableConfig(DataDemoConfig):
                                      "each with its `reference` answer.", check=kind_is("checkable"))
     limit: Optional[int] = setting(64, "Train prompts per round (null = all 192).")
     eval_limit: Optional[int] = setting(64, "Held-out prompts evaluated (null = all 64).")
+    split: str = setting("train", "The split sampled for training: train (192 questions), or fit (128 of them) to "
+                                  "choose a setting on validation.")
+    eval_split: str = setting("test", "The held-out split eval judges on: test (64), or validation (train's other 64, "
+                                      "none a fit question up to operand order) to choose a setting without reading "
+                                      "test.")
     seed: int = setting(0, "Which questions: the operand pairs and their order.", check=a_seed())
     held_out: str = setting("unordered", "unordered: a held-out operand pair's swapped twin is held out too, so no "
                             "test question is a train question up to its operands' order; ordered: the split of the "

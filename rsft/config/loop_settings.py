@@ -29,7 +29,7 @@ class StopConfig(Checked):
 class LoopConfig(Checked):
     """Rounds of sample -> score -> select -> sft (-> eval); prefs and reward are trained first if missing."""
 
-    # gold on held-out prompts rose in every round of the default job (docs/results.md#why-each-default-setting)
+    # gold on held-out prompts rose in every round of the default job (docs/history.md#why-each-default-setting)
     rounds: int = setting(3, "Rounds to run.", check=at_least(1))
     eval: bool = setting(True, "Evaluate the initial policy and every round's policy on the held-out prompts.",
                          check=boolean())

@@ -208,7 +208,7 @@ class SampleConfig(Checked):
     max_new_tokens: int = setting(48, "Tokens per completion at most; a longer one is cut (finish_reason length).",
                                   check=MAX_NEW_TOKENS)
     # below plain sampling's temperature, at which the default policy rambles
-    # (docs/results.md#why-each-default-setting)
+    # (docs/history.md#why-each-default-setting)
     temperature: float = setting(0.7, "Sampling temperature, in (0, 100] (strategy=greedy ignores it).",
                                   check=TEMPERATURE)
     top_k: int = setting(0, "Keep the k most probable tokens; 0 = off.", check=TOP_K)

@@ -95,11 +95,11 @@ class SftConfig(TrainingConfig):
                                    "see select); previous: the policy the round sampled from (drift compounds).",
                         check=one_of(("initial", "previous")))
     # LoRA keeps the policy's diversity over the rounds, where full fine-tuning lost it
-    # (docs/results.md#why-each-default-setting)
+    # (docs/history.md#why-each-default-setting)
     mode: str = setting("lora", "full | lora (LoRA is merged into the weights before saving).",
                         check=one_of(TRAINING_MODES))
     # the TrainingConfig defaults (learning rate, epochs) are LoRA's on the demo policy's small kept sets; full
-    # fine-tuning wants a lower learning rate (docs/results.md#why-each-default-setting)
+    # fine-tuning wants a lower learning rate (docs/history.md#why-each-default-setting)
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
 
 
