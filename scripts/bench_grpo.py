@@ -4,6 +4,7 @@ completions, wall time, sampled tokens, token entropy and how often a prompt's a
     python scripts/bench_grpo.py train --out runs/grpo --seed 0 --learning-rate 1e-5       # one GRPO run
     python scripts/bench_grpo.py compare runs/verifiable-s0 runs/grpo/grpo-s0-lr1e-05-lora-p8-t0.7 [...] [--plot PNG]
     python scripts/bench_grpo.py train --task demo-gold --out runs/grpo --seed 0 --learning-rate 1e-5
+    python scripts/bench_grpo.py sweep --a RECIPE_TRIALS --b GRPO_TRIALS --record NAME   # each side's rate, on validation
     python scripts/bench_grpo.py compare --task demo-gold runs/demo-gold runs/grpo/grpo-demo-gold-s0-lr1e-05-lora-p8-t0.7
 
 `--task demo-gold` is the ceiling on the demo task: its gold oracle (reward.gold:gold_reward, a perfect
@@ -466,6 +467,52 @@ def seeds(args) -> dict:
     return record
 
 
+def learning_rate_of(run: Path) -> float:
+    """The rate a run trained at: a GRPO run's grpo.json, an rsft loop run's last policy's sft settings."""
+    if (run / "grpo.json").is_file():
+        return float(json.loads((run / "grpo.json").read_text())["learning_rate"])
+    policies = sorted(run.glob("round_*/policy/meta.json"))
+    if not policies:
+        raise MissingInput(f"{run}: no trained policy (round_XX/policy/meta.json); give a finished loop run")
+    return float(json.loads(policies[-1].read_text())["settings"]["learning_rate"])
+
+
+def sweep(args) -> dict:
+    """Each side's learning-rate trials (issue 47): every run's pass@1 and pass@k at its last point (the full
+    budget), with 95% bootstrap intervals over the prompts it was evaluated on (a validation split), and the rate
+    each side keeps by the rule stated here, before the runs: the highest pass@1 at the full budget, a tie going
+    to the lower rate. The runs of one side differ only in their rate; both sides must have spent one budget."""
+    column = TASKS[args.task]["column"]
+    sides, budgets = {}, set()
+    print(describe(machine()))
+    for name, runs in zip(args.names, (args.a, args.b)):
+        trials = []
+        for run in runs:
+            last = points_of(run)[-1]
+            budgets.add(last["completions"])
+            ks = {f"pass_at_{k}": stats.bootstrap(pass_at_k_by_prompt(last["eval"], column, k)) for k in args.ks}
+            trials.append({"run": str(run), "learning_rate": learning_rate_of(run), "completions": last["completions"],
+                           "prompts": len(set(last["eval"]["prompt_id"])), **ks})
+        rates = [t["learning_rate"] for t in trials]
+        if len(set(rates)) != len(rates):
+            raise InputError(f"{name}: two runs share a learning rate ({rates}); give one run per rate")
+        best = max(trials, key=lambda t: (round(t["pass_at_1"]["mean"], 12), -t["learning_rate"]))
+        sides[name] = {"trials": sorted(trials, key=lambda t: t["learning_rate"]), "chosen": best["learning_rate"]}
+        for t in sides[name]["trials"]:
+            print(f"{name} lr {t['learning_rate']:g}: " + ", ".join(f"{k} {stats.shown(t[k])}" for k in ks)
+                  + ("  <- kept" if t is best else ""))
+    if len(budgets) != 1:
+        raise InputError(f"the trials end at different budgets of sampled completions ({sorted(budgets)}); train "
+                         f"every trial with the same budget")
+    record = {"record": args.record, "made_by": "scripts/bench_grpo.py sweep", "command": " ".join(sys.argv),
+              "commit": commit(), "machine": machine(), "task": args.task, "ks": args.ks,
+              "rule": "the highest pass@1 at the full budget; a tie goes to the lower rate", "sides": sides}
+    if args.record:
+        out = write_record(args.record, record)
+        print(f"record: {out.relative_to(ROOT)}")
+    return record
+
+
 def plot(series: list[list[dict]], out: Path, column: str = "reward", truth: str = "pass@1") -> None:
     from rsft.plotting import finish, interval_errorbar, pyplot
 
@@ -517,7 +564,19 @@ def main(argv=None) -> None:
     sds.add_argument("--ks", type=int, nargs="+", default=[1, 4, 8], help="the k of pass@k (at most eval.num_samples)")
     sds.add_argument("--task", choices=sorted(TASKS), default="verifiable")
     sds.add_argument("--record", default=None, metavar="NAME", help="also write docs/results/NAME.json")
+    swp = sub.add_parser("sweep", help="each side's learning-rate trials on a validation split, and the rate each keeps")
+    swp.add_argument("--a", type=Path, nargs="+", required=True, help="A's trials, one run per rate")
+    swp.add_argument("--b", type=Path, nargs="+", required=True, help="B's trials, one run per rate")
+    swp.add_argument("--names", nargs=2, default=["recipe", "GRPO"], metavar=("A", "B"))
+    swp.add_argument("--ks", type=int, nargs="+", default=[1, 8], help="the k of pass@k (at most eval.num_samples)")
+    swp.add_argument("--task", choices=sorted(TASKS), default="verifiable")
+    swp.add_argument("--record", default=None, metavar="NAME", help="also write docs/results/NAME.json")
     args = parser.parse_args(argv)
+    if args.command == "sweep":
+        if 1 not in args.ks:
+            raise InputError(f"--ks {args.ks}: the rule reads pass@1; include 1")
+        sweep(args)
+        return
     if args.command == "seeds":
         if not args.margin >= 0 or any(k < 1 for k in args.ks):
             raise InputError(f"--margin {args.margin} --ks {args.ks}: expected a margin >= 0 and every k >= 1")

@@ -289,6 +289,22 @@ def labels_table(record: dict) -> list[str]:
 POLICY_SHAPES = {"smollm2-135m": "SmolLM2-135M", "llama-1.5b": "Llama 1.5B (Qwen2-1.5B's shape: hidden 1536, 28 layers)"}
 
 
+def sweep_table(record: dict) -> list[str]:
+    """Each side's learning-rate trials (scripts/bench_grpo.py sweep --record NAME): pass@k at the full budget on
+    the split the trials were evaluated on, and the rate the record's rule keeps."""
+    from rsft.stats import shown
+
+    ks = record["ks"]
+    lines = ["| side | learning rate | completions | " + " | ".join(f"pass@{k} [95% CI]" for k in ks) + " | kept |",
+             "|---|---|---|" + "---|" * (len(ks) + 1)]
+    for name, side in record["sides"].items():
+        for trial in side["trials"]:
+            kept = trial["learning_rate"] == side["chosen"]
+            lines.append(f"| {name} | {trial['learning_rate']:g} | {trial['completions']:,} | "
+                         + " | ".join(shown(trial[f"pass_at_{k}"]) for k in ks) + f" | {'**kept**' if kept else ''} |")
+    return lines
+
+
 def _speeds(runs: list[dict], method: str) -> list[float]:
     return [r["tokens_per_second"] for r in runs if r["method"] == method]
 
@@ -449,7 +465,7 @@ def summary_table(spec: dict) -> list[str]:
 TABLE_KINDS = {"default-job": default_job_table, "default-job-details": default_job_details,
                "gpu-sampling": gpu_sampling_table, "gpu-speculation": gpu_speculation_table,
                "comparison": comparison_table, "seeds": seeds_table, "over-seeds": over_seeds_table,
-               "labels": labels_table, "summary": summary_table}
+               "labels": labels_table, "summary": summary_table, "sweep": sweep_table}
 
 
 def with_record_tables(text: str, page: str) -> str:

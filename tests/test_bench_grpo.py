@@ -61,3 +61,39 @@ def test_the_demo_task_gives_grpo_the_gold_oracle_and_a_cut_completion_its_finis
     assert got[0] > got[1]  # a cut completion loses the finished criterion
     assert bench.answer(" Bees  make\nHONEY.", "demo-gold") == bench.answer("bees make honey.", "demo-gold")
     assert bench.answer("It is 12, or 13", "verifiable") == "12"
+
+
+def test_a_sweep_keeps_each_sides_rate_with_the_highest_pass_at_1_at_the_full_budget_and_a_tie_the_lower_rate(
+        monkeypatch, tmp_path):
+    """Issue 47's rule for choosing the learning rate on a validation split, and its table."""
+    import argparse
+
+    import pytest
+
+    from rsft.errors import InputError
+    from tests.test_scripts import load
+
+    bench = load("bench_grpo", monkeypatch)
+    gen_docs = load("gen_docs", monkeypatch)
+    right = {"a1": [1, 0, 0, 0], "a2": [1, 1, 0, 0], "a3": [1, 1, 0, 0], "b1": [0, 0, 0, 0], "b2": [1, 1, 1, 0],
+             "b3": [1, 1, 1, 1]}  # each trial's right answers: 2 prompts x 2 samples
+    rates = {"a1": 1e-4, "a2": 2e-4, "a3": 6e-4, "b1": 1e-4, "b2": 3e-4, "b3": 1e-3}
+
+    def points(run):
+        values = right[run.name]
+        return [{"completions": 16, "eval": {"prompt_id": ["p", "p", "q", "q"], "reward": values}}]
+
+    monkeypatch.setattr(bench, "points_of", points)
+    monkeypatch.setattr(bench, "learning_rate_of", lambda run: rates[run.name])
+    args = argparse.Namespace(a=[tmp_path / n for n in ("a3", "a1", "a2")], b=[tmp_path / n for n in ("b1", "b2", "b3")],
+                              names=["recipe", "GRPO"], ks=[1, 2], task="verifiable", record=None)
+    record = bench.sweep(args)
+    assert record["sides"]["recipe"]["chosen"] == 2e-4  # a2 and a3 tie at 0.5: the lower rate
+    assert record["sides"]["GRPO"]["chosen"] == 1e-3
+    assert [t["learning_rate"] for t in record["sides"]["recipe"]["trials"]] == [1e-4, 2e-4, 6e-4]
+    table = gen_docs.sweep_table(record)
+    assert table[2] == "| recipe | 0.0001 | 16 | 0.250 [0.000, 0.500] | 0.500 [0.000, 1.000] |  |"
+    assert table[3].endswith("| **kept** |") and table[-1].startswith("| GRPO | 0.001 |") and "**kept**" in table[-1]
+    rates["a3"] = 2e-4
+    with pytest.raises(InputError, match="share a learning rate"):
+        bench.sweep(args)
