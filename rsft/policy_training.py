@@ -52,6 +52,56 @@ def trained_policy(trainer, mode: str):
     return trained, state_dict
 
 
+def forward_kl_sum(logits: torch.Tensor, reference_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The sum over the positions `mask` keeps of KL(reference || policy) between the next-token distributions
+    the two sets of logits give. The forward direction covers the reference's support: a token the reference
+    could sample and the policy stops giving costs the most, which is what keeps a policy's range."""
+    reference = torch.log_softmax(reference_logits.float(), dim=-1)
+    policy = torch.log_softmax(logits.float(), dim=-1)
+    return ((reference.exp() * (reference - policy)).sum(-1) * mask).sum()
+
+
+def anchored_sft_trainer(trainer_class, kl: float, mode: str):
+    """TRL's SFTTrainer whose loss is its cross-entropy on the completion tokens plus `kl` x the mean over those
+    tokens of KL(reference || policy), the reference being the policy training starts from: the adapter switched
+    off with LoRA, a frozen copy otherwise. Written by hand because TRL's SFTTrainer has no reference model; as
+    TRL 1.16 advises for a custom loss, it overrides compute_loss, which needs the full logits (TRL's own loss
+    reads fused log-probabilities) and leaves out TRL's per-step entropy and accuracy metrics. `kl_history` is
+    each step's mean KL per completion token, for the stage's stats."""
+
+    class AnchoredSFTTrainer(trainer_class):
+        def __init__(self, *args, **kwargs):
+            frozen = None
+            if mode != "lora":  # copied before TRL wraps the model: its forward is patched to read the model's head
+                import copy
+
+                frozen = copy.deepcopy(kwargs["model"]).eval().requires_grad_(False)
+            super().__init__(*args, **kwargs)
+            self.kl_history: list[float] = []
+            self._frozen = frozen
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            forward = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
+            outputs = model(**forward, use_cache=False)
+            logits, targets = outputs.logits[:, :-1], inputs["labels"][:, 1:]
+            mask = (targets != -100).float()
+            tokens = torch.as_tensor(num_items_in_batch if num_items_in_batch is not None else mask.sum()).clamp(min=1)
+            nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                    ignore_index=-100, reduction="sum")
+            with torch.no_grad():
+                if self._frozen is not None:
+                    reference = self._frozen(**forward, use_cache=False).logits[:, :-1]
+                else:
+                    with self.accelerator.unwrap_model(model).disable_adapter():
+                        reference = model(**forward, use_cache=False).logits[:, :-1]
+            divergence = forward_kl_sum(logits, reference, mask)
+            self.kl_history.append(float(divergence.detach()) / max(float(mask.sum()), 1.0))
+            loss = (nll + kl * divergence) / tokens.to(nll.device)
+            return (loss, outputs) if return_outputs else loss
+
+    return AnchoredSFTTrainer
+
+
 def policy_writer(trained, state_dict, tokenizer):
     """What writes a trained policy and its tokenizer into an artifact's folder (the runner calls it on the
     main process: every process trained the same (DDP) model)."""

@@ -26,6 +26,9 @@ decides (rsft.trl_common.training_arguments): fp32 without checkpointing on CPU,
 supports it. Losses go to our Tracker (report_to="none"). The trainer saves a checkpoint every
 sft.checkpoint_steps steps beside the artifact (rsft.checkpoints.TrainingCheckpoints), so a killed run
 resumes from its last one; the checkpoints go once the policy is written.
+
+sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes
+(rsft.policy_training.anchored_sft_trainer): a lever against collapse (issue 48, docs/diversity.md).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import (
     LossHistory,
+    anchored_sft_trainer,
     cut_examples,
     lora_config,
     policy_writer,
@@ -113,7 +117,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
              f"; {cut} truncated completions train without their end of turn" if cut else "")
     history = LossHistory()
     checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
-    trainer = SFTTrainer(
+    trainer_class = SFTTrainer if not cfg.sft.kl else anchored_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode)
+    trainer = trainer_class(
         model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
         callbacks=[history],
@@ -131,6 +136,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
         "truncated_examples": cut,
         "world_size": distributed.world_size(),
         "seconds": float(result.metrics.get("train_runtime", 0.0)),
+        # sft.kl: the mean KL(start || policy) per completion token of the first and the last step
+        "kl_first": trainer.kl_history[0] if getattr(trainer, "kl_history", None) else None,
+        "kl_last": trainer.kl_history[-1] if getattr(trainer, "kl_history", None) else None,
     }
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,

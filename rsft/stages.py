@@ -76,6 +76,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "refresh.choose": lambda cfg: cfg.refresh.get("choose", "first") == "first",
     "refresh.label_budget": lambda cfg: cfg.refresh.get("choose", "first") == "first",
     "refresh.dropout_passes": lambda cfg: cfg.refresh.get("choose", "first") != "uncertain",
+    "sft.kl": lambda cfg: float(cfg.sft.get("kl") or 0.0) == 0.0,
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

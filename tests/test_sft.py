@@ -223,3 +223,37 @@ def test_sft_on_cut_answers_does_not_teach_the_stop_a_finished_one_teaches(make_
     initial = end_of_turn_nll(before, tokenizer, "Tell me about bees, 0.")
     assert nll["eos"] < initial - 0.5  # learnt to stop there
     assert nll["length"] > nll["eos"] + 1.0  # trained on the same text, cut: no stop learnt
+
+
+def start_divergence(before, after, tokenizer, prompt: str) -> float:
+    """Mean KL(before || after) of the next-token distributions over the completion's positions."""
+    from rsft.policy_training import forward_kl_sum
+
+    prefix = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True)
+    start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    ids = torch.tensor([tokenizer(prefix + COMPLETION + tokenizer.eos_token, add_special_tokens=False)["input_ids"]])
+    mask = torch.zeros(ids.shape[1])
+    mask[start - 1:-1] = 1.0
+    with torch.no_grad():
+        return float(forward_kl_sum(after(ids).logits[0], before(ids).logits[0], mask)) / float(mask.sum())
+
+
+@pytest.mark.parametrize("mode,rate", [("lora", "1e-2"), ("full", "3e-3")])
+def test_sft_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_it_started(make_cfg, mode, rate):
+    """sft.kl (issue 48): its first step is plain SFT's (the policy is still the reference, so the KL term is 0),
+    and at the same steps it ends nearer the policy it started from than plain SFT."""
+    common = ("stage=sft", f"sft.mode={mode}", f"sft.learning_rate={rate}", "sft.epochs=3", "device=cpu")
+    plain_cfg, kl_cfg = make_cfg(*common, "run_name=plain"), make_cfg(*common, "run_name=kl", "sft.kl=2.0")
+    write_selected(plain_cfg)
+    write_selected(kl_cfg)
+    plain, anchored = run_stage(plain_cfg).path, run_stage(kl_cfg).path
+    plain_meta, kl_meta = read_meta(plain), read_meta(anchored)
+    assert kl_meta["stats"]["loss_first"] == pytest.approx(plain_meta["stats"]["loss_first"], rel=1e-4)
+    assert kl_meta["stats"]["kl_first"] == pytest.approx(0.0, abs=1e-6) and kl_meta["stats"]["kl_last"] > 0
+    assert plain_meta["stats"].get("kl_first") is None and kl_meta["settings"]["kl"] == 2.0
+    before, tokenizer, _ = load_policy(plain_cfg, None, torch.device("cpu"))
+    prompt = "Tell me about bees, 0."
+    moved = {name: start_divergence(before, load_saved_causal_lm(path, torch.device("cpu"))[0], tokenizer, prompt)
+             for name, path in (("plain", plain), ("kl", anchored))}
+    assert 0 < moved["kl"] < moved["plain"]

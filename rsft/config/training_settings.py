@@ -101,6 +101,10 @@ class SftConfig(TrainingConfig):
     # the TrainingConfig defaults (learning rate, epochs) are LoRA's on the demo policy's small kept sets; full
     # fine-tuning wants a lower learning rate (docs/history.md#why-each-default-setting)
     lora: LoraAdapterConfig = setting(LoraAdapterConfig, "LoRA's settings, used with mode=lora.")
+    # issue 48 (collapse): a pull towards the policy SFT starts from, so the policy keeps its range
+    kl: float = setting(0.0, "Weight of a KL(start || policy) term added to the SFT loss on the completion tokens: the "
+                             "policy SFT starts from (sft.init) as the reference, so the policy keeps the answers it "
+                             "could give (docs/diversity.md). 0 = plain SFT.", check=non_negative())
 
 
 @dataclass
