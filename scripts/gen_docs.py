@@ -397,6 +397,8 @@ def _seeds_of(record: dict) -> str:
         return f"{len(record['runs']['a'])} a side"
     if made_by == "scripts/bench_grpo.py seeds":
         return f"{len(record['a'])} a side"
+    if made_by == "scripts/bench_grpo.py sweep":
+        return "1 a rate"
     if made_by == "scripts/bench_labels.py":
         return f"{len(record['seeds'])} ({', '.join(str(s) for s in record['seeds'])})"
     return "-"
@@ -425,6 +427,13 @@ def headline(record: dict, show: dict) -> str:
         return f"after {budget:,} completions: " + "; ".join(
             f"pass@{row['k']} {_verdict_with(row['a_minus_b'])}" for row in record["rows"] if row["completions"] == budget
             and row["k"] in show.get("k", (1, 8)))
+    if made_by == "scripts/bench_grpo.py sweep":
+        from rsft.stats import shown
+
+        kept = {name: next(t for t in side["trials"] if t["learning_rate"] == side["chosen"])
+                for name, side in record["sides"].items()}
+        return "; ".join(f"{name} keeps {trial['learning_rate']:g} of {len(record['sides'][name]['trials'])} "
+                         f"(validation pass@1 {shown(trial['pass_at_1'])})" for name, trial in kept.items())
     if made_by == "scripts/bench_labels.py":
         return "; ".join(f"{row['variant']} against {label}: {_verdict_with(against)}"
                          for row in record["rows"] for label, against in row.get("against", {}).items())

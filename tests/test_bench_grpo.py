@@ -94,6 +94,8 @@ def test_a_sweep_keeps_each_sides_rate_with_the_highest_pass_at_1_at_the_full_bu
     table = gen_docs.sweep_table(record)
     assert table[2] == "| recipe | 0.0001 | 16 | 0.250 [0.000, 0.500] | 0.500 [0.000, 1.000] |  |"
     assert table[3].endswith("| **kept** |") and table[-1].startswith("| GRPO | 0.001 |") and "**kept**" in table[-1]
+    assert gen_docs.headline(record, {}) == ("recipe keeps 0.0002 of 3 (validation pass@1 0.500 [0.000, 1.000]); GRPO "
+                                             "keeps 0.001 of 3 (validation pass@1 1.000 [1.000, 1.000])")
     rates["a3"] = 2e-4
     with pytest.raises(InputError, match="share a learning rate"):
         bench.sweep(args)
