@@ -21,7 +21,6 @@ and 64, no validation question a fit question up to operand order. Train and tes
 from __future__ import annotations
 
 import random
-import re
 
 from rsft.errors import ConfigError
 
@@ -69,25 +68,17 @@ def build_checkable_prompts(split: str, seed: int = 0, held_out: str = "unordere
     pairs = [(a, b) for a in range(2, 10) for b in range(2, 10)]  # 64 operand pairs per form
     rng.shuffle(pairs)
     held = _held(pairs, held_out)
-    rows = {"train": [], "test": []}
+    validation = _held([p for p in pairs if p not in held], held_out)  # train's own cut, by the same rule
+    rows: dict[str, list[tuple[tuple[int, int], dict]]] = {"train": [], "test": []}  # (operand pair, row)
     for form in FORMS:
         for a, b in pairs:
             question, answer = _question(form, a, b)
             rows["test" if (a, b) in held else "train"].append(
-                {"prompt": question + SUFFIX, "reference": str(answer), "form": form})
+                ((a, b), {"prompt": question + SUFFIX, "reference": str(answer), "form": form}))
     for name, records in rows.items():
-        rng.shuffle(records)
-        for i, record in enumerate(records):
+        rng.shuffle(records)  # the permutation depends on the length only: the same as shuffling the rows alone
+        for i, (_, record) in enumerate(records):
             record["prompt_id"] = f"{name}-{i:04d}"
-    if split in ("fit", "validation"):  # train's rows (ids kept), cut by its own operand pairs in the same order
-        validation = _held([p for p in pairs if p not in held], held_out)
-        return [r for r in rows["train"] if (_operands(r) in validation) == (split == "validation")]
-    return rows[split]
-
-
-def _operands(row: dict) -> tuple[int, int]:
-    """The operand pair a question was generated from (its form's inverse of _question)."""
-    numbers = [int(n) for n in re.findall(r"\d+", row["prompt"])]
-    if row["form"] in ("add", "times"):
-        return numbers[0], numbers[1]
-    return divmod(numbers[0], 10)  # next: 10a + b; larger: its first number is 10a + b
+    if split in ("fit", "validation"):  # train's rows (ids kept), cut by their operand pairs
+        return [record for pair, record in rows["train"] if (pair in validation) == (split == "validation")]
+    return [record for _, record in rows[split]]

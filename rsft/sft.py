@@ -127,6 +127,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     trained, state_dict = trained_policy(trainer, cfg.sft.mode)
 
     losses = [h["loss"] for h in history.history if "loss" in h]
+    kls = getattr(trainer, "kl_history", [])  # sft.kl's trainer only
     stats = {
         "train_loss": history.train_loss(result),
         "loss_first": losses[0] if losses else None,
@@ -137,8 +138,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
         "world_size": distributed.world_size(),
         "seconds": float(result.metrics.get("train_runtime", 0.0)),
         # sft.kl: the mean KL(start || policy) per completion token of the first and the last step
-        "kl_first": trainer.kl_history[0] if getattr(trainer, "kl_history", None) else None,
-        "kl_last": trainer.kl_history[-1] if getattr(trainer, "kl_history", None) else None,
+        "kl_first": kls[0] if kls else None,
+        "kl_last": kls[-1] if kls else None,
     }
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,
