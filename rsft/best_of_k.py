@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from rsft.data import chat_messages
 from rsft.errors import InputError
-from rsft.stats import ngrams, opening, top_opening
+from rsft.stats import ngrams, normalised_answer, opening, top_opening
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,9 @@ def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict
     if len(scorable) < len(comparable):
         dropped["unscorable"] = len(comparable) - len(scorable)
     comparable = scorable
-    ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg), -c["round"],
+    alike = Counter(normalised_answer(c["completion"]) for c in comparable) if select_cfg.get("rarity") else None
+    ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg),
+                                               alike[normalised_answer(c["completion"])] if alike else 0, -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
     for c in ranked:

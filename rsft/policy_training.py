@@ -189,14 +189,15 @@ class OnlinePolicy:
     optimizer: torch.optim.Optimizer
     schedule: object
     device: torch.device
-    reference: torch.nn.Module | None = None  # full training with the DPO term: a frozen copy of the initial policy
+    reference: torch.nn.Module | None = None  # full training with the DPO or KL term: a frozen copy of the initial policy
 
     @classmethod
     def build(cls, model, online: DictConfig, device, total_steps: int) -> OnlinePolicy:
         from transformers import get_scheduler
 
         reference = None
-        if online.dpo_weight > 0 and online.mode != "lora":  # LoRA's reference is the adapter turned off
+        anchored = online.dpo_weight > 0 or float(online.get("kl", 0.0)) > 0
+        if anchored and online.mode != "lora":  # LoRA's reference is the adapter turned off
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         wrapper = None
         if online.mode == "lora":
@@ -213,7 +214,7 @@ class OnlinePolicy:
 
     @contextmanager
     def as_reference(self):
-        """The initial policy, the DPO term's reference: with LoRA the model with its adapter off."""
+        """The initial policy, the DPO and KL terms' reference: with LoRA the model with its adapter off."""
         if self.wrapper is None:
             yield self.reference
             return
@@ -275,6 +276,20 @@ def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> to
                  num_items_in_batch=torch.tensor(total, device=device)).loss
 
 
+def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, total: int) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
+    """(the SFT loss of `examples` as sft_loss takes it, the sum over their completion tokens of KL(initial ||
+    policy)) from one forward of the policy and one of its reference (online.kl; stage=sft's sft.kl takes the same
+    term, forward_kl_sum)."""
+    ids, attention, loss_mask = padded(examples, pad_id, policy.device)
+    logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [rows, longest - 1, vocab]
+    mask = loss_mask[:, 1:]                                                          # [rows, longest - 1]
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+    with torch.no_grad(), policy.as_reference() as reference:
+        reference_logits = reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return (nll * mask).sum() / total, forward_kl_sum(logits, reference_logits, mask.float())
+
+
 @dataclass
 class Pairs:
     """A mini-batch's best-vs-worst pairs for the DPO term: the examples and the frozen reference's summed
@@ -299,19 +314,25 @@ def dpo_loss_sum(model, pairs: Pairs, pad_id: int, device, rank: int = 0, world:
 
 
 def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_norm: float,
-               pairs: Pairs | None = None) -> tuple[float, float | None]:
+               pairs: Pairs | None = None, kl: float = 0.0) -> tuple[float, float | None, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
-    cross-entropy over the batch's completion tokens, plus with `pairs` weight x the mean DPO loss
+    cross-entropy over the batch's completion tokens, plus with `kl` > 0 kl x the mean over those tokens of
+    KL(initial || policy) (online.kl), plus with `pairs` weight x the mean DPO loss
     -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair. Returns
-    (the SFT loss, the DPO loss or None)."""
+    (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
     total = completion_tokens(batch)
     rank, world = distributed.rank(), distributed.world_size()
     mine = batch[rank::world]
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
-    sums = torch.zeros(2, device=policy.device)  # [SFT loss summed over tokens, DPO loss summed over pairs]
+    # [SFT loss summed over tokens, DPO loss summed over pairs, KL summed over tokens]
+    sums = torch.zeros(3, device=policy.device)
     objective = torch.zeros((), device=policy.device)
-    if mine and total:
+    if mine and total and kl > 0:
+        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total)
+        objective = objective + sft + kl * divergence / total
+        sums[0], sums[2] = sft.detach() * total, divergence.detach()
+    elif mine and total:
         sft = sft_loss(policy.model, mine, pad_id, policy.device, total)
         objective = objective + sft
         sums[0] = sft.detach() * total
@@ -333,7 +354,8 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     policy.schedule.step()
     policy.model.eval()
     sft = float(sums[0]) / max(total, 1)  # no completion tokens (empty answers): no SFT term, loss 0
-    return sft, (float(sums[1]) / len(pairs.chosen) if pairs is not None else None)
+    return (sft, float(sums[1]) / len(pairs.chosen) if pairs is not None else None,
+            float(sums[2]) / max(total, 1) if kl > 0 else None)
 
 
 def online_examples(rows: list[dict], tokenizer, system_prompt: str | None, max_length: int) -> list[dict]:
@@ -388,15 +410,19 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     rendered = examples(kept + replayed)
     if not rendered:
         return {"steps": 0, "examples": 0, "replayed": 0, "loss": None}
-    losses, dpo_losses = [], []
+    losses, dpo_losses, kls = [], [], []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dpo = dpo_pairs(policy, examples, list(pairs), online, pad_id)
+    kl = float(online.get("kl", 0.0))
     for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
-        loss, dpo_loss = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm, dpo)
+        loss, dpo_loss, divergence = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm,
+                                                dpo, kl)
         losses.append(loss)
         dpo_losses += [dpo_loss] if dpo_loss is not None else []
+        kls += [divergence] if divergence is not None else []
     return {"steps": len(losses), "examples": len(rendered), "replayed": len(replayed),
             "loss": statistics.fmean(losses), "loss_last": losses[-1], "step_losses": losses,
             **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
                if online.dpo_weight > 0 else {}),
+            **({"kl": statistics.fmean(kls) if kls else None} if kl > 0 else {}),
             "learning_rate": float(policy.schedule.get_last_lr()[0])}

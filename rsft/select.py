@@ -15,7 +15,10 @@ Per prompt, in this order:
    another scale: a prompt's candidates compete only with those scored by the same reward model as
    its newest round's (the `reward_model` column), the older ones are dropped (other_reward_model).
 2. Ranking: reward (raw; normalising is monotone) high to low; ties are broken by the newer round,
-   then by the lower sample index, so the same scored sets always give the same selection.
+   then by the lower sample index, so the same scored sets always give the same selection. With
+   select.rarity (a collapse lever, off by default) a tie is first broken by how many of the prompt's
+   candidates (every pooled round's) gave the same text, case and spacing aside, fewest first: of a
+   verifier's right answers, the rarest is kept first.
 3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,

@@ -77,6 +77,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "refresh.label_budget": lambda cfg: cfg.refresh.get("choose", "first") == "first",
     "refresh.dropout_passes": lambda cfg: cfg.refresh.get("choose", "first") != "uncertain",
     "sft.kl": lambda cfg: float(cfg.sft.get("kl") or 0.0) == 0.0,
+    "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
+    "select.rarity": lambda cfg: not cfg.select.get("rarity"),
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

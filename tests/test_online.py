@@ -406,3 +406,50 @@ def test_the_steps_walk_epochs_of_seeded_permutations_with_a_shorter_last_step()
     assert trainer_batches(5, 2, 5, seed=7) == walk and trainer_batches(5, 2, 5, seed=9) != walk
     bigger = trainer_batches(3, 8, 2, seed=0)  # a step larger than the examples takes the whole epoch
     assert [sorted(step) for step in bigger] == [[0, 1, 2], [0, 1, 2]]
+
+
+@pytest.mark.parametrize("mode, rate", [("lora", 3e-2), ("full", 3e-3)])
+def test_online_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_it_started(mode, rate):
+    """online.kl (issue 48): the first step's SFT loss is plain SFT's and its KL 0 (the policy is still the initial
+    one), and after the same steps on the same examples the policy with the term is nearer the initial policy, by
+    KL(initial || policy) on the completion tokens, than the one without it; LoRA's reference is the adapter off,
+    full training's a frozen copy."""
+    from datasets import Dataset
+
+    from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
+    from rsft.policy_training import OnlinePolicy, cut_examples, forward_kl_sum, padded, train_step
+
+    tokenizer = build_byte_tokenizer()
+    rows = Dataset.from_dict({"prompt": ["Say hi.", "Name a colour."], "completion": ["Hi there!", "Blue, or red"],
+                              "finish_reason": ["stop", "stop"]})
+    batch = [{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]}
+             for e in cut_examples(rows, tokenizer, None).to_list()]
+    pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
+    ids, attention, loss_mask = padded(batch, pad, cpu)
+
+    def trained(kl):
+        model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                      "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
+                                     tokenizer)
+        initial = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                        "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
+                                       tokenizer).eval()
+        online = OmegaConf.create({"mode": mode, "lora": {"r": 4, "alpha": 8, "dropout": 0.0,
+                                                          "target_modules": "all-linear"},
+                                   "learning_rate": rate, "weight_decay": 0.0, "lr_scheduler": "constant",
+                                   "warmup_steps": 0, "dpo_weight": 0.0, "kl": kl})
+        torch.manual_seed(0)  # LoRA's A matrices: the same start for both
+        policy = OnlinePolicy.build(model, online, cpu, total_steps=8)
+        steps = [train_step(policy, batch, pad, 1.0, None, kl) for _ in range(8)]
+        with torch.no_grad():
+            moved = forward_kl_sum(policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1],
+                                   initial(input_ids=ids, attention_mask=attention).logits[:, :-1],
+                                   loss_mask[:, 1:].float()) / loss_mask[:, 1:].sum()
+        return steps, float(moved)
+
+    plain, plain_moved = trained(0.0)
+    anchored, anchored_moved = trained(5.0)
+    assert anchored[0][0] == pytest.approx(plain[0][0], rel=1e-5)  # the first step: plain SFT's loss
+    assert plain[0][2] is None and anchored[0][2] == pytest.approx(0.0, abs=1e-6)
+    assert anchored[-1][2] > 0
+    assert 0 < anchored_moved < plain_moved

@@ -277,3 +277,27 @@ def test_diversity_leaves_the_random_baseline_alone_and_must_not_be_negative(mak
     write_scored(bad, ROWS)
     with pytest.raises(ValueError, match="select.diversity=-0.5"):
         run_stage(bad)
+
+
+def test_rarity_keeps_the_right_answer_fewest_candidates_gave_before_a_common_one(make_cfg):
+    """select.rarity (issue 48): among equally rewarded survivors the text the prompt's candidates gave least often
+    (case and spacing aside, every pooled round counted) ranks first; a better reward still wins, and without the
+    lever the lower sample index does."""
+    rounds = [[row("a", 0, "x = 4", 1.0), row("a", 1, "X =  4", 1.0), row("a", 2, "four, since 2 + 2", 1.0),
+               row("a", 3, "x = 5", 0.0),
+               row("b", 0, "common", 1.0), row("b", 1, "common", 1.0), row("b", 2, "rare but wrong", 0.0)],
+              [row("a", 0, "x = 4", 1.0, round_idx=1), row("a", 1, "by counting: 4", 1.0, round_idx=1),
+               row("a", 2, "four, since 2 + 2", 1.0, round_idx=1)]]
+    kept = {}
+    for name, extra in (("plain", []), ("rare", ["select.rarity=true"]), ("rare2", ["select.rarity=true", "select.k=2", "select.min_reward=0.5"])):
+        cfg = make_cfg("stage=select", "round=1", f"run_name={name}", *extra)
+        for r, rows in enumerate(rounds):
+            write_scored(cfg, rows, round_idx=r)
+        kept[name] = {}
+        for r in selected_of(run_stage(cfg).path):
+            kept[name].setdefault(r["prompt_id"], []).append(r["completion"])
+    assert kept["plain"] == {"a": ["x = 4"], "b": ["common"]}  # the newer round, then the lower index
+    # "x = 4" three times (case and spacing aside), "four, since 2 + 2" twice, "by counting: 4" once
+    assert kept["rare"] == {"a": ["by counting: 4"], "b": ["common"]}
+    # two kept, only right ones (reward_normalised is reward / 2 here): the rarest two of a, b's one right text
+    assert kept["rare2"] == {"a": ["by counting: 4", "four, since 2 + 2"], "b": ["common"]}

@@ -101,6 +101,11 @@ class OnlineConfig(Checked):
                                      "step (against the initial policy: LoRA with the adapter off, or a frozen copy); "
                                      "0 = off.", check=non_negative())
     dpo_beta: float = setting(0.1, "The DPO loss's KL strength, > 0.", check=positive())
+    # issue 48 (collapse): online's pull towards where it started, as sft.kl is the rounds'
+    kl: float = setting(0.0, "Weight of a KL(initial || policy) term added to every step's SFT loss, the mean over "
+                             "the step's completion tokens, against the initial policy (LoRA with the adapter off, "
+                             "or a frozen copy), so the policy keeps the answers it could give (docs/diversity.md); "
+                             "0 = off.", check=non_negative())
     refresh_every: int = setting(0, "Retrain the reward model every R mini-batches, as loop.refresh_reward does each "
                                     "round: labels of the last R mini-batches' samples (the refresh group's choice, "
                                     "the demo's simulated annotators) join every label so far, and the model it "

@@ -56,6 +56,11 @@ class SelectConfig(Checked):
     diversity: float = setting(0.0, "top_k only: pick by reward_normalised - this x the share of a completion's word "
                                     "bigrams the kept set already has (a collapse lever, >= 0; 0 = off).",
                                check=non_negative())
+    # issue 48 (collapse): of equally rewarded answers (a verifier's right ones), keep the rare ones first
+    rarity: bool = setting(False, "Among candidates of equal reward, rank first the text fewest of the prompt's "
+                                  "candidates gave (case and spacing aside; every pooled round's count): a rare right "
+                                  "answer is kept before a common one (a collapse lever; false = the newer round, then "
+                                  "the lower sample index, first).", check=boolean())
 
     def __post_init__(self):
         super().__post_init__()
