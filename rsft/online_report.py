@@ -26,7 +26,7 @@ from datasets import Dataset, load_from_disk
 
 from rsft import stats
 from rsft.errors import InputError, MissingInput
-from rsft.metrics import METRICS_FILE, SCORE_TITLES, flat_metrics, scored_by_key
+from rsft.metrics import METRICS_FILE, SCORE_TITLES, flat_metrics, read_metrics, scored_by_key
 from rsft.paths import RunPaths
 from rsft.plotting import finish, interval_errorbar, pyplot
 from rsft.store import is_complete, load_dataset_artifact, read_meta
@@ -74,13 +74,18 @@ def online_writer(progress, write_policy, reward: Path | None):
     return write
 
 
+def measured(evaluation) -> dict:
+    """An evaluation's metrics.json (its means and range measures), {} for one written without it."""
+    return read_metrics(evaluation) if (evaluation / METRICS_FILE).exists() else {}
+
+
 def round_points(paths: RunPaths) -> list[dict]:
     """The loop's points: the initial policy at 0 tokens, then each evaluated round at the tokens sampled so far."""
     if not is_complete(paths.initial_eval):
         raise MissingInput(f"{paths.root} has no complete eval_initial/: the first run directory is a round loop's "
                            f"(python -m rsft.run stage=loop with loop.eval=true)")
     points = [{"run": str(paths.root), "point": "initial", "tokens": 0, "completions": 0, "wall": 0.0,
-               "eval": load_dataset_artifact(paths.initial_eval)}]
+               "eval": load_dataset_artifact(paths.initial_eval), "metrics": measured(paths.initial_eval)}]
     tokens = completions = 0
     wall = 0.0
     round_idx = 0
@@ -94,7 +99,8 @@ def round_points(paths: RunPaths) -> list[dict]:
         if is_complete(paths.eval(round_idx)):
             points.append({"run": str(paths.root), "point": f"round {round_idx}", "tokens": tokens,
                            "completions": completions, "wall": wall,
-                           "eval": load_dataset_artifact(paths.eval(round_idx))})
+                           "eval": load_dataset_artifact(paths.eval(round_idx)),
+                           "metrics": measured(paths.eval(round_idx))})
         round_idx += 1
     if len(points) == 1:
         raise MissingInput(f"{paths.root} has no evaluated round (round_XX/eval/): run the loop with loop.eval=true")
@@ -111,7 +117,8 @@ def online_points(paths: RunPaths) -> list[dict]:
         raise InputError(f"{paths.online} has no evaluation snapshot: it was run with online.eval_every=0")
     return [{"run": str(paths.online), "point": f"after {e['batch']} mini-batches", "batch": e["batch"],
              "tokens": e["tokens_sampled"], "completions": e["completions_sampled"], "wall": float(e["wall_seconds"]),
-             "eval": load_from_disk(str(paths.online / "evals" / f"batch_{e['batch']:04d}"))}  # inside the artifact
+             "eval": load_from_disk(str(paths.online / "evals" / f"batch_{e['batch']:04d}")),  # inside the artifact
+             "metrics": e.get("metrics", {})}
             for e in evals]
 
 

@@ -202,7 +202,11 @@ def seeds(argv: list[str]) -> dict:
               "machine": machine(), "column": column, "margin": args.margin, "names": names,
               "runs": {side: [str(r) for r in runs[side]] for side in runs}, "compared": compared,
               "points": {side: [p["point"] for p in points[side]] for side in points},
-              "tokens": {side: [p["tokens"] for p in points[side]] for side in points}, "seconds_by_phase": phases}
+              "tokens": {side: [p["tokens"] for p in points[side]] for side in points},
+              # the range measures of each run's last evaluation (issue 48), by seed
+              "range": {side: [{k: p["metrics"][k] for k in RECORDED_METRICS if p.get("metrics", {}).get(k) is not None}
+                               for p in points[side]] for side in points},
+              "seconds_by_phase": phases}
     if args.record:
         print(f"\nrecorded {write_record(args.record, record, RECORDS)}")
     return record

@@ -130,7 +130,8 @@ def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_sid
         minibatches = [{"batch": 0, "phase_seconds": {"sampling": 3.0, "training": 2.0}},
                        {"batch": 1, "phase_seconds": {"sampling": 4.0, "training": 1.0}}]
         evals = [{"batch": b, "tokens_sampled": 500 * b, "completions_sampled": 50 * b, "wall_seconds": 1.0 * b,
-                  "seconds": 1.5} for b in (0, 2)]
+                  "seconds": 1.5, "metrics": {"distinct_2_all": 0.5 - 0.1 * b, "gold_mean": 0.7}} for b in (0, 2)]
+        (loop.eval(1) / "metrics.json").write_text(json.dumps({"distinct_2_all": 0.6, "alike_share": 0.25}))
         (other.online / "metrics.json").write_text(json.dumps({"minibatches": minibatches, "evals": evals}))
         meta = json.loads((other.online / "meta.json").read_text())
         (other.online / "meta.json").write_text(json.dumps({**meta, "build_seconds": 20.0}))
@@ -149,6 +150,9 @@ def test_online_against_the_rounds_over_seeds_pools_the_pairs_and_times_each_sid
     assert difference["mean"] == pytest.approx(0.05) and difference["low"] == pytest.approx(0.05)
     assert difference["seed_means"] == pytest.approx([0.05] * 3) and difference["verdict"] == "better"
     assert record["column"] == "gold" and record["tokens"] == {"b": [2000] * 3, "a": [1000] * 3}
+    # the range measures of each run's last evaluation: online's from its snapshot, the loop's from metrics.json
+    assert record["range"] == {"a": [{"distinct_2_all": pytest.approx(0.3)}] * 3,
+                               "b": [{"distinct_2_all": 0.6, "alike_share": 0.25}] * 3}
     # each side's seconds by its own kind: online's from its metrics, the loop's from its artifacts
     assert record["seconds_by_phase"]["a"][online[0]]["load and set-up"] == 7.0
     assert "load and set-up" not in record["seconds_by_phase"]["b"][rounds[0]]
