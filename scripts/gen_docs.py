@@ -238,6 +238,10 @@ def seeds_table(record: dict) -> list[str]:
     return lines
 
 
+RANGE_COLUMNS = {"distinct_2": "distinct-2", "distinct_2_all": "distinct-2 (all)", "alike_share": "all alike",
+                 "mean_entropy": "token entropy", "eos_fraction": "ends with EOS", "mean_tokens": "mean tokens"}
+
+
 def over_seeds_table(record: dict) -> list[str]:
     """A against B over seed pairs (scripts/compare_runs.py seeds --record NAME): each side's score after training,
     pooled over seeds and prompts, the tokens each seed sampled, the pooled paired difference with the verdict at
@@ -252,6 +256,14 @@ def over_seeds_table(record: dict) -> list[str]:
         lines.append(f"| {names[side]} | {shown(compared[side])} | {', '.join(f'{t:,}' for t in record['tokens'][side])} | "
                      + (f"{_signed(difference)} | {', '.join(f'{d:+.3f}' for d in difference['seed_means'])} | "
                         f"{difference['verdict']} (m = {record['margin']:g}) |" if side == "a" else " | | |"))
+    shown_range = [k for k in RANGE_COLUMNS if any(k in m for side in record.get("range", {}).values() for m in side)]
+    if shown_range:  # the range measures of each run's last evaluation (issue 48), where the record holds them
+        lines += ["", "| side | run | " + " | ".join(RANGE_COLUMNS[k] for k in shown_range) + " |",
+                  "|---|---|" + "---|" * len(shown_range)]
+        for side in ("b", "a"):
+            for run, measures in zip(record["runs"][side], record["range"][side]):
+                lines.append(f"| {names[side]} | {Path(run).name} | "
+                             + " | ".join(f"{measures[k]:.3f}" if k in measures else "-" for k in shown_range) + " |")
     by_side = record["seconds_by_phase"]
     phases = sorted({phase for runs in by_side.values() for seconds in runs.values() for phase in seconds})
     lines += ["", "| side | run | " + " | ".join(f"{phase} s" for phase in phases) + " | all s |",
@@ -419,9 +431,13 @@ def headline(record: dict, show: dict) -> str:
     if made_by == "scripts/compare_runs.py seeds":
         difference, names, tokens = record["compared"]["a_minus_b"], record["names"], record["tokens"]
         seconds = {side: [sum(v.values()) for v in record["seconds_by_phase"][side].values()] for side in ("a", "b")}
+        measure = show.get("range")  # a range measure of the last evaluations, each side's mean over seeds
+        ranged = ("; " + RANGE_COLUMNS[measure] + " " + " against ".join(
+            f"{sum(m[measure] for m in record['range'][side]) / len(record['range'][side]):.2f}" for side in ("a", "b"))
+                  if measure else "")
         return (f"{_verdict_with(difference)} (by seed {_by_seed(difference)}); {names['a']} at "
                 f"{_share_range(tokens['a'], tokens['b'])} of the tokens and {_share_range(seconds['a'], seconds['b'])} "
-                f"of the seconds")
+                f"of the seconds" + ranged)
     if made_by == "scripts/bench_grpo.py seeds":
         budget = max(row["completions"] for row in record["rows"])
         return f"after {budget:,} completions: " + "; ".join(

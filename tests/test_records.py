@@ -95,3 +95,20 @@ def test_a_value_in_a_sentence_is_written_again_from_its_record_and_a_wrong_path
         gen_docs.with_record_values("<!-- value job policies.2.a.mean .3f -->0<!-- /value -->", "p.md")
     with pytest.raises(InputError, match="gone.json, which does not exist"):
         gen_docs.with_record_values("<!-- value gone a .3f -->0<!-- /value -->", "p.md")
+
+
+def test_an_over_seeds_record_with_range_measures_shows_them_by_run_and_in_the_summary(monkeypatch):
+    """issue 48: a compare_runs.py seeds record's range measures (each run's last evaluation) get their own table
+    by run, and a summary row asking for one (show.range) gives each side's mean over seeds after the verdict."""
+    gen_docs = load("gen_docs", monkeypatch)
+    difference = {"mean": -0.149, "low": -0.303, "high": -0.009, "seed_means": [-0.149], "verdict": "worse"}
+    record = {"made_by": "scripts/compare_runs.py seeds", "margin": 0.1, "column": "judge",
+              "names": {"a": "kl", "b": "online"}, "runs": {"a": ["runs/kl-s0"], "b": ["runs/on-s0"]},
+              "compared": {"a": {**difference, "mean": 0.6}, "b": {**difference, "mean": 0.75}, "a_minus_b": difference},
+              "tokens": {"a": [100], "b": [100]}, "seconds_by_phase": {"a": {"runs/kl-s0": {"x": 1.0}},
+                                                                       "b": {"runs/on-s0": {"x": 1.0}}},
+              "range": {"a": [{"distinct_2_all": 0.6033, "mean_entropy": 0.98}], "b": [{"distinct_2_all": 0.2069}]}}
+    lines = gen_docs.over_seeds_table(record)
+    at = lines.index("| side | run | distinct-2 (all) | token entropy |")
+    assert lines[at + 2:at + 4] == ["| online | on-s0 | 0.207 | - |", "| kl | kl-s0 | 0.603 | 0.980 |"]
+    assert gen_docs.headline(record, {"range": "distinct_2_all"}).endswith("; distinct-2 (all) 0.60 against 0.21")
