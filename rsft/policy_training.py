@@ -196,7 +196,7 @@ class OnlinePolicy:
         from transformers import get_scheduler
 
         reference = None
-        anchored = online.dpo_weight > 0 or float(online.get("kl", 0.0)) > 0
+        anchored = online.dpo_weight > 0 or online.kl > 0
         if anchored and online.mode != "lora":  # LoRA's reference is the adapter turned off
             reference = copy.deepcopy(model).eval().requires_grad_(False)
         wrapper = None
@@ -256,13 +256,17 @@ def completion_tokens(examples: list[dict]) -> int:
     return sum(sum(e["completion_mask"][1:]) for e in examples)
 
 
+def completion_nll(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor):
+    """(the next-token logits [rows, longest - 1, vocab], the cross-entropy of each completion token, 0 elsewhere
+    [rows, longest - 1]) of padded examples."""
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+    return logits, nll * loss_mask[:, 1:]
+
+
 def token_nll(model, examples: list[dict], pad_id: int, device) -> torch.Tensor:
     """Each example's cross-entropy summed over its completion tokens: [rows]."""
-    ids, attention, loss_mask = padded(examples, pad_id, device)
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [rows, longest - 1, vocab]
-    targets = ids[:, 1:]                                                      # [rows, longest - 1]
-    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
-    return (nll * loss_mask[:, 1:]).sum(dim=1)
+    return completion_nll(model, *padded(examples, pad_id, device))[1].sum(dim=1)
 
 
 def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> torch.Tensor:
@@ -282,12 +286,10 @@ def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, tot
     policy)) from one forward of the policy and one of its reference (online.kl; stage=sft's sft.kl takes the same
     term, forward_kl_sum)."""
     ids, attention, loss_mask = padded(examples, pad_id, policy.device)
-    logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [rows, longest - 1, vocab]
-    mask = loss_mask[:, 1:]                                                          # [rows, longest - 1]
-    nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+    logits, nll = completion_nll(policy.model, ids, attention, loss_mask)
     with torch.no_grad(), policy.as_reference() as reference:
         reference_logits = reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    return (nll * mask).sum() / total, forward_kl_sum(logits, reference_logits, mask.float())
+    return nll.sum() / total, forward_kl_sum(logits, reference_logits, loss_mask[:, 1:].float())
 
 
 @dataclass
@@ -413,7 +415,7 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     losses, dpo_losses, kls = [], [], []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dpo = dpo_pairs(policy, examples, list(pairs), online, pad_id)
-    kl = float(online.get("kl", 0.0))
+    kl = online.kl
     for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
         loss, dpo_loss, divergence = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm,
                                                 dpo, kl)

@@ -204,7 +204,7 @@ def seeds(argv: list[str]) -> dict:
               "points": {side: [p["point"] for p in points[side]] for side in points},
               "tokens": {side: [p["tokens"] for p in points[side]] for side in points},
               # the range measures of each run's last evaluation (issue 48), by seed
-              "range": {side: [{k: p["metrics"][k] for k in RECORDED_METRICS if p.get("metrics", {}).get(k) is not None}
+              "range": {side: [{k: p["metrics"][k] for k in RECORDED_METRICS if p["metrics"].get(k) is not None}
                                for p in points[side]] for side in points},
               "seconds_by_phase": phases}
     if args.record:
