@@ -60,17 +60,37 @@ def value(row: dict, select_cfg: DictConfig) -> float:
     return penalised(row, select_cfg)
 
 
+def comparable(candidates: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """The candidates of one prompt that compete (scored, by the reward model of its newest round), and what was
+    dropped for it."""
+    newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
+    same_model = [c for c in candidates if scored_by(c) == newest_model]
+    dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(same_model)}
+    scorable = [c for c in same_model if c["reward"] is not None]  # None: the reward source could not score it
+    if len(scorable) < len(same_model):
+        dropped["unscorable"] = len(same_model) - len(scorable)
+    return scorable, dropped
+
+
+def answer_counts(rows: list[dict]) -> Counter:
+    """How many of `rows` gave each text, case and spacing aside (rsft.stats.normalised_answer)."""
+    return Counter(normalised_answer(c["completion"]) for c in rows)
+
+
+def rarity_weights(kept: list[dict], counts: Counter) -> list[float]:
+    """select.weight=rarity: each kept row's weight 1 / how many candidates gave its text, scaled so that the
+    prompt's kept rows average 1 (a prompt weighs what it weighs without the lever; within it, a rare answer
+    counts more than a common one)."""
+    inverse = [1.0 / counts[normalised_answer(c["completion"])] for c in kept]
+    mean = sum(inverse) / len(inverse)
+    return [w / mean for w in inverse]
+
+
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
-    newest_model = scored_by(max(candidates, key=lambda c: c["round"]))
-    comparable = [c for c in candidates if scored_by(c) == newest_model]
-    dropped = {"empty": 0, "truncated": 0, "duplicate": 0, "other_reward_model": len(candidates) - len(comparable)}
-    scorable = [c for c in comparable if c["reward"] is not None]  # None: the reward source could not score it
-    if len(scorable) < len(comparable):
-        dropped["unscorable"] = len(comparable) - len(scorable)
-    comparable = scorable
-    alike = Counter(normalised_answer(c["completion"]) for c in comparable) if select_cfg.get("rarity") else None
-    ranked = sorted(comparable, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg),
+    comparable_rows, dropped = comparable(candidates)
+    alike = answer_counts(comparable_rows) if select_cfg.get("rarity") else None
+    ranked = sorted(comparable_rows, key=lambda c: (tier(c, select_cfg), -value(c, select_cfg),
                                                alike[normalised_answer(c["completion"])] if alike else 0, -c["round"],
                                                c["sample_idx"]))
     kept, seen = [], set()
@@ -324,12 +344,17 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
                   select_cfg: DictConfig, round_idx: int) -> Iterator[dict]:
     """The kept rows, every column of the scored set and the selection's own (rank among what the prompt kept,
     its number of survivors, the round), prompt by prompt in the prompts' order: the survivors are ranked again
-    from the candidates (the same rule, the same order) and the kept ones taken by their index."""
+    from the candidates (the same rule, the same order) and the kept ones taken by their index. With
+    select.weight=rarity each row also carries its SFT loss weight (`weight`, rarity_weights)."""
+    weighted = select_cfg.get("weight", "none") == "rarity"
     for prompt_id, group in groups():
         if prompt_id in selection.kept:
             ranked, _ = survivors(group, select_cfg)
-            for rank, i in enumerate(selection.kept[prompt_id]):
-                yield {**ranked[i], "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx}
+            kept = [ranked[i] for i in selection.kept[prompt_id]]
+            weights = rarity_weights(kept, answer_counts(comparable(group)[0])) if weighted and kept else None
+            for rank, row in enumerate(kept):
+                yield {**row, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx,
+                       **({"weight": weights[rank]} if weights else {})}
 
 
 def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection: Selection, select_cfg: DictConfig,

@@ -61,45 +61,61 @@ def forward_kl_sum(logits: torch.Tensor, reference_logits: torch.Tensor, mask: t
     return ((reference.exp() * (reference - policy)).sum(-1) * mask).sum()
 
 
-def anchored_sft_trainer(trainer_class, kl: float, mode: str):
-    """TRL's SFTTrainer whose loss is its cross-entropy on the completion tokens plus `kl` x the mean over those
-    tokens of KL(reference || policy), the reference being the policy training starts from: the adapter switched
-    off with LoRA, a frozen copy otherwise. Written by hand because TRL's SFTTrainer has no reference model; as
-    TRL 1.16 advises for a custom loss, it overrides compute_loss, which needs the full logits (TRL's own loss
-    reads fused log-probabilities) and leaves out TRL's per-step entropy and accuracy metrics. `kl_history` is
-    each step's mean KL per completion token, for the stage's stats."""
+def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool):
+    """TRL's SFTTrainer with the collapse levers in its loss: the cross-entropy on the completion tokens, each row's
+    tokens times its `weight` column when `weighted` (select.weight), plus `kl` x the mean over those tokens of
+    KL(reference || policy) (sft.kl), the reference being the policy training starts from: the adapter switched off
+    with LoRA, a frozen copy otherwise. The sum is divided by the step's completion tokens, as TRL divides its own
+    loss, so with every weight 1 and kl 0 it is SFTTrainer's loss. Written by hand because SFTTrainer has neither a
+    reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it overrides compute_loss,
+    which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out TRL's per-step entropy
+    and accuracy metrics. The weights reach the loss as a column TRL's collator does not know: kept through the
+    Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean KL per completion
+    token, for the stage's stats (empty when kl is 0)."""
 
-    class AnchoredSFTTrainer(trainer_class):
+    class LeverSFTTrainer(trainer_class):
         def __init__(self, *args, **kwargs):
             frozen = None
-            if mode != "lora":  # copied before TRL wraps the model: its forward is patched to read the model's head
-                import copy
-
+            if kl and mode != "lora":  # copied before TRL wraps the model: its forward is patched to read the model's head
                 frozen = copy.deepcopy(kwargs["model"]).eval().requires_grad_(False)
             super().__init__(*args, **kwargs)
             self.kl_history: list[float] = []
             self._frozen = frozen
+            if weighted:
+                collate = self.data_collator
+                self.data_collator = lambda examples: {**collate(examples), "weight": torch.tensor(
+                    [float(e["weight"]) for e in examples])}
+
+        def _set_signature_columns_if_needed(self):
+            super()._set_signature_columns_if_needed()
+            if weighted and "weight" not in self._signature_columns:
+                self._signature_columns = [*self._signature_columns, "weight"]
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            forward = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache")}
+            forward = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache", "weight")}
             outputs = model(**forward, use_cache=False)
             logits, targets = outputs.logits[:, :-1], inputs["labels"][:, 1:]
             mask = (targets != -100).float()
             tokens = torch.as_tensor(num_items_in_batch if num_items_in_batch is not None else mask.sum()).clamp(min=1)
-            nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                    ignore_index=-100, reduction="sum")
-            with torch.no_grad():
-                if self._frozen is not None:
-                    reference = self._frozen(**forward, use_cache=False).logits[:, :-1]
-                else:
-                    with self.accelerator.unwrap_model(model).disable_adapter():
-                        reference = model(**forward, use_cache=False).logits[:, :-1]
-            divergence = forward_kl_sum(logits, reference, mask)
-            self.kl_history.append(float(divergence.detach()) / max(float(mask.sum()), 1.0))
-            loss = (nll + kl * divergence) / tokens.to(nll.device)
+            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100,
+                                                    reduction="none")  # [rows, positions], 0 outside the completion
+            if weighted:
+                nll = nll * inputs["weight"].to(nll)[:, None]
+            loss = nll.sum()
+            if kl:
+                with torch.no_grad():
+                    if self._frozen is not None:
+                        reference = self._frozen(**forward, use_cache=False).logits[:, :-1]
+                    else:
+                        with self.accelerator.unwrap_model(model).disable_adapter():
+                            reference = model(**forward, use_cache=False).logits[:, :-1]
+                divergence = forward_kl_sum(logits, reference, mask)
+                self.kl_history.append(float(divergence.detach()) / max(float(mask.sum()), 1.0))
+                loss = loss + kl * divergence
+            loss = loss / tokens.to(loss.device)
             return (loss, outputs) if return_outputs else loss
 
-    return AnchoredSFTTrainer
+    return LeverSFTTrainer
 
 
 def policy_writer(trained, state_dict, tokenizer):

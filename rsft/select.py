@@ -18,7 +18,9 @@ Per prompt, in this order:
    then by the lower sample index, so the same scored sets always give the same selection. With
    select.rarity (a collapse lever, off by default) a tie is first broken by how many of the prompt's
    candidates (every pooled round's) gave the same text, case and spacing aside, fewest first: of a
-   verifier's right answers, the rarest is kept first.
+   verifier's right answers, the rarest is kept first. With select.weight=rarity (also off by default) each
+   kept row carries an SFT loss weight, 1 / that count scaled to average 1 over the prompt's kept rows, so of
+   several kept right answers a rare one counts more than a common one (rsft.sft reads the `weight` column).
 3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,

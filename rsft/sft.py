@@ -27,13 +27,15 @@ supports it. Losses go to our Tracker (report_to="none"). The trainer saves a ch
 sft.checkpoint_steps steps beside the artifact (rsft.checkpoints.TrainingCheckpoints), so a killed run
 resumes from its last one; the checkpoints go once the policy is written.
 
-sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes
-(rsft.policy_training.anchored_sft_trainer): a lever against collapse (issue 48, docs/diversity.md).
+sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes, and a
+selected set with a `weight` column (select.weight=rarity) weights each row's cross-entropy by it
+(rsft.policy_training.lever_sft_trainer): levers against collapse (issue 48, docs/diversity.md).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from datasets import Dataset
@@ -46,7 +48,7 @@ from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import (
     LossHistory,
-    anchored_sft_trainer,
+    lever_sft_trainer,
     cut_examples,
     lora_config,
     policy_writer,
@@ -60,10 +62,12 @@ log = logging.getLogger(__name__)
 
 
 def conversational_examples(selected: Dataset, system_prompt: str | None) -> Dataset:
-    """TRL's conversational prompt-completion format (loss on the completion only)."""
+    """TRL's conversational prompt-completion format (loss on the completion only), with the rows' loss weights
+    where select.weight gave them."""
     return Dataset.from_dict({
         "prompt": [chat_messages(p, system_prompt) for p in selected["prompt"]],
         "completion": [[{"role": "assistant", "content": c}] for c in selected["completion"]],
+        **({"weight": selected["weight"]} if "weight" in selected.column_names else {}),
     })
 
 
@@ -73,7 +77,22 @@ def training_examples(selected: Dataset, tokenizer, system_prompt: str | None) -
     cut = sum(r == "length" for r in selected["finish_reason"]) if "finish_reason" in selected.column_names else 0
     if not cut:
         return conversational_examples(selected, system_prompt), 0
-    return cut_examples(selected, tokenizer, system_prompt), cut
+    examples = cut_examples(selected, tokenizer, system_prompt)
+    if "weight" in selected.column_names:
+        examples = examples.add_column("weight", selected["weight"])
+    return examples, cut
+
+
+def check_weights(weights: list, source) -> None:
+    """A selected set's loss weights (select.weight) are finite numbers >= 0, not all 0: else InputError, before
+    the policy is loaded."""
+    for i, w in enumerate(weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise InputError(f"{source}: row {i}'s `weight` is {w!r}; expected a finite number >= 0 (the row's SFT "
+                             f"loss weight, select.weight)")
+    if not any(weights):
+        raise InputError(f"{source}: every row's `weight` is 0, so SFT would learn nothing; expected a positive weight "
+                         f"on at least one row (select.weight)")
 
 
 def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):
@@ -110,6 +129,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
     selected = load_dataset_artifact(source)
     if len(selected) == 0:
         raise InputError(f"{source} holds no selected completions; nothing to fine-tune on (see its meta.json)")
+    weighted = "weight" in selected.column_names  # select.weight
+    if weighted:
+        check_weights(selected["weight"], source)
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
     train, cut = training_examples(selected, tokenizer, cfg.data.get("system_prompt"))
@@ -117,7 +139,8 @@ def build(cfg: DictConfig, job: Job) -> Built:
              f"; {cut} truncated completions train without their end of turn" if cut else "")
     history = LossHistory()
     checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
-    trainer_class = SFTTrainer if not cfg.sft.kl else anchored_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode)
+    trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted) if cfg.sft.kl or weighted
+                     else SFTTrainer)
     trainer = trainer_class(
         model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,

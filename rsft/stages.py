@@ -79,6 +79,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "sft.kl": lambda cfg: float(cfg.sft.get("kl") or 0.0) == 0.0,
     "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
     "select.rarity": lambda cfg: not cfg.select.get("rarity"),
+    "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

@@ -301,3 +301,34 @@ def test_rarity_keeps_the_right_answer_fewest_candidates_gave_before_a_common_on
     assert kept["rare"] == {"a": ["by counting: 4"], "b": ["common"]}
     # two kept, only right ones (reward_normalised is reward / 2 here): the rarest two of a, b's one right text
     assert kept["rare2"] == {"a": ["by counting: 4", "four, since 2 + 2"], "b": ["common"]}
+
+
+def test_rarity_weight_gives_a_rare_right_answer_more_of_the_loss_and_each_prompt_an_average_of_one(make_cfg):
+    """select.weight=rarity (issue 48): each kept row carries 1 / how many of the prompt's candidates gave its text
+    (case and spacing aside, every pooled round counted), scaled to average 1 over the prompt's kept rows."""
+    rounds = [[row("a", 0, "x = 4", 1.0), row("a", 1, "X =  4", 1.0), row("a", 2, "four, since 2 + 2", 1.0),
+               row("a", 3, "x = 5", 0.0), row("b", 0, "common", 1.0), row("b", 1, "common", 1.0)],
+              [row("a", 0, "x = 4", 1.0, round_idx=1), row("a", 1, "by counting: 4", 1.0, round_idx=1),
+               row("a", 2, "four, since 2 + 2", 1.0, round_idx=1)]]
+    cfg = make_cfg("stage=select", "round=1", "select.k=3", "select.min_reward=0.5", "select.weight=rarity")
+    for r, rows in enumerate(rounds):
+        write_scored(cfg, rows, round_idx=r)
+    kept = {(r["prompt_id"], r["completion"]): r["weight"] for r in selected_of(run_stage(cfg).path)}
+    inverse = {"x = 4": 1 / 3, "four, since 2 + 2": 1 / 2, "by counting: 4": 1.0}  # "X =  4" is "x = 4" twice more
+    mean = sum(inverse.values()) / 3
+    assert kept == pytest.approx({("a", text): w / mean for text, w in inverse.items()} | {("b", "common"): 1.0})
+    plain = make_cfg("stage=select", "round=1", "select.k=3", "select.min_reward=0.5", "run_name=plain")
+    for r, rows in enumerate(rounds):
+        write_scored(plain, rows, round_idx=r)
+    assert "weight" not in selected_of(run_stage(plain).path)[0]
+
+
+@pytest.mark.parametrize("extra", [["select.k=1"], ["select.strategy=random", "select.k=2"]])
+def test_rarity_weight_without_several_kept_rows_per_prompt_is_refused(make_cfg, extra):
+    from rsft.preflight import check_config
+    from rsft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"select\.weight='rarity': expected none with strategy="):
+        check_config(make_cfg("stage=select", "select.weight=rarity", *extra))
+    with pytest.raises(ConfigError, match="select.weight=rarity weights stage=sft's loss"):
+        check_config(make_cfg("stage=online", "select.weight=rarity", "select.k=2"))

@@ -257,3 +257,52 @@ def test_sft_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_it_s
     moved = {name: start_divergence(before, load_saved_causal_lm(path, torch.device("cpu"))[0], tokenizer, prompt)
              for name, path in (("plain", plain), ("kl", anchored))}
     assert 0 < moved["kl"] < moved["plain"]
+
+
+def write_weighted(cfg, rows):
+    with atomic_artifact(RunPaths(cfg.paths.run_dir).selected(0), {"stage": "select"}) as tmp:
+        Dataset.from_list(rows).save_to_disk(str(tmp))
+
+
+def test_weighted_sft_with_every_weight_one_is_plain_sft_and_a_weight_steers_what_it_learns(make_cfg):
+    """select.weight (issue 48): a selected set's `weight` column reaches the loss through TRL's column filter and
+    collator. Every weight 1 gives plain SFT's loss; weight 2 on one text and 0 on the other teaches the first more
+    and the second less than plain SFT at the same steps."""
+    common = ("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=3", "device=cpu")
+    other = "Wasps sting people."
+    rows = lambda w_bees, w_wasps: [  # noqa: E731
+        {"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": text, "reward": 1.0, "weight": w}
+        for i in range(4) for text, w in ((COMPLETION, w_bees), (other, w_wasps))]
+    cfgs = {name: make_cfg(*common, f"run_name={name}") for name in ("plain", "ones", "steered")}
+    write_weighted(cfgs["plain"], [{k: v for k, v in r.items() if k != "weight"} for r in rows(1.0, 1.0)])
+    write_weighted(cfgs["ones"], rows(1.0, 1.0))
+    write_weighted(cfgs["steered"], rows(2.0, 0.0))
+    out = {name: run_stage(cfg).path for name, cfg in cfgs.items()}
+    meta = {name: read_meta(path) for name, path in out.items()}
+    assert meta["ones"]["stats"]["loss_first"] == pytest.approx(meta["plain"]["stats"]["loss_first"], rel=1e-4)
+    assert meta["ones"]["stats"]["loss_last"] == pytest.approx(meta["plain"]["stats"]["loss_last"], rel=1e-3)
+    _, tokenizer, _ = load_policy(cfgs["plain"], None, torch.device("cpu"))
+    prompt = "Tell me about bees, 0."
+
+    def nll(name, text):
+        model = load_saved_causal_lm(out[name], torch.device("cpu"))[0]
+        messages = [{"role": "user", "content": prompt}]
+        prefix = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+        ids = tokenizer(prefix + text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            return float(model(torch.tensor([ids]), labels=torch.tensor([[-100] * start + ids[start:]])).loss)
+
+    assert nll("steered", COMPLETION) < nll("plain", COMPLETION)
+    assert nll("steered", other) > nll("plain", other)
+
+
+@pytest.mark.parametrize("weight,expected", [(-1.0, "finite number >= 0"), (float("nan"), "finite number >= 0"),
+                                             (0.0, "every row's `weight` is 0")])
+def test_a_bad_loss_weight_is_refused_naming_the_row_and_the_file(make_cfg, weight, expected):
+    cfg = make_cfg("stage=sft", "device=cpu")
+    write_weighted(cfg, [{"prompt_id": "p0", "prompt": "hi", "completion": COMPLETION, "reward": 1.0,
+                          "weight": weight}])
+    with pytest.raises(Exception) as error:
+        run_stage(cfg)
+    assert expected in str(error.value) and "selected" in str(error.value)

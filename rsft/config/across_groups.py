@@ -76,6 +76,9 @@ def _check_online(cfg) -> None:
     if cfg.draft.kind not in ("none", "ngram"):
         raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
                           f"weights change every mini-batch; set draft=none or draft=ngram")
+    if cfg.select.get("weight", "none") != "none":
+        raise ConfigError(f"select.weight={cfg.select.weight} weights stage=sft's loss per kept row, and stage=online's "
+                          f"step trains every kept row alike; set select.weight=none (or run the rounds, stage=loop)")
     if cfg.online.refresh_every > 0:
         if not simulated_labels_available(cfg):
             raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} labels the mini-batches' samples with the "

@@ -20,6 +20,7 @@ from rsft.config.rules import (
 
 
 SELECT_STRATEGIES = ("top_k", "threshold", "random")
+SELECT_WEIGHTS = ("none", "rarity")
 
 
 @dataclass
@@ -61,6 +62,12 @@ class SelectConfig(Checked):
                                   "candidates gave (case and spacing aside; every pooled round's count): a rare right "
                                   "answer is kept before a common one (a collapse lever; false = the newer round, then "
                                   "the lower sample index, first).", check=boolean())
+    # issue 48: several distinct right answers per prompt, a rare one weighing more in SFT's loss than a common one
+    weight: str = setting("none", "rarity: each kept row's SFT loss is weighted by 1 / how many of the prompt's "
+                                  "candidates gave its text (case and spacing aside; every pooled round's count), "
+                                  "scaled so that a prompt's kept rows average 1 (a collapse lever; needs several kept "
+                                  "per prompt: top_k with k >= 2, or threshold); none = every row weighs 1.",
+                          check=one_of(SELECT_WEIGHTS))
 
     def __post_init__(self):
         super().__post_init__()
@@ -69,3 +76,7 @@ class SelectConfig(Checked):
         # strategy=threshold keeps by the threshold alone: it needs one
         if self.threshold is None and self.strategy == "threshold":
             _fail("threshold", self.threshold, "a number (a reward_normalised value) for strategy=threshold")
+        # a weight within a prompt's kept rows needs several of them; the random baseline keeps no reward's order
+        if self.weight != "none" and (self.strategy == "random" or (self.strategy == "top_k" and self.k < 2)):
+            _fail("weight", self.weight, f"none with strategy={self.strategy} k={self.k}: a weight within a prompt's "
+                                         "kept rows needs top_k with k >= 2 or strategy=threshold")
