@@ -113,6 +113,9 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool):
                 self.kl_history.append(float(divergence.detach()) / max(float(mask.sum()), 1.0))
                 loss = loss + kl * divergence
             loss = loss / tokens.to(loss.device)
+            # as SFTTrainer's own loss: num_items_in_batch counts every rank's tokens and DDP averages the gradients
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
             return (loss, outputs) if return_outputs else loss
 
     return LeverSFTTrainer

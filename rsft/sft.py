@@ -79,7 +79,7 @@ def training_examples(selected: Dataset, tokenizer, system_prompt: str | None) -
         return conversational_examples(selected, system_prompt), 0
     examples = cut_examples(selected, tokenizer, system_prompt)
     if "weight" in selected.column_names:
-        examples = examples.add_column("weight", selected["weight"])
+        examples = examples.add_column("weight", list(selected["weight"]))
     return examples, cut
 
 

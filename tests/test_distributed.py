@@ -172,3 +172,23 @@ def test_a_cpu_world_on_a_machine_with_a_gpu_waits_at_a_cpu_barrier(monkeypatch)
     distributed.init("cpu")
     distributed.barrier()
     assert barriers == [((), {})]  # no device_ids: torch runs a gloo group's barrier on the CPU
+
+
+def test_two_processes_weighted_or_anchored_sft_start_at_plain_sfts_loss(make_cfg, tmp_path):
+    """select.weight and sft.kl take SFT's loss by hand (rsft.policy_training.lever_sft_trainer): under DDP it is
+    scaled as SFTTrainer scales its own (the token count is every rank's, the gradients are averaged), so with every
+    weight 1, and with a KL term that is 0 at the first step, the first logged loss is plain SFT's."""
+    from tests.test_sft import COMPLETION, write_weighted
+
+    rows = [{"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": COMPLETION + " " * (i % 2),
+             "reward": 1.0, "weight": 1.0} for i in range(8)]
+    for name in ("plain", "ones", "kl"):
+        cfg = make_cfg("stage=sft", f"run_name={name}")
+        write_weighted(cfg, [{k: v for k, v in r.items() if k != "weight" or name == "ones"} for r in rows])
+    common = ["stage=sft", "device=cpu", "sft.learning_rate=3e-3"]
+    done = launch(tmp_path, [[*common, "run_name=plain"], [*common, "run_name=ones"], [*common, "run_name=kl", "sft.kl=0.5"]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = {name: read_meta(RunPaths(tmp_path / "runs" / name).policy(0))["stats"] for name in ("plain", "ones", "kl")}
+    assert all(s["world_size"] == 2 for s in stats.values())
+    assert stats["ones"]["loss_first"] == pytest.approx(stats["plain"]["loss_first"], rel=1e-4)
+    assert stats["kl"]["loss_first"] == pytest.approx(stats["plain"]["loss_first"], rel=1e-4)
