@@ -77,13 +77,14 @@ def answer_counts(rows: list[dict]) -> Counter:
     return Counter(normalised_answer(c["completion"]) for c in rows)
 
 
-def rarity_weights(kept: list[dict], counts: Counter) -> list[float]:
-    """select.weight=rarity: each kept row's weight 1 / how many candidates gave its text, scaled so that the
-    prompt's kept rows average 1 (a prompt weighs what it weighs without the lever; within it, a rare answer
-    counts more than a common one)."""
+def rarity_weights(kept: list[dict], counts: Counter, scale: str = "row") -> list[float]:
+    """select.weight=rarity: each kept row's weight 1 / how many candidates gave its text; within a prompt a rare
+    answer counts more than a common one. select.weight_scale says what the prompt's kept rows weigh together:
+    `row`, they average 1 (a prompt with n kept rows weighs n, as without the lever); `prompt`, they sum to 1
+    (every prompt weighs one row, as with k=1, so one with many right answers does not outweigh a hard one)."""
     inverse = [1.0 / counts[normalised_answer(c["completion"])] for c in kept]
-    mean = sum(inverse) / len(inverse)
-    return [w / mean for w in inverse]
+    total = sum(inverse) / (len(inverse) if scale == "row" else 1)
+    return [w / total for w in inverse]
 
 
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
@@ -351,7 +352,8 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
         if prompt_id in selection.kept:
             ranked, _ = survivors(group, select_cfg)
             kept = [ranked[i] for i in selection.kept[prompt_id]]
-            weights = rarity_weights(kept, answer_counts(comparable(group)[0])) if weighted and kept else None
+            weights = (rarity_weights(kept, answer_counts(comparable(group)[0]), select_cfg.get("weight_scale", "row"))
+                       if weighted and kept else None)
             for rank, row in enumerate(kept):
                 yield {**row, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx,
                        **({"weight": weights[rank]} if weights else {})}

@@ -19,7 +19,8 @@ Per prompt, in this order:
    select.rarity (a collapse lever, off by default) a tie is first broken by how many of the prompt's
    candidates (every pooled round's) gave the same text, case and spacing aside, fewest first: of a
    verifier's right answers, the rarest is kept first. With select.weight=rarity (also off by default) each
-   kept row carries an SFT loss weight, 1 / that count scaled to average 1 over the prompt's kept rows, so of
+   kept row carries an SFT loss weight, 1 / that count scaled to average 1 over the prompt's kept rows (or,
+   with select.weight_scale=prompt, to sum to 1, so each prompt weighs one row whatever it kept), so of
    several kept right answers a rare one counts more than a common one (rsft.sft reads the `weight` column).
 3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn

@@ -80,6 +80,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
     "select.rarity": lambda cfg: not cfg.select.get("rarity"),
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
+    "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

@@ -321,6 +321,14 @@ def test_rarity_weight_gives_a_rare_right_answer_more_of_the_loss_and_each_promp
     for r, rows in enumerate(rounds):
         write_scored(plain, rows, round_idx=r)
     assert "weight" not in selected_of(run_stage(plain).path)[0]
+    # select.weight_scale=prompt: the same shape within a prompt, summing to 1 over its kept rows
+    per_prompt = make_cfg("stage=select", "round=1", "select.k=3", "select.min_reward=0.5", "select.weight=rarity",
+                          "select.weight_scale=prompt", "run_name=per-prompt")
+    for r, rows in enumerate(rounds):
+        write_scored(per_prompt, rows, round_idx=r)
+    kept = {(r["prompt_id"], r["completion"]): r["weight"] for r in selected_of(run_stage(per_prompt).path)}
+    total = sum(inverse.values())
+    assert kept == pytest.approx({("a", text): w / total for text, w in inverse.items()} | {("b", "common"): 1.0})
 
 
 @pytest.mark.parametrize("extra", [["select.k=1"], ["select.strategy=random", "select.k=2"]])
@@ -332,3 +340,5 @@ def test_rarity_weight_without_several_kept_rows_per_prompt_is_refused(make_cfg,
         check_config(make_cfg("stage=select", "select.weight=rarity", *extra))
     with pytest.raises(ConfigError, match="select.weight=rarity weights stage=sft's loss"):
         check_config(make_cfg("stage=online", "select.weight=rarity", "select.k=2"))
+    with pytest.raises(ConfigError, match=r"select\.weight_scale='prompt': expected row with weight=none"):
+        check_config(make_cfg("stage=select", "select.weight_scale=prompt", "select.k=2"))

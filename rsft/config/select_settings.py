@@ -21,6 +21,7 @@ from rsft.config.rules import (
 
 SELECT_STRATEGIES = ("top_k", "threshold", "random")
 SELECT_WEIGHTS = ("none", "rarity")
+SELECT_WEIGHT_SCALES = ("row", "prompt")
 
 
 @dataclass
@@ -68,6 +69,12 @@ class SelectConfig(Checked):
                                   "scaled so that a prompt's kept rows average 1 (a collapse lever; needs several kept "
                                   "per prompt: top_k with k >= 2, or threshold); none = every row weighs 1.",
                           check=one_of(SELECT_WEIGHTS))
+    # issue 48: what a prompt's kept rows weigh together, so that a prompt with many right answers does not outweigh
+    # a hard one with a single right answer
+    weight_scale: str = setting("row", "With weight=rarity, what a prompt's kept rows weigh together: row = they "
+                                       "average 1 (a prompt with n kept rows weighs n); prompt = they sum to 1 (every "
+                                       "prompt weighs one row, as with k=1, however many answers it kept).",
+                                check=one_of(SELECT_WEIGHT_SCALES))
 
     def __post_init__(self):
         super().__post_init__()
@@ -80,3 +87,6 @@ class SelectConfig(Checked):
         if self.weight != "none" and (self.strategy == "random" or (self.strategy == "top_k" and self.k < 2)):
             _fail("weight", self.weight, f"none with strategy={self.strategy} k={self.k}: a weight within a prompt's "
                                          "kept rows needs top_k with k >= 2 or strategy=threshold")
+        if self.weight_scale != "row" and self.weight == "none":
+            _fail("weight_scale", self.weight_scale, "row with weight=none: the scale applies to a weight "
+                                                     "(select.weight=rarity)")
