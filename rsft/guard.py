@@ -7,7 +7,11 @@ or a ceiling (`max`, for alike_share or top_opening_share); when an evaluation a
   - action=stop: the loop stops after that round (online: after that mini-batch), with the reason in the log,
     summary.md and the artifact's record, as loop.stop stops;
   - action=lower_lr: later training takes lr_factor times the learning rate, once per crossing (the loop: the
-    next rounds' sft.learning_rate and dpo.learning_rate; online: the optimiser's rate and its schedule's).
+    next rounds' sft.learning_rate and dpo.learning_rate; online: the optimiser's rate and its schedule's);
+  - action=raise_kl: later training takes kl_factor times the KL weight towards the initial policy, once per
+    crossing (the loop: the next rounds' sft.kl; online: online.kl from the next mini-batch on). A fixed weight that
+    keeps the range on one seed can be too weak on another, where training runs further (docs/diversity.md); this
+    one grows only where the measured range falls.
 The initial policy's evaluation is not judged (nothing has trained yet); it is logged when it already lies past
 the bound. Decisions are a function of recorded evaluations, so a rerun or a resumed run decides alike.
 """
@@ -57,10 +61,17 @@ def scale_learning_rate(optimizer, schedule, factor: float) -> None:
         schedule.base_lrs = [rate * factor for rate in schedule.base_lrs]
 
 
+def kl_weight(online, crossings: list[dict]) -> float:
+    """online.kl in force after online.guard's recorded `crossings` (progress.guard): online.kl times
+    guard.kl_factor per raise_kl crossing. A function of the record, so a resumed run trains as the first did."""
+    raised = sum(1 for c in crossings if c["action"] == "raise_kl")
+    return float(online.kl) * float(online.guard.kl_factor) ** raised
+
+
 def watch_snapshot(guard, progress, batch: int, final: bool, optimizer, schedule) -> str | None:
     """online.guard on the snapshot just taken after `batch` mini-batches (progress.evals[-1]; a crossing joins
     progress.guard): the reason to stop, when it is crossed with action=stop; with lower_lr the optimiser's rate and
-    its schedule's are scaled. The snapshot before any training is not judged, and the last one only recorded (no
+    its schedule's are scaled; with raise_kl the crossing recorded is what raises the weight (kl_weight). The snapshot before any training is not judged, and the last one only recorded (no
     training follows it)."""
     if guard.metric is None:
         return None
@@ -76,6 +87,9 @@ def watch_snapshot(guard, progress, batch: int, final: bool, optimizer, schedule
     if final or guard.action == "stop":
         log.warning("online.guard: %s; %s", reason, "recorded" if final else "the run ends here")
         return None if final else reason
+    if guard.action == "raise_kl":  # kl_weight reads the crossing just recorded
+        log.warning("online.guard: %s; online.kl is multiplied by %g from here", reason, guard.kl_factor)
+        return None
     scale_learning_rate(optimizer, schedule, guard.lr_factor)
     log.warning("online.guard: %s; the learning rate is multiplied by %g from here", reason, guard.lr_factor)
     return None

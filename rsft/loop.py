@@ -152,7 +152,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker, records)
         gains, stopped, done = [], None, rounds
-        guard, rate_scale, heat, guarded = cfg.loop.guard, 1.0, 1.0, []  # loop.guard (rsft.guard): its crossings so far
+        guard, rate_scale, heat, pull, guarded = cfg.loop.guard, 1.0, 1.0, 1.0, []  # loop.guard (rsft.guard): its crossings so far
         if guard.metric is not None and cfg.loop.eval:
             watch_initial(guard, records.metrics(paths.initial_eval), "loop.guard")
         for r in range(rounds):
@@ -162,6 +162,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     stage_cfg = OmegaConf.merge(stage_cfg, {
                         "sft": {"learning_rate": cfg.sft.learning_rate * rate_scale},
                         "dpo": {"learning_rate": cfg.dpo.learning_rate * rate_scale}})
+                if name == "sft" and pull != 1.0:  # raised by the guard's crossings before
+                    stage_cfg = OmegaConf.merge(stage_cfg, {"sft": {"kl": cfg.sft.kl * pull}})
                 if name == "sample" and heat != 1.0:  # raised by the guard's crossings before; evaluations keep theirs
                     stage_cfg = OmegaConf.merge(stage_cfg, {"sample": {"temperature": cfg.sample.temperature * heat}})
                 run_named_stage(name, stage_cfg, tracker, records)
@@ -185,6 +187,11 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     heat *= guard.temperature_factor
                     guarded.append(f"{reason}; the rounds after round {r} sample at temperature "
                                    f"{cfg.sample.temperature * heat:g} ({heat:g} x sample.temperature)")
+                    log.warning("loop.guard: %s", guarded[-1])
+                elif reason and guard.action == "raise_kl":
+                    pull *= guard.kl_factor
+                    guarded.append(f"{reason}; the rounds after round {r} train with sft.kl={cfg.sft.kl * pull:g} "
+                                   f"({pull:g} x sft.kl)")
                     log.warning("loop.guard: %s", guarded[-1])
                 elif reason:
                     rate_scale *= guard.lr_factor

@@ -40,7 +40,7 @@ from reward.formats import pair_files
 from rsft import distributed, reward_service
 from rsft.config import samples_per_prompt, uses_trained_reward
 from rsft.data import load_prompts, minibatch_prompts, prompt_files, prompt_stream, check_batch_size
-from rsft.guard import watch_snapshot
+from rsft.guard import kl_weight, watch_snapshot
 from rsft.generation import adaptive_k, build_draft, prune_schedule, sample_dataset, sample_evaluation, sampling_settings
 from rsft.metrics import flat_metrics, kept_means
 from rsft.models import load_policy, resolve_device
@@ -147,7 +147,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     clock.lap("scoring")
     trained = train_on_batch(ctx.policy, ctx.tokenizer, cfg.online, cfg.seed, ctx.system_prompt, kept, progress.kept,
-                             batch, pairs)
+                             batch, pairs, kl_weight(cfg.online, progress.guard))
     progress.kept.extend(kept)
     clock.lap("training")
     completions, tokens, wall = progress.sampled()

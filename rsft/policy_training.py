@@ -416,11 +416,13 @@ def trainer_batches(count: int, size: int, steps: int, seed: int) -> list[list[i
 
 
 def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: int, system_prompt: str | None,
-                   kept: list[dict], earlier: list[dict], batch: int, pairs: list[tuple[dict, dict]] = ()) -> dict:
+                   kept: list[dict], earlier: list[dict], batch: int, pairs: list[tuple[dict, dict]] = (),
+                   kl: float | None = None) -> dict:
     """Mini-batch `batch`'s training (stage=online): online.steps_per_batch steps on the kept rows and online.replay
     of the earlier ones (with online.dpo_weight, and the DPO term on the mini-batch's best-vs-worst pairs); the
     losses, each step's among them. The steps walk the examples as transformers' Trainer would with the seed
-    seed + batch (trainer_batches), as round r's SFT trains with seed + r."""
+    seed + batch (trainer_batches), as round r's SFT trains with seed + r. `kl` is the KL weight in force (online.kl,
+    raised by online.guard's raise_kl crossings: rsft.guard.kl_weight); None = online.kl."""
     def examples(rows):
         return online_examples(rows, tokenizer, system_prompt, online.max_length)
 
@@ -434,7 +436,7 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     losses, dpo_losses, kls = [], [], []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dpo = dpo_pairs(policy, examples, list(pairs), online, pad_id)
-    kl = online.kl
+    kl = online.kl if kl is None else kl
     for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
         loss, dpo_loss, divergence = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm,
                                                 dpo, kl)
@@ -445,5 +447,5 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
             "loss": statistics.fmean(losses), "loss_last": losses[-1], "step_losses": losses,
             **({"dpo_pairs": len(dpo.chosen) if dpo else 0, "dpo_loss": statistics.fmean(dpo_losses) if dpo else None}
                if online.dpo_weight > 0 else {}),
-            **({"kl": statistics.fmean(kls) if kls else None} if kl > 0 else {}),
+            **({"kl": statistics.fmean(kls) if kls else None, "kl_weight": kl} if kl > 0 else {}),
             "learning_rate": float(policy.schedule.get_last_lr()[0])}

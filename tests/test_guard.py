@@ -65,6 +65,21 @@ def test_raise_temperature_samples_the_rounds_after_a_crossing_hotter_and_evalua
         in loop.meta["guard"][0]
 
 
+def test_raise_kl_trains_the_rounds_after_a_crossing_with_a_stronger_pull_towards_the_start(make_cfg):
+    """Issue 48's adaptive pull: each crossing multiplies the rounds' sft.kl by loop.guard.kl_factor."""
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=2", *ALWAYS, "loop.guard.action=raise_kl", "loop.guard.kl_factor=3",
+                   "sft.kl=0.1", "run_name=pulled")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    weights = [read_meta(paths.policy(r))["config"]["sft"]["kl"] for r in range(2)]
+    assert weights == [pytest.approx(0.1), pytest.approx(0.3)]
+    assert "the rounds after round 0 train with sft.kl=0.3 (3 x sft.kl)" in loop.meta["guard"][0]
+
+
 def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg):
     from rsft.run import run_stage
 
@@ -82,6 +97,10 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.lr_factor=1"], "loop.guard.lr_factor=1"),
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.temperature_factor=1"],
      "loop.guard.temperature_factor=1"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=raise_kl", "sft.kl=0.1",
+      "loop.guard.kl_factor=0.5"], "loop.guard.kl_factor=0.5"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=raise_kl"],
+     "sft.kl=0.0: expected > 0 with loop.guard.action=raise_kl"),
 ])
 def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
     from rsft.preflight import check_config
@@ -106,10 +125,29 @@ def test_the_online_guard_stops_after_the_snapshot_that_crosses_it_or_lowers_the
     assert rates == [pytest.approx(1e-3), pytest.approx(5e-4), pytest.approx(2.5e-4)]
 
 
+def test_the_online_guard_raises_the_kl_weight_per_crossing_as_its_record_says(make_cfg):
+    from rsft.guard import kl_weight
+    from rsft.preflight import check_config
+    from rsft.run import run_stage
+
+    common = [*ONLINE, "online.minibatches=3", "online.eval_every=1", "data.eval_limit=2", "eval.num_samples=2",
+              "online.guard.metric=distinct_1", "online.guard.min=1.01", "online.guard.action=raise_kl"]
+    pulled = run_stage(make_cfg(*common, "online.kl=0.1", "run_name=online-pull"))
+    assert [m["kl_weight"] for m in pulled.meta["minibatches"]] == [pytest.approx(0.1), pytest.approx(0.2),
+                                                                    pytest.approx(0.4)]
+    guard = pulled.meta["stats"]["guard"]
+    assert [g["action"] for g in guard] == ["raise_kl", "raise_kl", "recorded (the last snapshot)"]
+    # the weight is read from the recorded crossings, so a run resumed after them trains as the first one did
+    online = make_cfg(*common, "online.kl=0.1").online
+    assert kl_weight(online, guard[:2]) == pytest.approx(0.4) and kl_weight(online, guard) == pytest.approx(0.4)
+    with pytest.raises((ConfigError, ValueError), match=r"online.kl=0.0: expected > 0 with online.guard.action=raise_kl"):
+        check_config(make_cfg(*common))
+
+
 def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):
     from rsft.preflight import check_config
 
-    with pytest.raises((ConfigError, ValueError), match="online.guard.action='raise_temperature': expected stop or "
-                                                         "lower_lr"):
+    with pytest.raises((ConfigError, ValueError), match="online.guard.action='raise_temperature': expected stop, "
+                                                         "lower_lr or raise_kl"):
         check_config(make_cfg(*ONLINE, "online.eval_every=1", "online.guard.metric=distinct_1", "online.guard.min=0.5",
                               "online.guard.action=raise_temperature"))
