@@ -420,6 +420,35 @@ def phase_seconds(run: Path) -> dict:
     return seconds
 
 
+def range_of(ds, column: str, completions: int) -> dict:
+    """One evaluation point's score and range (issue 48): its mean of `column` (pass@1 on the verifiable task), and
+    where its samples carry them, the mean token entropy, the share of prompts whose answers are all alike and the
+    distinct answers per prompt, as rsft's evaluations measure them (rsft.metrics.range_metrics)."""
+    from rsft.metrics import range_metrics
+
+    rows: dict[str, list[int]] = {}
+    for i, prompt_id in enumerate(ds["prompt_id"]):
+        rows.setdefault(prompt_id, []).append(i)
+    metrics: dict = {}
+    range_metrics(ds, rows, metrics, {})
+    return {"completions": completions, "pass_at_1": sum(ds[column]) / len(ds),
+            **{k: metrics.get(k) for k in ("mean_entropy", "alike_share", "distinct_answers")}}
+
+
+def at_equal_pass_at_1(ranges: dict) -> list[dict]:
+    """Issue 48's entropy row, per seed: A's last point against B's point whose pass@1 is nearest it (B's trained
+    points), where both measured token entropy."""
+    equal = []
+    for seed, (a_points, b_points) in enumerate(zip(ranges["a"], ranges["b"])):
+        last = a_points[-1]
+        measured = [p for p in b_points if p["mean_entropy"] is not None]
+        if last["mean_entropy"] is None or not measured:
+            continue
+        near = min(measured, key=lambda p: abs(p["pass_at_1"] - last["pass_at_1"]))
+        equal.append({"seed": seed, "a": last, "b": near})
+    return equal
+
+
 def seeds(args) -> dict:
     """A against B over several training seeds, paired seed for seed (A's i-th run with B's i-th), at each budget of
     sampled completions both have a point at: pass@k of each side pooled over seeds and prompts, the paired
@@ -457,10 +486,21 @@ def seeds(args) -> dict:
     phases = {str(run): phase_seconds(run) for run in (*args.a, *args.b)}
     for run, seconds in phases.items():
         print(f"| {run} | {', '.join(f'{k} {v:.0f}' for k, v in seconds.items())} |")
+    ranges = {name: [[range_of(points[budget]["eval"], column, budget) for budget in sorted(points)] for points in runs]
+              for name, runs in sides.items()}
+    equal = at_equal_pass_at_1(ranges)
+    print("\n| seed | A's last point: completions, pass@1, token entropy | B's point of the nearest pass@1 | "
+          "A's entropy minus B's |\n|---|---|---|---|")
+    for row in equal:
+        a, b = row["a"], row["b"]
+        print(f"| {row['seed']} | {a['completions']}, {a['pass_at_1']:.3f}, {a['mean_entropy']:.3f} | "
+              f"{b['completions']}, {b['pass_at_1']:.3f}, {b['mean_entropy']:.3f} | "
+              f"{a['mean_entropy'] - b['mean_entropy']:+.3f} |")
     record = {"record": args.record, "made_by": "scripts/bench_grpo.py seeds", "command": " ".join(sys.argv),
               "commit": commit(),
               "machine": machine(), "task": args.task, "margin": args.margin, "a": [str(r) for r in args.a],
-              "b": [str(r) for r in args.b], "rows": rows, "seconds_by_phase": phases}
+              "b": [str(r) for r in args.b], "rows": rows, "seconds_by_phase": phases, "range": ranges,
+              "at_equal_pass_at_1": equal}
     if args.record:
         out = write_record(args.record, record)
         print(f"\nrecord: {out.relative_to(ROOT)}")

@@ -235,6 +235,14 @@ def seeds_table(record: dict) -> list[str]:
     for run, seconds in record["seconds_by_phase"].items():
         lines.append(f"| {Path(run).name} | " + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
                      + " |")
+    if record.get("at_equal_pass_at_1"):  # issue 48's entropy row: A's last point against B's of the nearest pass@1
+        lines += ["", "| seed | A: completions, pass@1 | A token entropy | B's point of the nearest pass@1: completions, "
+                      "pass@1 | B token entropy | A - B entropy | A / B all alike |", "|---|---|---|---|---|---|---|"]
+        for row in record["at_equal_pass_at_1"]:
+            a, b = row["a"], row["b"]
+            lines.append(f"| {row['seed']} | {a['completions']:,}, {a['pass_at_1']:.3f} | {a['mean_entropy']:.3f} | "
+                         f"{b['completions']:,}, {b['pass_at_1']:.3f} | {b['mean_entropy']:.3f} | "
+                         f"{a['mean_entropy'] - b['mean_entropy']:+.3f} | {a['alike_share']:.2f} / {b['alike_share']:.2f} |")
     return lines
 
 

@@ -45,6 +45,7 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
     assert all(r[-1].split(" (m = 0.05)")[0] in ("better", "not worse", "worse", "undecided") for r in rows)
     assert all(len(r[5].split(", ")) == 2 for r in rows)  # each seed pair's own difference
     assert "training (TRL: sampling and updates)" in out and "sample" in out
+    assert "A's entropy minus B's" in out  # issue 48's entropy row, at the nearest pass@1
 
 
 def test_the_demo_task_gives_grpo_the_gold_oracle_and_a_cut_completion_its_finish_reason(monkeypatch):
@@ -99,3 +100,25 @@ def test_a_sweep_keeps_each_sides_rate_with_the_highest_pass_at_1_at_the_full_bu
     rates["a3"] = 2e-4
     with pytest.raises(InputError, match="share a learning rate"):
         bench.sweep(args)
+
+
+def test_the_entropy_row_pairs_a_last_point_with_the_other_sides_point_of_the_nearest_pass_at_1(monkeypatch):
+    """Issue 48's "token entropy at equal pass@1": per seed, A's last point against B's point whose pass@1 is
+    nearest; a point without a measured entropy is passed over, and the table renders from the record."""
+    from tests.test_scripts import load
+
+    bench = load("bench_grpo", monkeypatch)
+    gen_docs = load("gen_docs", monkeypatch)
+
+    def point(completions, pass_at_1, entropy):
+        return {"completions": completions, "pass_at_1": pass_at_1, "mean_entropy": entropy, "alike_share": 0.5,
+                "distinct_answers": 2.0}
+
+    ranges = {"a": [[point(512, 0.4, 0.5), point(1536, 0.8, 0.2)], [point(1536, 0.3, 0.4)]],
+              "b": [[point(512, 0.3, 0.6), point(1024, 0.7, 0.3), point(1536, 0.9, None)],
+                    [point(512, 0.2, 0.9), point(1536, 0.5, 0.1)]]}
+    equal = bench.at_equal_pass_at_1(ranges)
+    assert [(e["seed"], e["a"]["completions"], e["b"]["completions"]) for e in equal] == [(0, 1536, 1024), (1, 1536, 512)]
+    record = {"a": ["x", "y"], "margin": 0.03, "rows": [], "seconds_by_phase": {}, "at_equal_pass_at_1": equal}
+    table = gen_docs.seeds_table(record)
+    assert "| 0 | 1,536, 0.800 | 0.200 | 1,024, 0.700 | 0.300 | -0.100 | 0.50 / 0.50 |" in table
