@@ -8,8 +8,8 @@ or a ceiling (`max`, for alike_share or top_opening_share); when an evaluation a
     summary.md and the artifact's record, as loop.stop stops;
   - action=lower_lr: later training takes lr_factor times the learning rate, once per crossing (the loop: the
     next rounds' sft.learning_rate and dpo.learning_rate; online: the optimiser's rate and its schedule's);
-  - action=raise_kl: later training takes kl_factor times the KL weight towards the initial policy, once per
-    crossing (the loop: the next rounds' sft.kl; online: online.kl from the next mini-batch on). A fixed weight that
+  - action=raise_kl: later training takes kl_factor times the KL weight (the pull towards the policy training
+    starts from: sft.kl's reference, online.kl's initial policy), once per crossing (the loop: the next rounds' sft.kl; online: online.kl from the next mini-batch on). A fixed weight that
     keeps the range on one seed can be too weak on another, where training runs further (docs/diversity.md); this
     one grows only where the measured range falls.
 The initial policy's evaluation is not judged (nothing has trained yet); it is logged when it already lies past

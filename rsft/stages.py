@@ -82,7 +82,6 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
     "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",
     "online.guard.kl_factor": lambda cfg: cfg.online.guard.get("action") != "raise_kl",
-    "loop.guard.kl_factor": lambda cfg: cfg.loop.guard.get("action") != "raise_kl",
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

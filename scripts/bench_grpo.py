@@ -431,7 +431,10 @@ def range_of(ds, column: str, completions: int) -> dict:
         rows.setdefault(prompt_id, []).append(i)
     metrics: dict = {}
     range_metrics(ds, rows, metrics, {})
-    return {"completions": completions, "pass_at_1": sum(ds[column]) / len(ds),
+    scored = [v for v in ds[column] if v is not None]  # None: a completion the reward could not score
+    if not scored:
+        raise InputError(f"the point at {completions} completions has no scored {column!r} in its evaluation")
+    return {"completions": completions, "pass_at_1": sum(scored) / len(scored),
             **{k: metrics.get(k) for k in ("mean_entropy", "alike_share", "distinct_answers")}}
 
 

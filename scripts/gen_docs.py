@@ -217,6 +217,11 @@ def comparison_table(record: dict) -> list[str]:
     return lines
 
 
+def _share(value) -> str:
+    """A share to two places, or "-" where it was not measured (one sample a prompt has no all-alike share)."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def seeds_table(record: dict) -> list[str]:
     """A against B over several training seeds (scripts/bench_grpo.py seeds --record NAME): pass@k of each side
     pooled over seeds and prompts at each shared budget of completions, the pooled paired difference with the
@@ -242,7 +247,7 @@ def seeds_table(record: dict) -> list[str]:
             a, b = row["a"], row["b"]
             lines.append(f"| {row['seed']} | {a['completions']:,}, {a['pass_at_1']:.3f} | {a['mean_entropy']:.3f} | "
                          f"{b['completions']:,}, {b['pass_at_1']:.3f} | {b['mean_entropy']:.3f} | "
-                         f"{a['mean_entropy'] - b['mean_entropy']:+.3f} | {a['alike_share']:.2f} / {b['alike_share']:.2f} |")
+                         f"{a['mean_entropy'] - b['mean_entropy']:+.3f} | {_share(a['alike_share'])} / {_share(b['alike_share'])} |")
     return lines
 
 
