@@ -144,6 +144,33 @@ def test_the_online_guard_raises_the_kl_weight_per_crossing_as_its_record_says(m
         check_config(make_cfg(*common))
 
 
+def test_a_run_killed_after_raise_kl_crossings_resumes_with_the_same_weights(make_cfg, monkeypatch):
+    """The KL weight is read from the checkpoint's recorded crossings: killed in mini-batch 3 (index) after a
+    checkpoint at 2, the rerun trains every mini-batch at the weight the uninterrupted run did, to the same policy."""
+    import json
+
+    import torch
+
+    from rsft.run import run_stage
+    from tests.test_online import _weights, _without_time, killed_in_minibatch_3
+
+    settings = [*ONLINE, "online.minibatches=4", "online.checkpoint_every=2", "online.eval_every=1",
+                "data.eval_limit=2", "eval.num_samples=2", "online.guard.metric=distinct_1", "online.guard.min=1.01",
+                "online.guard.action=raise_kl", "online.kl=0.1"]
+    whole = run_stage(make_cfg(*settings, "run_name=pull-whole")).path
+    ran = killed_in_minibatch_3(monkeypatch)
+    killed = make_cfg(*settings, "run_name=pull-killed")
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(killed)
+    torch.manual_seed(12345)
+    resumed = run_stage(killed).path
+    assert ran == [0, 1, 2, 3, 2, 3]
+    a, b = (json.loads((p / "metrics.json").read_text())["minibatches"] for p in (whole, resumed))
+    assert [m["kl_weight"] for m in a] == pytest.approx([0.1, 0.2, 0.4, 0.8])
+    assert _without_time(a) == _without_time(b)
+    assert all(torch.equal(p, q) for p, q in zip(_weights(whole / "policy"), _weights(resumed / "policy")))
+
+
 def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):
     from rsft.preflight import check_config
 
