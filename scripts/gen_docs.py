@@ -453,9 +453,13 @@ def headline(record: dict, show: dict) -> str:
                 f"of the seconds" + ranged)
     if made_by == "scripts/bench_grpo.py seeds":
         budget = max(row["completions"] for row in record["rows"])
+        entropy = "".join(  # issue 48's entropy row, where the record holds it
+            f"; token entropy minus B's at the nearest pass@1, by seed: "
+            + ", ".join(f"{e['a']['mean_entropy'] - e['b']['mean_entropy']:+.3f}" for e in equal)
+            for equal in [record.get("at_equal_pass_at_1")] if equal)
         return f"after {budget:,} completions: " + "; ".join(
             f"pass@{row['k']} {_verdict_with(row['a_minus_b'])}" for row in record["rows"] if row["completions"] == budget
-            and row["k"] in show.get("k", (1, 8)))
+            and row["k"] in show.get("k", (1, 8))) + entropy
     if made_by == "scripts/bench_grpo.py sweep":
         from rsft.stats import shown
 
