@@ -183,7 +183,10 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     log.warning("loop.guard: %s", stopped)
                     done = r + 1
                     break
-                if reason and guard.action == "raise_temperature":
+                if reason and r + 1 == rounds:  # no round follows: the crossing is only recorded, as online's last
+                    guarded.append(f"{reason}; recorded (the last round)")
+                    log.warning("loop.guard: %s", guarded[-1])
+                elif reason and guard.action == "raise_temperature":
                     heat *= guard.temperature_factor
                     guarded.append(f"{reason}; the rounds after round {r} sample at temperature "
                                    f"{cfg.sample.temperature * heat:g} ({heat:g} x sample.temperature)")

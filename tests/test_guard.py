@@ -43,6 +43,7 @@ def test_lower_lr_trains_the_rounds_after_a_crossing_at_the_lowered_rate(make_cf
     assert rates == [pytest.approx(1e-3), pytest.approx(2.5e-4)]
     assert loop.meta["rounds"] == 2 and len(loop.meta["guard"]) == 2  # both rounds crossed; round 1's lowers nothing
     assert "the rounds after round 0 train at 0.25 x the learning rate" in loop.meta["guard"][0]
+    assert loop.meta["guard"][1].endswith("; recorded (the last round)")
 
 
 def test_raise_temperature_samples_the_rounds_after_a_crossing_hotter_and_evaluates_at_the_set_temperature(make_cfg):
