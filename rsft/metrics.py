@@ -42,13 +42,19 @@ def best_of_n_kl_bound(n: int) -> float:
     return math.log(n) - (n - 1) / n
 
 
+def rows_by_prompt(prompt_ids) -> dict[str, list[int]]:
+    """{prompt_id: the indices of its rows}, the prompts in their first row's order."""
+    groups = defaultdict(list)
+    for i, prompt_id in enumerate(prompt_ids):
+        groups[prompt_id].append(i)
+    return dict(groups)
+
+
 def best_of_n_matrices(scored: Dataset, gold: list[float] | None = None,
                        judge: list[float | None] | None = None) -> dict[str, list[list[float]]]:
     """{proxy, gold, judge: [prompts][K]}: per prompt, per N, the expected value of the reward-best of N of the
     prompt's K samples (the truths present only); what best_of_n_curve averages and enough_samples reads."""
-    groups = defaultdict(list)
-    for i, prompt_id in enumerate(scored["prompt_id"]):
-        groups[prompt_id].append(i)
+    groups = rows_by_prompt(scored["prompt_id"])
     k = min(len(v) for v in groups.values())  # a prompt with fewer samples caps K for all
     rows = [v[:k] for v in groups.values()]
     all_rewards = _lowest_for_none(list(scored["reward"]))  # a row the source could not score ranks lowest
@@ -240,9 +246,7 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
     """Every headline number of one evaluation, each mean with its 95% bootstrap interval over prompts
     (rsft.stats); with the initial policy's evaluation, paired differences and win rates against it."""
     completions = ds["completion"]
-    texts = defaultdict(list)  # prompt_id -> row indices
-    for i, prompt_id in enumerate(ds["prompt_id"]):
-        texts[prompt_id].append(i)
+    texts = rows_by_prompt(ds["prompt_id"])
     metrics = {
         **({"reward_normalised_mean": statistics.fmean(scorable(ds["reward_normalised"]))}
            if scorable(ds["reward_normalised"]) else {}),

@@ -424,13 +424,10 @@ def range_of(ds, column: str, completions: int) -> dict:
     """One evaluation point's score and range (issue 48): its mean of `column` (pass@1 on the verifiable task), and
     where its samples carry them, the mean token entropy, the share of prompts whose answers are all alike and the
     distinct answers per prompt, as rsft's evaluations measure them (rsft.metrics.range_metrics)."""
-    from rsft.metrics import range_metrics
+    from rsft.metrics import range_metrics, rows_by_prompt
 
-    rows: dict[str, list[int]] = {}
-    for i, prompt_id in enumerate(ds["prompt_id"]):
-        rows.setdefault(prompt_id, []).append(i)
     metrics: dict = {}
-    range_metrics(ds, rows, metrics, {})
+    range_metrics(ds, rows_by_prompt(ds["prompt_id"]), metrics, {})
     scored = [v for v in ds[column] if v is not None]  # None: a completion the reward could not score
     if not scored:
         raise InputError(f"the point at {completions} completions has no scored {column!r} in its evaluation")
