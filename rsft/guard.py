@@ -9,9 +9,10 @@ or a ceiling (`max`, for alike_share or top_opening_share); when an evaluation a
   - action=lower_lr: later training takes lr_factor times the learning rate, once per crossing (the loop: the
     next rounds' sft.learning_rate and dpo.learning_rate; online: the optimiser's rate and its schedule's);
   - action=raise_kl: later training takes kl_factor times the KL weight (the pull towards the policy training
-    starts from: sft.kl's reference, online.kl's initial policy), once per crossing (the loop: the next rounds' sft.kl; online: online.kl from the next mini-batch on). A fixed weight that
-    keeps the range on one seed can be too weak on another, where training runs further (docs/diversity.md); this
-    one grows only where the measured range falls.
+    starts from: sft.kl's reference, online.kl's initial policy), once per crossing (the loop: the next rounds'
+    sft.kl; online: online.kl from the next mini-batch on). A fixed weight that keeps the range on one seed can be
+    too weak on another, where training runs further (docs/diversity.md); this one grows only where the measured
+    range falls.
 The initial policy's evaluation is not judged (nothing has trained yet); it is logged when it already lies past
 the bound. Decisions are a function of recorded evaluations, so a rerun or a resumed run decides alike.
 """
@@ -71,8 +72,8 @@ def kl_weight(online, crossings: list[dict]) -> float:
 def watch_snapshot(guard, progress, batch: int, final: bool, optimizer, schedule) -> str | None:
     """online.guard on the snapshot just taken after `batch` mini-batches (progress.evals[-1]; a crossing joins
     progress.guard): the reason to stop, when it is crossed with action=stop; with lower_lr the optimiser's rate and
-    its schedule's are scaled; with raise_kl the crossing recorded is what raises the weight (kl_weight). The snapshot before any training is not judged, and the last one only recorded (no
-    training follows it)."""
+    its schedule's are scaled; with raise_kl the crossing recorded is what raises the weight (kl_weight). The
+    snapshot before any training is not judged, and the last one only recorded (no training follows it)."""
     if guard.metric is None:
         return None
     metrics = progress.evals[-1]["metrics"]

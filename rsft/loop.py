@@ -152,7 +152,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
             run_named_stage("eval", OmegaConf.merge(at_round(cfg, 0, "eval"), {"eval": {"policy": "initial"}}),
                             tracker, records)
         gains, stopped, done = [], None, rounds
-        guard, rate_scale, heat, pull, guarded = cfg.loop.guard, 1.0, 1.0, 1.0, []  # loop.guard (rsft.guard): its crossings so far
+        # loop.guard (rsft.guard): its crossings so far and the factors they set
+        guard, rate_scale, heat, pull, guarded = cfg.loop.guard, 1.0, 1.0, 1.0, []
         if guard.metric is not None and cfg.loop.eval:
             watch_initial(guard, records.metrics(paths.initial_eval), "loop.guard")
         for r in range(rounds):

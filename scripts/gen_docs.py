@@ -241,13 +241,15 @@ def seeds_table(record: dict) -> list[str]:
         lines.append(f"| {Path(run).name} | " + " | ".join(f"{seconds[p]:,.0f}" if p in seconds else "-" for p in phases)
                      + " |")
     if record.get("at_equal_pass_at_1"):  # issue 48's entropy row: A's last point against B's of the nearest pass@1
-        lines += ["", "| seed | A: completions, pass@1 | A token entropy | B's point of the nearest pass@1: completions, "
-                      "pass@1 | B token entropy | A - B entropy | A / B all alike |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| seed | A: completions, pass@1 | A token entropy | B's point of the nearest pass@1: "
+                      "completions, pass@1 | B token entropy | A - B entropy | A / B all alike |",
+                  "|---|---|---|---|---|---|---|"]
         for row in record["at_equal_pass_at_1"]:
             a, b = row["a"], row["b"]
             lines.append(f"| {row['seed']} | {a['completions']:,}, {a['pass_at_1']:.3f} | {a['mean_entropy']:.3f} | "
                          f"{b['completions']:,}, {b['pass_at_1']:.3f} | {b['mean_entropy']:.3f} | "
-                         f"{a['mean_entropy'] - b['mean_entropy']:+.3f} | {_share(a['alike_share'])} / {_share(b['alike_share'])} |")
+                         f"{a['mean_entropy'] - b['mean_entropy']:+.3f} | "
+                         f"{_share(a['alike_share'])} / {_share(b['alike_share'])} |")
     return lines
 
 

@@ -118,7 +118,8 @@ def test_the_entropy_row_pairs_a_last_point_with_the_other_sides_point_of_the_ne
               "b": [[point(512, 0.3, 0.6), point(1024, 0.7, 0.3), point(1536, 0.9, None)],
                     [point(512, 0.2, 0.9), point(1536, 0.5, 0.1)]]}
     equal = bench.at_equal_pass_at_1(ranges)
-    assert [(e["seed"], e["a"]["completions"], e["b"]["completions"]) for e in equal] == [(0, 1536, 1024), (1, 1536, 512)]
+    assert [(e["seed"], e["a"]["completions"], e["b"]["completions"]) for e in equal] == [(0, 1536, 1024),
+                                                                                        (1, 1536, 512)]
     record = {"a": ["x", "y"], "margin": 0.03, "rows": [], "seconds_by_phase": {}, "at_equal_pass_at_1": equal}
     table = gen_docs.seeds_table(record)
     assert "| 0 | 1,536, 0.800 | 0.200 | 1,024, 0.700 | 0.300 | -0.100 | 0.50 / 0.50 |" in table

@@ -186,7 +186,8 @@ def test_two_processes_weighted_or_anchored_sft_start_at_plain_sfts_loss(make_cf
         cfg = make_cfg("stage=sft", f"run_name={name}")
         write_weighted(cfg, [{k: v for k, v in r.items() if k != "weight" or name == "ones"} for r in rows])
     common = ["stage=sft", "device=cpu", "sft.learning_rate=3e-3"]
-    done = launch(tmp_path, [[*common, "run_name=plain"], [*common, "run_name=ones"], [*common, "run_name=kl", "sft.kl=0.5"]])
+    done = launch(tmp_path, [[*common, "run_name=plain"], [*common, "run_name=ones"],
+                             [*common, "run_name=kl", "sft.kl=0.5"]])
     assert done.returncode == 0, done.stderr[-3000:]
     stats = {name: read_meta(RunPaths(tmp_path / "runs" / name).policy(0))["stats"] for name in ("plain", "ones", "kl")}
     assert all(s["world_size"] == 2 for s in stats.values())

@@ -141,7 +141,8 @@ def test_the_online_guard_raises_the_kl_weight_per_crossing_as_its_record_says(m
     # the weight is read from the recorded crossings, so a run resumed after them trains as the first one did
     online = make_cfg(*common, "online.kl=0.1").online
     assert kl_weight(online, guard[:2]) == pytest.approx(0.4) and kl_weight(online, guard) == pytest.approx(0.4)
-    with pytest.raises((ConfigError, ValueError), match=r"online.kl=0.0: expected > 0 with online.guard.action=raise_kl"):
+    with pytest.raises((ConfigError, ValueError),
+                       match=r"online.kl=0.0: expected > 0 with online.guard.action=raise_kl"):
         check_config(make_cfg(*common))
 
 

@@ -159,8 +159,8 @@ def check_across_groups(cfg, groups) -> None:
                               f"need the demo task's gold oracle")
         # raise_kl multiplies the rounds' sft.kl: with none there is nothing to raise
         if cfg.loop.guard.metric is not None and cfg.loop.guard.action == "raise_kl" and not cfg.sft.kl > 0:
-            raise ConfigError(f"sft.kl={cfg.sft.kl}: expected > 0 with loop.guard.action=raise_kl (the guard multiplies "
-                              f"the rounds' KL weight by loop.guard.kl_factor at each crossing)")
+            raise ConfigError(f"sft.kl={cfg.sft.kl}: expected > 0 with loop.guard.action=raise_kl (the guard "
+                              f"multiplies the rounds' KL weight by loop.guard.kl_factor at each crossing)")
         if cfg.loop.reward_from:  # as rsft.loop reads it: empty = not set
             check_run_name(cfg.loop.reward_from, "loop.reward_from")
         # both read each round's evaluation: the best-of-N curve (auto K) and the gain over the round before

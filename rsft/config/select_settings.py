@@ -67,16 +67,16 @@ class SelectConfig(Checked):
     weight: str = setting("none", "rarity: each kept row's SFT loss is weighted by 1 / how many of the prompt's "
                                   "candidates gave its text (case and spacing aside; every pooled round's count), "
                                   "scaled so that a prompt's kept rows average 1 (weight_scale=prompt: sum to 1) (a "
-                                  "collapse lever; needs several kept "
-                                  "per prompt: top_k with k >= 2, or threshold); none = every row weighs 1.",
+                                  "collapse lever; needs several kept per prompt: top_k with k >= 2, or threshold); "
+                                  "none = every row weighs 1.",
                           check=one_of(SELECT_WEIGHTS))
     # issue 48: what a prompt's kept rows weigh together, so that a prompt with many right answers does not outweigh
     # a hard one with a single right answer
     weight_scale: str = setting("row", "With weight=rarity, what a prompt's kept rows weigh together: row = they "
                                        "average 1 (a prompt with n kept rows weighs n); prompt = they sum to 1 (every "
-                                       "prompt weighs one row, as with k=1, however many answers it kept; the cross-entropy's "
-                                       "scale falls with the rows kept per prompt, so an sft.kl term weighs "
-                                       "relatively more).",
+                                       "prompt weighs one row, as with k=1, however many answers it kept; the "
+                                       "cross-entropy's scale falls with the rows kept per prompt, so an sft.kl term "
+                                       "weighs relatively more).",
                                 check=one_of(SELECT_WEIGHT_SCALES))
 
     def __post_init__(self):
