@@ -23,8 +23,9 @@
 # is set), QUICK=1 (tiny sizes: to try this script on a CPU, with DEVICE=cpu), PARTS (the parts to run, by the
 # first word of their names, e.g. "a c1 c3 c5"; default all).
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
-# commit, the card and the date printed at the top). TESTS and DIST (part t: the tests to run, default the whole
-# suite, and pytest-xdist's --dist, default loadfile). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
+# commit, the card and the date printed at the top). TESTS, DIST and T_LIMIT (part t: the tests to run, default the
+# whole suite, pytest-xdist's --dist, default loadfile, and its seconds, default 300: 8 workers on an H200 did not
+# finish the suite in 300 s on 2026-11-28, 14 workers with --dist load did in 290 s). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
 # when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -180,7 +181,8 @@ XDIST=()
 if python -c 'import xdist' 2>/dev/null && [[ $QUICK != 1 ]]; then
   XDIST=(-n "$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))" --dist "${DIST:-loadfile}")
 fi
-OMP_NUM_THREADS=2 RSFT_GPU_TEST_DEVICE=$DEVICE part "t-suite" 300 python -m pytest -m "not slow" "${SUITE[@]}" -q \
+OMP_NUM_THREADS=2 RSFT_GPU_TEST_DEVICE=$DEVICE part "t-suite" "${T_LIMIT:-300}" python -m pytest -m "not slow" \
+  "${SUITE[@]}" -q \
   -p no:cacheprovider -rs "${XDIST[@]}"
 
 # --- (c) the sampling table --------------------------------------------------------------------------------------

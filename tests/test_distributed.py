@@ -32,6 +32,15 @@ def launch(tmp_path, stages: list[list[str]], kill: dict | None = None, processe
                           capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
 
 
+def why(done) -> str:
+    """A failed launch's message: what the ranks wrote last before torchrun's own traceback (ChildFailedError and
+    the exit codes, which filled the tail on its own and left the rank's error unread on the GPU machine,
+    2026-11-28), then the tail."""
+    launcher = done.stderr.find('Traceback (most recent call last):\n  File "<frozen runpy>"')
+    ranks = done.stderr[:launcher] if launcher >= 0 else ""
+    return f"{ranks[-3000:]}\n... torchrun:\n{done.stderr[-1500:]}"
+
+
 def rows(path, *columns):
     ds = load_from_disk(str(path))
     return {c: ds[c] for c in columns}
@@ -43,7 +52,7 @@ def test_two_processes_write_the_artifacts_one_process_writes(make_cfg, tmp_path
                              ["stage=score", *two], ["stage=eval", "eval.policy=initial", *two],
                              ["stage=select", *two], ["stage=sft", *two], ["stage=sample", "round=1", *BUDGET, *two],
                              ["stage=sample", "run_name=idle", "data.limit=1", "device=cpu", "sample.num_samples=2"]])
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     dist = RunPaths(tmp_path / "runs" / "two")
     # training: DDP over both processes, one complete model saved
     assert read_meta(dist.reward)["metrics"]["world_size"] == 2 and read_meta(dist.policy(0))["stats"]["world_size"] == 2
@@ -84,7 +93,7 @@ def test_a_two_rank_loop_that_loses_a_rank_resumes(tmp_path):
     paths = RunPaths(tmp_path / "runs" / "loop")
     assert is_complete(paths.eval(0)) and not is_complete(paths.policy(1))
     resumed = launch(tmp_path, [LOOP])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, why(resumed)
     assert is_complete(paths.eval(1)) and (paths.root / "summary.md").exists()
 
 
@@ -111,18 +120,18 @@ def test_a_rank_killed_mid_sample_and_mid_sft_resumes_to_the_uninterrupted_two_p
         write_selected(compose_cfg(tmp_path, *settings, f"run_name={name}"), n=8)
     stages = [["stage=sample", *settings], ["stage=sft", *settings]]
     straight = launch(tmp_path, [[*stage, "run_name=straight"] for stage in stages])
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert straight.returncode == 0, why(straight)
     killed = [[*stage, "run_name=killed"] for stage in stages]
     mid_sample = launch(tmp_path, killed, kill={"rank": 1, "shards": 1})
     paths, done = RunPaths(tmp_path / "runs" / "killed"), RunPaths(tmp_path / "runs" / "straight")
     assert mid_sample.returncode != 0 and not is_complete(paths.samples(0))
     assert list(paths.round_dir(0).glob(".samples.shards/*-rank1-*.json"))  # rank 1's finished shard is kept
     mid_sft = launch(tmp_path, killed, kill={"rank": 1, "checkpoint": 4})
-    assert mid_sft.returncode != 0 and is_complete(paths.samples(0)), mid_sft.stderr[-4000:]
+    assert mid_sft.returncode != 0 and is_complete(paths.samples(0)), why(mid_sft)
     assert not is_complete(paths.policy(0))
     assert [c.name for c in paths.round_dir(0).glob(".policy.checkpoints/*/checkpoint-*")] == ["checkpoint-4"]
     resumed = launch(tmp_path, killed)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, why(resumed)
     assert "resuming training from" in resumed.stderr and "(step 4)" in resumed.stderr
     columns = ("prompt_id", "sample_idx", "completion_ids", "seed", "finish_reason")
     assert rows(paths.samples(0), *columns) == rows(done.samples(0), *columns)
@@ -188,7 +197,7 @@ def test_two_processes_weighted_or_anchored_sft_start_at_plain_sfts_loss(make_cf
     common = ["stage=sft", "device=cpu", "sft.learning_rate=3e-3"]
     done = launch(tmp_path, [[*common, "run_name=plain"], [*common, "run_name=ones"],
                              [*common, "run_name=kl", "sft.kl=0.5"]])
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, why(done)
     stats = {name: read_meta(RunPaths(tmp_path / "runs" / name).policy(0))["stats"] for name in ("plain", "ones", "kl")}
     assert all(s["world_size"] == 2 for s in stats.values())
     assert stats["ones"]["loss_first"] == pytest.approx(stats["plain"]["loss_first"], rel=1e-4)
