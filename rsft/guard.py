@@ -13,6 +13,11 @@ or a ceiling (`max`, for alike_share or top_opening_share); when an evaluation a
     sft.kl; online: online.kl from the next mini-batch on). A fixed weight that keeps the range on one seed can be
     too weak on another, where training runs further (docs/diversity.md); this one grows only where the measured
     range falls.
+  - action=widen_select (loop.guard only): the rounds after the first crossing select with select.k=widen_k,
+    select.weight=rarity and select.weight_scale=prompt: several right answers a prompt, a rare one weighing more,
+    each prompt still weighing one row (widened_select). The rounds before it keep one answer, which learns fastest;
+    with sft.init=initial and pooled rounds the last round's selection alone decides what the final policy trains
+    on (docs/diversity.md).
 The initial policy's evaluation is not judged (nothing has trained yet); it is logged when it already lies past
 the bound. Decisions are a function of recorded evaluations, so a rerun or a resumed run decides alike.
 """
@@ -60,6 +65,11 @@ def scale_learning_rate(optimizer, schedule, factor: float) -> None:
         group["lr"] *= factor
     if hasattr(schedule, "base_lrs"):
         schedule.base_lrs = [rate * factor for rate in schedule.base_lrs]
+
+
+def widened_select(guard) -> dict:
+    """action=widen_select: the select settings of the rounds after the first crossing."""
+    return {"k": int(guard.widen_k), "weight": "rarity", "weight_scale": "prompt"}
 
 
 def kl_weight(online, crossings: list[dict]) -> float:

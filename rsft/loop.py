@@ -41,7 +41,7 @@ from rsft import distributed, report, runner, stages
 from rsft.config import uses_trained_reward
 from rsft.errors import MissingInput
 from rsft.generation import TRAINED_DRAFT_KINDS
-from rsft.guard import crossed, watch_initial
+from rsft.guard import crossed, watch_initial, widened_select
 from rsft.paths import RunPaths
 from rsft.store import Artifact, copy_artifact, is_complete, load_dataset_artifact
 from rsft.tracking import Tracker, stage_tracker
@@ -153,7 +153,7 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                             tracker, records)
         gains, stopped, done = [], None, rounds
         # loop.guard (rsft.guard): its crossings so far and the factors they set
-        guard, rate_scale, heat, pull, guarded = cfg.loop.guard, 1.0, 1.0, 1.0, []
+        guard, rate_scale, heat, pull, widened, guarded = cfg.loop.guard, 1.0, 1.0, 1.0, False, []
         if guard.metric is not None and cfg.loop.eval:
             watch_initial(guard, records.metrics(paths.initial_eval), "loop.guard")
         for r in range(rounds):
@@ -167,6 +167,8 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     stage_cfg = OmegaConf.merge(stage_cfg, {"sft": {"kl": cfg.sft.kl * pull}})
                 if name == "sample" and heat != 1.0:  # raised by the guard's crossings before; evaluations keep theirs
                     stage_cfg = OmegaConf.merge(stage_cfg, {"sample": {"temperature": cfg.sample.temperature * heat}})
+                if name == "select" and widened:  # widened by a crossing before
+                    stage_cfg = OmegaConf.merge(stage_cfg, {"select": widened_select(guard)})
                 run_named_stage(name, stage_cfg, tracker, records)
             if cfg.draft.kind in TRAINED_DRAFT_KINDS and r + 1 < rounds:  # the draft follows the policy
                 run_named_stage("draft", at_round(cfg, r, "draft"), tracker, records)
@@ -196,6 +198,12 @@ def run(cfg: DictConfig, tracker: Tracker | None = None):
                     pull *= guard.kl_factor
                     guarded.append(f"{reason}; the rounds after round {r} train with sft.kl={cfg.sft.kl * pull:g} "
                                    f"({pull:g} x sft.kl)")
+                    log.warning("loop.guard: %s", guarded[-1])
+                elif reason and guard.action == "widen_select":
+                    settings = " ".join(f"select.{k}={v}" for k, v in widened_select(guard).items())
+                    guarded.append(f"{reason}; " + (f"the selection is already widened ({settings})" if widened else
+                                                    f"the rounds after round {r} select with {settings}"))
+                    widened = True
                     log.warning("loop.guard: %s", guarded[-1])
                 elif reason:
                     rate_scale *= guard.lr_factor

@@ -82,6 +82,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
     "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",
     "online.guard.kl_factor": lambda cfg: cfg.online.guard.get("action") != "raise_kl",
+    "online.guard.widen_k": lambda cfg: True,  # online refuses widen_select: the key never acts there
 }
 
 # the keys a prompt set depends on (data=hh_rlhf reads one transcript file for both sets, split by a seeded hash)

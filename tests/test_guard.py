@@ -81,6 +81,35 @@ def test_raise_kl_trains_the_rounds_after_a_crossing_with_a_stronger_pull_toward
     assert "the rounds after round 0 train with sft.kl=0.3 (3 x sft.kl)" in loop.meta["guard"][0]
 
 
+def test_widen_select_keeps_several_answers_a_prompt_in_the_rounds_after_the_first_crossing(make_cfg):
+    """Issue 48's schedule: one answer a prompt until the guard is crossed, then up to widen_k, a rare one weighing
+    more and each prompt one row; the widened round's selected set carries the loss weights SFT reads, and a later
+    crossing is only recorded."""
+    from datasets import load_from_disk
+
+    from rsft.paths import RunPaths
+    from rsft.run import run_stage
+    from rsft.store import read_meta
+
+    cfg = make_cfg(*LOOP, "loop.rounds=3", *ALWAYS, "loop.guard.action=widen_select", "loop.guard.widen_k=2",
+                   "run_name=widened")
+    loop = run_stage(cfg)
+    paths = RunPaths.from_config(cfg)
+    chosen = [read_meta(paths.selected(r))["settings"] for r in range(3)]
+    assert [(c["k"], c["weight"], c["weight_scale"]) for c in chosen] == [
+        (1, "none", "row"), (2, "rarity", "prompt"), (2, "rarity", "prompt")]
+    assert "weight" not in load_from_disk(str(paths.selected(0))).column_names
+    widened = load_from_disk(str(paths.selected(1)))
+    by_prompt: dict = {}
+    for prompt, weight in zip(widened["prompt_id"], widened["weight"]):
+        by_prompt[prompt] = by_prompt.get(prompt, 0.0) + weight
+    assert by_prompt and all(total == pytest.approx(1.0) for total in by_prompt.values())  # a prompt weighs one row
+    assert "the rounds after round 0 select with select.k=2 select.weight=rarity select.weight_scale=prompt" \
+        in loop.meta["guard"][0]
+    assert "the selection is already widened" in loop.meta["guard"][1]
+    assert loop.meta["guard"][2].endswith("; recorded (the last round)")
+
+
 def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg):
     from rsft.run import run_stage
 
@@ -102,6 +131,12 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
       "loop.guard.kl_factor=0.5"], "loop.guard.kl_factor=0.5"),
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=raise_kl"],
      "sft.kl=0.0: expected > 0 with loop.guard.action=raise_kl"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=widen_select", "loop.guard.widen_k=1"],
+     "loop.guard.widen_k=1"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=widen_select", "select.k=4"],
+     "loop.guard.widen_k=4: expected more than select.k=4"),
+    (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=widen_select",
+      "select.strategy=threshold"], "select.strategy=threshold: expected top_k with loop.guard.action=widen_select"),
 ])
 def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
     from rsft.preflight import check_config
@@ -171,6 +206,15 @@ def test_a_run_killed_after_raise_kl_crossings_resumes_with_the_same_weights(mak
     assert [m["kl_weight"] for m in a] == pytest.approx([0.1, 0.2, 0.4, 0.8])
     assert _without_time(a) == _without_time(b)
     assert all(torch.equal(p, q) for p, q in zip(_weights(whole / "policy"), _weights(resumed / "policy")))
+
+
+def test_online_refuses_to_widen_the_selection_naming_the_key(make_cfg):
+    from rsft.preflight import check_config
+
+    with pytest.raises((ConfigError, ValueError), match="online.guard.action='widen_select': expected stop, "
+                                                         "lower_lr or raise_kl"):
+        check_config(make_cfg(*ONLINE, "online.eval_every=1", "online.guard.metric=distinct_1", "online.guard.min=0.5",
+                              "online.guard.action=widen_select"))
 
 
 def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):

@@ -161,6 +161,15 @@ def check_across_groups(cfg, groups) -> None:
         if cfg.loop.guard.metric is not None and cfg.loop.guard.action == "raise_kl" and not cfg.sft.kl > 0:
             raise ConfigError(f"sft.kl={cfg.sft.kl}: expected > 0 with loop.guard.action=raise_kl (the guard "
                               f"multiplies the rounds' KL weight by loop.guard.kl_factor at each crossing)")
+        # widen_select raises the rounds' select.k after a crossing: k is top_k's, and it must grow
+        if cfg.loop.guard.metric is not None and cfg.loop.guard.action == "widen_select":
+            if cfg.select.strategy != "top_k":
+                raise ConfigError(f"select.strategy={cfg.select.strategy}: expected top_k with "
+                                  f"loop.guard.action=widen_select (the guard raises select.k, top_k's count)")
+            if cfg.loop.guard.widen_k <= cfg.select.k:
+                raise ConfigError(f"loop.guard.widen_k={cfg.loop.guard.widen_k}: expected more than "
+                                  f"select.k={cfg.select.k} (the rounds after a crossing keep up to widen_k answers "
+                                  f"a prompt)")
         if cfg.loop.reward_from:  # as rsft.loop reads it: empty = not set
             check_run_name(cfg.loop.reward_from, "loop.reward_from")
         # both read each round's evaluation: the best-of-N curve (auto K) and the gain over the round before

@@ -23,7 +23,7 @@ from rsft.config.rules import (
 from rsft.config.training_settings import LoraAdapterConfig, MAX_LENGTH, TRAINING_MODES
 
 
-GUARD_ACTIONS = ("stop", "lower_lr", "raise_temperature", "raise_kl")  # rsft.guard
+GUARD_ACTIONS = ("stop", "lower_lr", "raise_temperature", "raise_kl", "widen_select")  # rsft.guard
 # the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
 GUARD_METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|"
                           r"mean_entropy|top_opening_share|([a-z]+_)?pass_at_[0-9]+)$")
@@ -51,13 +51,18 @@ class GuardConfig(Checked):
                                   "later rounds sample at temperature_factor times sample.temperature, once per "
                                   "crossing; evaluations keep sample.temperature) | raise_kl (later training at "
                                   "kl_factor times the KL weight, sft.kl for the loop, online.kl online, once per "
-                                  "crossing; the weight must be > 0).", check=one_of(GUARD_ACTIONS))
+                                  "crossing; the weight must be > 0) | widen_select (loop.guard only: the rounds "
+                                  "after the first crossing keep up to widen_k answers a prompt, a rare one weighing "
+                                  "more).", check=one_of(GUARD_ACTIONS))
     lr_factor: float = setting(0.5, "action=lower_lr: the learning rate's factor per crossing, in (0, 1).",
                                check=open_fraction())
     temperature_factor: float = setting(1.25, "action=raise_temperature: the sampling temperature's factor per "
                                               "crossing, > 1.", check=number("a number > 1", lambda v: v > 1, "> 1"))
     kl_factor: float = setting(2.0, "action=raise_kl: the KL weight's factor per crossing, > 1.",
                                check=number("a number > 1", lambda v: v > 1, "> 1"))
+    widen_k: int = setting(4, "action=widen_select: the rounds after the first crossing select with select.k=widen_k, "
+                              "select.weight=rarity and select.weight_scale=prompt (each prompt still weighs one row); "
+                              "more than select.k.", check=at_least(2))
 
     def __post_init__(self):
         super().__post_init__()
@@ -136,6 +141,10 @@ class OnlineConfig(Checked):
         if self.guard.action == "raise_temperature":
             _fail("guard.action", "raise_temperature", "stop, lower_lr or raise_kl (raise_temperature is loop.guard's: "
                                                        "the rounds sample and evaluate apart)")
+        # online keeps each mini-batch's selection with one select group; the rounds' selection is what widens
+        if self.guard.action == "widen_select":
+            _fail("guard.action", "widen_select", "stop, lower_lr or raise_kl (widen_select is loop.guard's: it "
+                                                  "changes the selection of the rounds after a crossing)")
         # raise_kl multiplies the KL weight in force: with none there is nothing to raise
         if self.guard.action == "raise_kl" and self.guard.metric is not None and not self.kl > 0:
             _fail("kl", self.kl, "> 0 with online.guard.action=raise_kl (the guard multiplies this weight by "
