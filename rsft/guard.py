@@ -69,7 +69,7 @@ def scale_learning_rate(optimizer, schedule, factor: float) -> None:
 
 def widened_select(guard) -> dict:
     """action=widen_select: the select settings of the rounds after the first crossing."""
-    return {"k": int(guard.widen_k), "weight": "rarity", "weight_scale": "prompt"}
+    return {"k": guard.widen_k, "weight": "rarity", "weight_scale": "prompt"}
 
 
 def kl_weight(online, crossings: list[dict]) -> float:
