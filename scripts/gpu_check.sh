@@ -25,8 +25,8 @@
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
 # commit, the card and the date printed at the top). TESTS, DIST and T_LIMIT (part t: the tests to run, default the
 # whole suite, pytest-xdist's --dist, default loadfile, and its seconds, default 300: 8 workers on an H200 did not
-# finish the suite in 300 s on 2026-11-28, 14 workers with --dist load did in 290 s). C_METHODS (the methods of (c), "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1
-# when a part failed or was skipped.
+# finish the suite in 300 s on 2026-11-28, 14 workers with --dist load did in 290 s). C_METHODS (the methods of (c),
+# "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1 when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 ROOT=$PWD

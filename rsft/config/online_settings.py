@@ -24,6 +24,9 @@ from rsft.config.training_settings import LoraAdapterConfig, MAX_LENGTH, TRAININ
 
 
 GUARD_ACTIONS = ("stop", "lower_lr", "raise_temperature", "raise_kl", "widen_select")  # rsft.guard
+# the actions online refuses, and why the loop can take them
+LOOP_ONLY_GUARD_ACTIONS = {"raise_temperature": "the rounds sample and evaluate apart",
+                           "widen_select": "it changes the selection of the rounds after a crossing"}
 # the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
 GUARD_METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|"
                           r"mean_entropy|top_opening_share|([a-z]+_)?pass_at_[0-9]+)$")
@@ -136,15 +139,12 @@ class OnlineConfig(Checked):
         if self.guard.metric is not None and self.eval_every == 0:
             _fail("eval_every", 0, f"> 0 with online.guard.metric={self.guard.metric} (the guard reads the "
                                           f"eval snapshots)")
-        # online samples and evaluates with one sampler's settings: a raised sampling temperature would move the
-        # snapshots it is judged by too
-        if self.guard.action == "raise_temperature":
-            _fail("guard.action", "raise_temperature", "stop, lower_lr or raise_kl (raise_temperature is loop.guard's: "
-                                                       "the rounds sample and evaluate apart)")
-        # online keeps each mini-batch's selection with one select group; the rounds' selection is what widens
-        if self.guard.action == "widen_select":
-            _fail("guard.action", "widen_select", "stop, lower_lr or raise_kl (widen_select is loop.guard's: it "
-                                                  "changes the selection of the rounds after a crossing)")
+        # the loop's own actions: online samples and evaluates with one sampler's settings (a raised temperature
+        # would move the snapshots it is judged by too), and keeps each mini-batch's selection with one select group
+        why = LOOP_ONLY_GUARD_ACTIONS.get(self.guard.action)
+        if why:
+            _fail("guard.action", self.guard.action, f"stop, lower_lr or raise_kl ({self.guard.action} is "
+                                                     f"loop.guard's: {why})")
         # raise_kl multiplies the KL weight in force: with none there is nothing to raise
         if self.guard.action == "raise_kl" and self.guard.metric is not None and not self.kl > 0:
             _fail("kl", self.kl, "> 0 with online.guard.action=raise_kl (the guard multiplies this weight by "
