@@ -61,12 +61,31 @@ def forward_kl_sum(logits: torch.Tensor, reference_logits: torch.Tensor, mask: t
     return ((reference.exp() * (reference - policy)).sum(-1) * mask).sum()
 
 
-def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool):
+def gem_token_losses(logits: torch.Tensor, targets: torch.Tensor, beta: float) -> torch.Tensor:
+    """GEM's loss (Li et al., "Preserving Diversity in Supervised Fine-tuning of Large Language Models", ICLR 2025;
+    its linear form) at each position: -log p(target) + sum_v q(v) log p(v), with p the policy's next-token
+    distribution and q = softmax(logits / beta) held constant; 0 where `targets` is -100. Its gradient in the logits
+    is q - onehot(target): the target goes up by 1 - q(target) and the tokens the policy itself would pick go down
+    by their sharpened probability, where cross-entropy's p - onehot(target) pushes the whole tail down. Once the
+    target is the policy's clear first choice, q(target) nears 1 and the push stops, so the policy is not
+    sharpened further onto the kept answer and the other tokens keep their share. beta = 1 makes q = p, which
+    is cross-entropy's gradient. Written here because TRL's SFTTrainer offers only nll and dft losses."""
+    logits = logits.float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    with torch.no_grad():
+        q = torch.softmax(logits / beta, dim=-1)
+    mask = targets != -100
+    target_log_p = log_p.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (-target_log_p + (q * log_p).sum(-1)) * mask
+
+
+def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_beta: float | None = None):
     """TRL's SFTTrainer with the collapse levers in its loss: the cross-entropy on the completion tokens, each row's
     tokens times its `weight` column when `weighted` (select.weight), plus `kl` x the mean over those tokens of
     KL(reference || policy) (sft.kl), the reference being the policy training starts from: the adapter switched off
-    with LoRA, a frozen copy otherwise. The sum is divided by the step's completion tokens, as TRL divides its own
-    loss, so with every weight 1 and kl 0 it is SFTTrainer's loss. Written by hand because SFTTrainer has neither a
+    with LoRA, a frozen copy otherwise. With `gem_beta` set (sft.loss=gem), GEM's loss (gem_token_losses) takes the
+    cross-entropy's place, weighted alike. The sum is divided by the step's completion tokens, as TRL divides its
+    own loss, so with every weight 1, kl 0 and no gem_beta it is SFTTrainer's loss. Written by hand because SFTTrainer has neither a
     reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it overrides compute_loss,
     which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out TRL's per-step entropy
     and accuracy metrics. The weights reach the loss as a column TRL's collator does not know: kept through the
@@ -97,8 +116,11 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool):
             logits, targets = outputs.logits[:, :-1], inputs["labels"][:, 1:]
             mask = (targets != -100).float()
             tokens = torch.as_tensor(num_items_in_batch if num_items_in_batch is not None else mask.sum()).clamp(min=1)
-            nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100,
-                                                    reduction="none")  # [rows, positions], 0 outside the completion
+            if gem_beta is None:  # [rows, positions], 0 outside the completion
+                nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, ignore_index=-100,
+                                                        reduction="none")
+            else:
+                nll = gem_token_losses(logits, targets, gem_beta)
             if weighted:
                 nll = nll * inputs["weight"].to(nll)[:, None]
             loss = nll.sum()

@@ -29,7 +29,8 @@ resumes from its last one; the checkpoints go once the policy is written.
 
 sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes, and a
 selected set with a `weight` column (select.weight=rarity) weights each row's cross-entropy by it
-(rsft.policy_training.lever_sft_trainer): levers against collapse (issue 48, docs/diversity.md).
+(rsft.policy_training.lever_sft_trainer), and sft.loss=gem trains with GEM's loss in place of the cross-entropy:
+levers against collapse (issue 48, docs/diversity.md).
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ def build(cfg: DictConfig, job: Job) -> Built:
              f"; {cut} truncated completions train without their end of turn" if cut else "")
     history = LossHistory()
     checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
-    trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted) if cfg.sft.kl or weighted
-                     else SFTTrainer)
+    gem_beta = cfg.sft.gem_beta if cfg.sft.loss == "gem" else None
+    trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted, gem_beta)
+                     if cfg.sft.kl or weighted or gem_beta is not None else SFTTrainer)
     trainer = trainer_class(
         model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,

@@ -77,6 +77,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "refresh.label_budget": lambda cfg: cfg.refresh.get("choose", "first") == "first",
     "refresh.dropout_passes": lambda cfg: cfg.refresh.get("choose", "first") != "uncertain",
     "sft.kl": lambda cfg: float(cfg.sft.get("kl") or 0.0) == 0.0,
+    "sft.loss": lambda cfg: cfg.sft.get("loss", "ce") == "ce",
+    "sft.gem_beta": lambda cfg: cfg.sft.get("loss", "ce") != "gem",
     "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
     "select.rarity": lambda cfg: not cfg.select.get("rarity"),
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",

@@ -306,3 +306,67 @@ def test_a_bad_loss_weight_is_refused_naming_the_row_and_the_file(make_cfg, weig
     with pytest.raises(Exception) as error:
         run_stage(cfg)
     assert expected in str(error.value) and "selected" in str(error.value)
+
+
+def test_gem_losses_gradient_is_the_sharpened_policy_minus_the_target_and_beta_one_is_cross_entropys():
+    """sft.loss=gem (issue 48): the per-position loss's gradient in the logits is softmax(logits / beta) minus the
+    target's one-hot, nothing outside the completion (-100); at beta = 1 it is cross-entropy's gradient."""
+    from rsft.policy_training import gem_token_losses
+
+    generator = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 5, 11, generator=generator)).requires_grad_(True)
+    targets = torch.randint(0, 11, (2, 5), generator=generator)
+    targets[0, :2] = -100
+    mask = (targets != -100).float()[..., None]
+    onehot = torch.nn.functional.one_hot(targets.clamp(min=0), 11).float()
+    for beta in (0.7, 0.3):
+        (grad,) = torch.autograd.grad(gem_token_losses(logits, targets, beta).sum(), logits)
+        assert torch.allclose(grad, (torch.softmax(logits.detach() / beta, -1) - onehot) * mask, atol=1e-6)
+    losses = gem_token_losses(logits, targets, 1.0)
+    assert bool((losses[0, :2] == 0).all())
+    (grad,) = torch.autograd.grad(losses.sum(), logits)
+    cross_entropy = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100,
+                                                      reduction="sum")
+    (expected,) = torch.autograd.grad(cross_entropy, logits)
+    assert torch.allclose(grad, expected, atol=1e-6)
+
+
+def completion_entropy(model, tokenizer, prompt: str) -> float:
+    """Mean entropy (nats) of the next-token distributions over COMPLETION's positions (and its end of turn)."""
+    prefix = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True)
+    start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    ids = torch.tensor([tokenizer(prefix + COMPLETION + tokenizer.eos_token, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        log_p = torch.log_softmax(model(ids).logits[0, start - 1:-1].float(), -1)
+    return float(-(log_p.exp() * log_p).sum(-1).mean())
+
+
+def test_sft_with_gem_learns_the_kept_answer_without_sharpening_onto_it_as_cross_entropy_does(make_cfg):
+    """sft.loss=gem: at the same steps both losses teach the kept answer (its NLL falls by over a nat from the
+    start's), and GEM leaves the policy's distribution over those positions wider than cross-entropy does; its
+    settings are recorded."""
+    common = ("stage=sft", "sft.mode=full", "sft.learning_rate=3e-2", "sft.epochs=8", "device=cpu")
+    cfgs = {"ce": make_cfg(*common, "run_name=ce"), "gem": make_cfg(*common, "run_name=gem", "sft.loss=gem")}
+    out = {}
+    for name, cfg in cfgs.items():
+        write_selected(cfg)
+        out[name] = run_stage(cfg).path
+    assert read_meta(out["gem"])["settings"]["loss"] == "gem" and read_meta(out["gem"])["settings"]["gem_beta"] == 0.7
+    start, tokenizer, _ = load_policy(cfgs["ce"], None, torch.device("cpu"))
+    prompt = "Tell me about bees, 0."
+    trained = {name: load_saved_causal_lm(path, torch.device("cpu"))[0] for name, path in out.items()}
+    nll = {name: completion_nll(model, tokenizer, prompt) for name, model in trained.items()}
+    assert max(nll.values()) < completion_nll(start, tokenizer, prompt) - 1.0
+    assert completion_entropy(trained["gem"], tokenizer, prompt) > completion_entropy(trained["ce"], tokenizer, prompt)
+
+
+@pytest.mark.parametrize("overrides,expected", [(("sft.loss=focal",), "sft.loss"),
+                                                (("sft.loss=gem", "sft.gem_beta=0"), "sft.gem_beta"),
+                                                (("sft.loss=gem", "sft.gem_beta=1.5"), "sft.gem_beta")])
+def test_a_bad_sft_loss_setting_is_refused_naming_the_key(make_cfg, overrides, expected):
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+
+    with pytest.raises(ConfigError, match=expected):
+        check_config(make_cfg("stage=sft", *overrides))

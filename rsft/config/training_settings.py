@@ -105,6 +105,14 @@ class SftConfig(TrainingConfig):
     kl: float = setting(0.0, "Weight of a KL(start || policy) term added to the SFT loss on the completion tokens: the "
                              "policy SFT starts from (sft.init) as the reference, so the policy keeps the answers it "
                              "could give (docs/diversity.md). 0 = plain SFT.", check=non_negative())
+    # issue 48 (collapse): GEM (Li et al., ICLR 2025), a loss that fits the kept answers without sharpening onto them
+    loss: str = setting("ce", "ce: cross-entropy on the completion tokens (TRL's loss); gem: GEM's entropic "
+                              "distribution matching (Li et al. 2025), whose gradient pushes the target token up and "
+                              "the policy's own sharpened choices down, so the answers it learns do not crowd out the "
+                              "others (docs/diversity.md).", check=one_of(("ce", "gem")))
+    gem_beta: float = setting(0.7, "GEM's temperature, in (0, 1]: the tokens pushed down follow the policy's "
+                                   "distribution at this temperature; 1 gives cross-entropy's gradient.",
+                              check=number("a number in (0, 1]", lambda v: 0 < v <= 1, "in (0, 1]"))
 
 
 @dataclass
