@@ -7,7 +7,8 @@ This module is the mini-batch schedule and its checkpoint; each step is a servic
   2. sample with the current weights (rsft.generation.sample_dataset), seeds a function of (seed, b);
   3. score as stage=score does (rsft.reward_service.score_batch, calibrated by reward_normalised's rule);
   4. select by the select group's rules (rsft.best_of_k.kept_of_batch; best_and_worst for the DPO term);
-  5. train: online.steps_per_batch steps of SFT, plus with online.kl a KL(initial || policy) term and with
+  5. train: online.steps_per_batch steps of SFT (online.loss=gem: GEM's loss in place of the cross-entropy), plus
+     with online.kl a KL(initial || policy) term and with
      online.dpo_weight a DPO term (rsft.policy_training.train_on_batch; the examples are stage=sft's, cut_examples);
   6. with online.refresh_every, label the samples as stage=labels does and retrain the reward model as stage=refresh
      does (rsft.bt_fit.refresh_on_samples: rsft.pairs.labelled_pairs, rsft.bt_fit.retrained_on_labels);

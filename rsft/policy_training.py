@@ -321,16 +321,23 @@ def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> to
                  num_items_in_batch=torch.tensor(total, device=device)).loss
 
 
-def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, total: int) -> tuple[torch.Tensor,
-                                                                                                   torch.Tensor]:
-    """(the SFT loss of `examples` as sft_loss takes it, the sum over their completion tokens of KL(initial ||
-    policy)) from one forward of the policy and one of its reference (online.kl; stage=sft's sft.kl takes the same
-    term, forward_kl_sum)."""
+def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, total: int, kl: bool = True,
+                    gem_beta: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the SFT loss of `examples` as sft_loss takes it, or with `gem_beta` GEM's loss (gem_token_losses) summed and
+    divided alike; with `kl` the sum over their completion tokens of KL(initial || policy), else None) from one
+    forward of the policy and, with `kl`, one of its reference (online.kl, online.loss; stage=sft's sft.kl and
+    sft.loss take the same terms, forward_kl_sum)."""
     ids, attention, loss_mask = padded(examples, pad_id, policy.device)
-    logits, nll = completion_nll(policy.model, ids, attention, loss_mask)
+    if gem_beta is None:
+        logits, token_losses = completion_nll(policy.model, ids, attention, loss_mask)
+    else:
+        logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        token_losses = gem_token_losses(logits, ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100), gem_beta)
+    if not kl:
+        return token_losses.sum() / total, None
     with torch.no_grad(), policy.as_reference() as reference:
         reference_logits = reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    return nll.sum() / total, forward_kl_sum(logits, reference_logits, loss_mask[:, 1:].float())
+    return token_losses.sum() / total, forward_kl_sum(logits, reference_logits, loss_mask[:, 1:].float())
 
 
 @dataclass
@@ -357,9 +364,10 @@ def dpo_loss_sum(model, pairs: Pairs, pad_id: int, device, rank: int = 0, world:
 
 
 def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_norm: float,
-               pairs: Pairs | None = None, kl: float = 0.0) -> tuple[float, float | None, float | None]:
+               pairs: Pairs | None = None, kl: float = 0.0,
+               gem_beta: float | None = None) -> tuple[float, float | None, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
-    cross-entropy over the batch's completion tokens, plus with `kl` > 0 kl x the mean over those tokens of
+    cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss), plus with `kl` > 0 kl x the mean over those tokens of
     KL(initial || policy) (online.kl), plus with `pairs` weight x the mean DPO loss
     -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair. Returns
     (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
@@ -372,9 +380,13 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     sums = torch.zeros(3, device=policy.device)
     objective = torch.zeros((), device=policy.device)
     if mine and total and kl > 0:
-        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total)
+        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, gem_beta=gem_beta)
         objective = objective + sft + kl * divergence / total
         sums[0], sums[2] = sft.detach() * total, divergence.detach()
+    elif mine and total and gem_beta is not None:
+        sft, _ = sft_loss_and_kl(policy, mine, pad_id, total, kl=False, gem_beta=gem_beta)
+        objective = objective + sft
+        sums[0] = sft.detach() * total
     elif mine and total:
         sft = sft_loss(policy.model, mine, pad_id, policy.device, total)
         objective = objective + sft
@@ -461,7 +473,7 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     kl = online.kl if kl is None else kl
     for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
         loss, dpo_loss, divergence = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm,
-                                                dpo, kl)
+                                                dpo, kl, online.gem_beta if online.loss == "gem" else None)
         losses.append(loss)
         dpo_losses += [dpo_loss] if dpo_loss is not None else []
         kls += [divergence] if divergence is not None else []

@@ -80,6 +80,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "sft.loss": lambda cfg: cfg.sft.get("loss", "ce") == "ce",
     "sft.gem_beta": lambda cfg: cfg.sft.get("loss", "ce") != "gem",
     "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
+    "online.loss": lambda cfg: cfg.online.get("loss", "ce") == "ce",
+    "online.gem_beta": lambda cfg: cfg.online.get("loss", "ce") != "gem",
     "select.rarity": lambda cfg: not cfg.select.get("rarity"),
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
     "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",

@@ -453,3 +453,51 @@ def test_online_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_i
     assert plain[0][2] is None and anchored[0][2] == pytest.approx(0.0, abs=1e-6)
     assert anchored[-1][2] > 0
     assert 0 < anchored_moved < plain_moved
+
+
+def test_online_gem_steps_take_gems_loss_and_leave_the_policy_wider_than_cross_entropy():
+    """online.loss=gem (issue 48): a step's loss is GEM's on the step's completion tokens (gem_token_losses, summed
+    and divided by the tokens as the cross-entropy is), with or without online.kl; over the same steps the policy
+    keeps a wider distribution over the answers' positions than cross-entropy's steps leave."""
+    from datasets import Dataset
+
+    from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
+    from rsft.policy_training import (OnlinePolicy, completion_tokens, cut_examples, gem_token_losses, padded,
+                                      sft_loss_and_kl, train_step)
+
+    tokenizer = build_byte_tokenizer()
+    rows = Dataset.from_dict({"prompt": ["Say hi.", "Name a colour."], "completion": ["Hi there!", "Blue, or red"],
+                              "finish_reason": ["stop", "stop"]})
+    batch = [{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]}
+             for e in cut_examples(rows, tokenizer, None).to_list()]
+    pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
+    ids, attention, loss_mask = padded(batch, pad, cpu)
+    targets = ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100)
+
+    def policy_of(kl=0.0):
+        model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                      "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
+                                     tokenizer)
+        online = OmegaConf.create({"mode": "full", "learning_rate": 3e-2, "weight_decay": 0.0,
+                                   "lr_scheduler": "constant", "warmup_steps": 0, "dpo_weight": 0.0, "kl": kl})
+        return OnlinePolicy.build(model, online, cpu, total_steps=8)
+
+    policy, total = policy_of(kl=1.0), completion_tokens(batch)  # kl > 0 keeps a frozen reference
+    with torch.no_grad():
+        expected = gem_token_losses(policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1], targets,
+                                    0.7).sum() / total
+        gem, none = sft_loss_and_kl(policy, batch, pad, total, kl=False, gem_beta=0.7)
+        _, divergence = sft_loss_and_kl(policy, batch, pad, total, gem_beta=0.7)
+    assert float(gem) == pytest.approx(float(expected), rel=1e-5) and none is None
+    assert float(divergence) == pytest.approx(0.0, abs=1e-5)  # the policy is still the initial one
+    assert train_step(policy, batch, pad, 1.0, None, 0.0, 0.7)[0] == pytest.approx(float(expected), rel=1e-5)
+
+    def entropy_after(gem_beta):
+        trained = policy_of()
+        for _ in range(8):
+            train_step(trained, batch, pad, 1.0, None, 0.0, gem_beta)
+        with torch.no_grad():
+            log_p = torch.log_softmax(trained.model(input_ids=ids, attention_mask=attention).logits[:, :-1], -1)
+        return float(((-(log_p.exp() * log_p).sum(-1)) * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum())
+
+    assert entropy_after(0.7) > entropy_after(None)
