@@ -408,32 +408,41 @@ def test_the_steps_walk_epochs_of_seeded_permutations_with_a_shorter_last_step()
     assert [sorted(step) for step in bigger] == [[0, 1, 2], [0, 1, 2]]
 
 
-@pytest.mark.parametrize("mode, rate", [("lora", 3e-2), ("full", 3e-3)])
-def test_online_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_it_started(mode, rate):
-    """online.kl (issue 48): the first step's SFT loss is plain SFT's and its KL 0 (the policy is still the initial
-    one), and after the same steps on the same examples the policy with the term is nearer the initial policy, by
-    KL(initial || policy) on the completion tokens, than the one without it; LoRA's reference is the adapter off,
-    full training's a frozen copy."""
+def online_step_fixture():
+    """(tokenizer, two rendered examples, their padded ids, attention and loss mask, a tiny policy's builder) for
+    the tests of online's training step."""
     from datasets import Dataset
 
     from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
-    from rsft.policy_training import OnlinePolicy, cut_examples, forward_kl_sum, padded, train_step
+    from rsft.policy_training import cut_examples, padded
 
     tokenizer = build_byte_tokenizer()
     rows = Dataset.from_dict({"prompt": ["Say hi.", "Name a colour."], "completion": ["Hi there!", "Blue, or red"],
                               "finish_reason": ["stop", "stop"]})
     batch = [{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]}
              for e in cut_examples(rows, tokenizer, None).to_list()]
+
+    def tiny():
+        return build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                     "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
+                                    tokenizer)
+
+    return tokenizer, batch, padded(batch, tokenizer.pad_token_id, torch.device("cpu")), tiny
+
+
+@pytest.mark.parametrize("mode, rate", [("lora", 3e-2), ("full", 3e-3)])
+def test_online_kl_starts_at_plain_sfts_loss_and_keeps_the_policy_nearer_where_it_started(mode, rate):
+    """online.kl (issue 48): the first step's SFT loss is plain SFT's and its KL 0 (the policy is still the initial
+    one), and after the same steps on the same examples the policy with the term is nearer the initial policy, by
+    KL(initial || policy) on the completion tokens, than the one without it; LoRA's reference is the adapter off,
+    full training's a frozen copy."""
+    from rsft.policy_training import OnlinePolicy, forward_kl_sum, train_step
+
+    tokenizer, batch, (ids, attention, loss_mask), tiny = online_step_fixture()
     pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
-    ids, attention, loss_mask = padded(batch, pad, cpu)
 
     def trained(kl):
-        model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                      "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
-                                     tokenizer)
-        initial = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                        "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
-                                       tokenizer).eval()
+        model, initial = tiny(), tiny().eval()
         online = OmegaConf.create({"mode": mode, "lora": {"r": 4, "alpha": 8, "dropout": 0.0,
                                                           "target_modules": "all-linear"},
                                    "learning_rate": rate, "weight_decay": 0.0, "lr_scheduler": "constant",
@@ -459,25 +468,14 @@ def test_online_gem_steps_take_gems_loss_and_leave_the_policy_wider_than_cross_e
     """online.loss=gem (issue 48): a step's loss is GEM's on the step's completion tokens (gem_token_losses, summed
     and divided by the tokens as the cross-entropy is), with or without online.kl; over the same steps the policy
     keeps a wider distribution over the answers' positions than cross-entropy's steps leave."""
-    from datasets import Dataset
+    from rsft.policy_training import OnlinePolicy, completion_tokens, gem_token_losses, sft_loss_and_kl, train_step
 
-    from rsft.models import build_byte_tokenizer, build_tiny_causal_lm
-    from rsft.policy_training import (OnlinePolicy, completion_tokens, cut_examples, gem_token_losses, padded,
-                                      sft_loss_and_kl, train_step)
-
-    tokenizer = build_byte_tokenizer()
-    rows = Dataset.from_dict({"prompt": ["Say hi.", "Name a colour."], "completion": ["Hi there!", "Blue, or red"],
-                              "finish_reason": ["stop", "stop"]})
-    batch = [{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]}
-             for e in cut_examples(rows, tokenizer, None).to_list()]
+    tokenizer, batch, (ids, attention, loss_mask), tiny = online_step_fixture()
     pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
-    ids, attention, loss_mask = padded(batch, pad, cpu)
     targets = ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100)
 
     def policy_of(kl=0.0):
-        model = build_tiny_causal_lm({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                      "num_key_value_heads": 1, "intermediate_size": 32, "seed": 4}, len(tokenizer),
-                                     tokenizer)
+        model = tiny()
         online = OmegaConf.create({"mode": "full", "learning_rate": 3e-2, "weight_decay": 0.0,
                                    "lr_scheduler": "constant", "warmup_steps": 0, "dpo_weight": 0.0, "kl": kl})
         return OnlinePolicy.build(model, online, cpu, total_steps=8)
