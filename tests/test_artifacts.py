@@ -302,10 +302,12 @@ def test_a_ctrl_c_a_finaliser_swallows_still_stops_the_command_non_zero(make_cfg
 def test_a_second_signal_stops_the_command_at_once(tmp_path):
     """A stage that swallows every KeyboardInterrupt (a library's `except BaseException` in a retry loop) would
     keep a user waiting for the next safe point: the second Ctrl-C ends the process at once, still exit 130."""
-    swallow = ("    for _ in range(3):\n        try:\n            time.sleep(60)\n"
-               "        except KeyboardInterrupt:\n            print('swallowed', flush=True)")
+    # the first signal is sent once the process says it is inside the try: sent after 'writing' alone, it could land
+    # before the try (a loaded machine) and stop the command without being swallowed
+    swallow = ("    for _ in range(3):\n        try:\n            print('waiting', flush=True)\n"
+               "            time.sleep(60)\n        except KeyboardInterrupt:\n            print('swallowed', flush=True)")
     with running_command(SLOW_WRITE.format(wait=swallow), tmp_path) as (process, output):
-        output.until("writing", timeout=300)
+        output.until("waiting", timeout=300)
         process.send_signal(signal.SIGINT)
         output.until("swallowed", timeout=60)
         process.send_signal(signal.SIGINT)
