@@ -85,10 +85,10 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
     KL(reference || policy) (sft.kl), the reference being the policy training starts from: the adapter switched off
     with LoRA, a frozen copy otherwise. With `gem_beta` set (sft.loss=gem), GEM's loss (gem_token_losses) takes the
     cross-entropy's place, weighted alike. The sum is divided by the step's completion tokens, as TRL divides its
-    own loss, so with every weight 1, kl 0 and no gem_beta it is SFTTrainer's loss. Written by hand because SFTTrainer has neither a
-    reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it overrides compute_loss,
-    which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out TRL's per-step entropy
-    and accuracy metrics. The weights reach the loss as a column TRL's collator does not know: kept through the
+    own loss, so with every weight 1, kl 0 and no gem_beta it is SFTTrainer's loss. Written by hand because
+    SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it
+    overrides compute_loss, which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out
+    TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know: kept through the
     Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean KL per completion
     token, for the stage's stats (empty when kl is 0)."""
 
@@ -367,9 +367,10 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
                pairs: Pairs | None = None, kl: float = 0.0,
                gem_beta: float | None = None) -> tuple[float, float | None, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
-    cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss), plus with `kl` > 0 kl x the mean over those tokens of
-    KL(initial || policy) (online.kl), plus with `pairs` weight x the mean DPO loss
-    -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair. Returns
+    cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss), plus with
+    `kl` > 0 kl x the mean over those tokens of KL(initial || policy) (online.kl), plus with `pairs` weight x the
+    mean DPO loss -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair.
+    Returns
     (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
     total = completion_tokens(batch)
     rank, world = distributed.rank(), distributed.world_size()
@@ -379,14 +380,13 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     # [SFT loss summed over tokens, DPO loss summed over pairs, KL summed over tokens]
     sums = torch.zeros(3, device=policy.device)
     objective = torch.zeros((), device=policy.device)
-    if mine and total and kl > 0:
-        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, gem_beta=gem_beta)
-        objective = objective + sft + kl * divergence / total
-        sums[0], sums[2] = sft.detach() * total, divergence.detach()
-    elif mine and total and gem_beta is not None:
-        sft, _ = sft_loss_and_kl(policy, mine, pad_id, total, kl=False, gem_beta=gem_beta)
+    if mine and total and (kl > 0 or gem_beta is not None):
+        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, kl > 0, gem_beta)
         objective = objective + sft
         sums[0] = sft.detach() * total
+        if divergence is not None:
+            objective = objective + kl * divergence / total
+            sums[2] = divergence.detach()
     elif mine and total:
         sft = sft_loss(policy.model, mine, pad_id, policy.device, total)
         objective = objective + sft

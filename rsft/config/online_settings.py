@@ -20,7 +20,7 @@ from rsft.config.rules import (
     setting,
     typed,
 )
-from rsft.config.training_settings import LoraAdapterConfig, MAX_LENGTH, TRAINING_MODES
+from rsft.config.training_settings import GEM_BETA, LoraAdapterConfig, MAX_LENGTH, TRAINING_LOSSES, TRAINING_MODES
 
 
 GUARD_ACTIONS = ("stop", "lower_lr", "raise_temperature", "raise_kl", "widen_select")  # rsft.guard
@@ -120,9 +120,9 @@ class OnlineConfig(Checked):
                              "0 = off.", check=non_negative())
     loss: str = setting("ce", "ce: cross-entropy on the kept answers' tokens; gem: GEM's loss (Li et al. 2025), as "
                               "sft.loss=gem trains the rounds: the answers it learns do not crowd out the others "
-                              "(docs/diversity.md).", check=one_of(("ce", "gem")))
+                              "(docs/diversity.md).", check=one_of(TRAINING_LOSSES))
     gem_beta: float = setting(0.7, "GEM's temperature with online.loss=gem, in (0, 1]; 1 gives cross-entropy's "
-                                   "gradient.", check=number("a number in (0, 1]", lambda v: 0 < v <= 1, "in (0, 1]"))
+                                   "gradient.", check=GEM_BETA)
     refresh_every: int = setting(0, "Retrain the reward model every R mini-batches, as loop.refresh_reward does each "
                                     "round: labels of the last R mini-batches' samples (the refresh group's choice, "
                                     "the demo's simulated annotators) join every label so far, and the model it "

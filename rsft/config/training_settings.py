@@ -84,6 +84,9 @@ class TrainingConfig(Checked):
 
 
 TRAINING_MODES = ("full", "lora")
+# sft.loss and online.loss: cross-entropy or GEM (rsft.policy_training.gem_token_losses), with GEM's temperature
+TRAINING_LOSSES = ("ce", "gem")
+GEM_BETA = number("a number in (0, 1]", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass
@@ -109,10 +112,10 @@ class SftConfig(TrainingConfig):
     loss: str = setting("ce", "ce: cross-entropy on the completion tokens (TRL's loss); gem: GEM's entropic "
                               "distribution matching (Li et al. 2025), whose gradient pushes the target token up and "
                               "the policy's own sharpened choices down, so the answers it learns do not crowd out the "
-                              "others (docs/diversity.md).", check=one_of(("ce", "gem")))
+                              "others (docs/diversity.md).", check=one_of(TRAINING_LOSSES))
     gem_beta: float = setting(0.7, "GEM's temperature, in (0, 1]: the tokens pushed down follow the policy's "
                                    "distribution at this temperature; 1 gives cross-entropy's gradient.",
-                              check=number("a number in (0, 1]", lambda v: 0 < v <= 1, "in (0, 1]"))
+                              check=GEM_BETA)
 
 
 @dataclass
