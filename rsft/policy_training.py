@@ -88,8 +88,8 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
     own loss, so with every weight 1, kl 0 and no gem_beta it is SFTTrainer's loss. Written by hand because
     SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it
     overrides compute_loss, which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out
-    TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know: kept through the
-    Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean KL per completion
+    TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know:
+    kept through the Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean KL per completion
     token, for the stage's stats (empty when kl is 0)."""
 
     class LeverSFTTrainer(trainer_class):
@@ -370,8 +370,7 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss), plus with
     `kl` > 0 kl x the mean over those tokens of KL(initial || policy) (online.kl), plus with `pairs` weight x the
     mean DPO loss -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair.
-    Returns
-    (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
+    Returns (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
     total = completion_tokens(batch)
     rank, world = distributed.rank(), distributed.world_size()
     mine = batch[rank::world]

@@ -305,7 +305,8 @@ def test_a_second_signal_stops_the_command_at_once(tmp_path):
     # the first signal is sent once the process says it is inside the try: sent after 'writing' alone, it could land
     # before the try (a loaded machine) and stop the command without being swallowed
     swallow = ("    for _ in range(3):\n        try:\n            print('waiting', flush=True)\n"
-               "            time.sleep(60)\n        except KeyboardInterrupt:\n            print('swallowed', flush=True)")
+               "            time.sleep(60)\n        except KeyboardInterrupt:\n"
+               "            print('swallowed', flush=True)")
     with running_command(SLOW_WRITE.format(wait=swallow), tmp_path) as (process, output):
         output.until("waiting", timeout=300)
         process.send_signal(signal.SIGINT)
