@@ -171,10 +171,28 @@ def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) 
     return picked
 
 
-def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
+def pair_ends(ranked: list[dict]) -> tuple[dict, dict] | None:
+    """A prompt's preference pair from its ranked survivors (`survivors`): the best, and the worst drawn in the
+    newest round; None when fewer than two survive or best and worst tie in reward. The worst are the survivors
+    tied with the last in rank (same reward, both cut or both whole); of those drawn in the newest round, the
+    last in rank. Why the newest round: with pooled rounds (select.pool_rounds) and a verifier's 0/1 reward every
+    wrong answer ties, and the rank puts older rounds last, so the rejected answer would be a mistake of an
+    earlier policy (on the verifiable task most came from the initial policy, far below the trained policy's
+    likelihood: docs/diversity.md, GEM then DPO); DPO learns from mistakes the policy still makes, as iterative
+    DPO's pairs of each round's own samples do. Without pooling it is the last survivor in rank."""
     if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
         return None
-    best, worst = ranked[0], ranked[-1]
+    last = ranked[-1]
+    tied = [c for c in ranked if c["reward"] == last["reward"] and is_cut(c) == is_cut(last)]
+    newest = max(c["round"] for c in tied)
+    return ranked[0], [c for c in tied if c["round"] == newest][-1]
+
+
+def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
+    ends = pair_ends(ranked)
+    if ends is None:
+        return None
+    best, worst = ends
     return {
         "prompt_id": best["prompt_id"],
         "prompt": chat_messages(best["prompt"], system_prompt),
@@ -200,7 +218,7 @@ class Selection:
     largest_pair_gap: float | None  # the largest reward_normalised gap of a pair (dpo.min_margin's check)
 
 
-SLIM = ("prompt_id", "reward", "reward_normalised", "finish_reason", "completion")  # what the levers decide by
+SLIM = ("prompt_id", "reward", "reward_normalised", "finish_reason", "completion", "round")  # what decides, and pairs
 
 
 def _with_levers(select_cfg: DictConfig) -> tuple[bool, bool]:
@@ -210,11 +228,9 @@ def _with_levers(select_cfg: DictConfig) -> tuple[bool, bool]:
 
 
 def pair_gap(ranked: list[dict]) -> float | None:
-    """The reward_normalised gap of the prompt's preference pair (best and worst survivor), None when it has
-    none (preference_pair's rule)."""
-    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
-        return None
-    return ranked[0]["reward_normalised"] - ranked[-1]["reward_normalised"]
+    """The reward_normalised gap of the prompt's preference pair (pair_ends), None when it has none."""
+    ends = pair_ends(ranked)
+    return None if ends is None else ends[0]["reward_normalised"] - ends[1]["reward_normalised"]
 
 
 class _Tally:
@@ -385,14 +401,10 @@ def kept_of_batch(cfg: DictConfig, candidates: list[dict], batch: int) -> list[d
 
 
 def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, dict]]:
-    """Each prompt's best and worst survivor by the select group's ranking (rsft.best_of_k.survivors), where
-    they differ in reward: stage=select's pairs, of a mini-batch (stage=online)."""
+    """Each prompt's preference pair by the select group's ranking (pair_ends of `survivors`), where best and
+    worst differ in reward: stage=select's pairs, of a mini-batch (stage=online)."""
     by_prompt: dict = {}
     for row in candidates:
         by_prompt.setdefault(row["prompt_id"], []).append(row)
-    pairs = []
-    for group in by_prompt.values():
-        ranked, _ = survivors(group, cfg.select)
-        if len(ranked) >= 2 and ranked[0]["reward"] != ranked[-1]["reward"]:
-            pairs.append((ranked[0], ranked[-1]))
-    return pairs
+    ends = (pair_ends(survivors(group, cfg.select)[0]) for group in by_prompt.values())
+    return [pair for pair in ends if pair is not None]
