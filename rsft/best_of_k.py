@@ -172,20 +172,21 @@ def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) 
 
 
 def pair_ends(ranked: list[dict]) -> tuple[dict, dict] | None:
-    """A prompt's preference pair from its ranked survivors (`survivors`): the best, and the worst drawn in the
-    newest round; None when fewer than two survive or best and worst tie in reward. The worst are the survivors
-    tied with the last in rank (same reward, both cut or both whole); of those drawn in the newest round, the
-    last in rank. Why the newest round: with pooled rounds (select.pool_rounds) and a verifier's 0/1 reward every
-    wrong answer ties, and the rank puts older rounds last, so the rejected answer would be a mistake of an
-    earlier policy (on the verifiable task most came from the initial policy, far below the trained policy's
-    likelihood: docs/diversity.md, GEM then DPO); DPO learns from mistakes the policy still makes, as iterative
-    DPO's pairs of each round's own samples do. Without pooling it is the last survivor in rank."""
-    if len(ranked) < 2 or ranked[0]["reward"] == ranked[-1]["reward"]:
+    """A prompt's preference pair from its ranked survivors (`survivors`): the best of them, and the last in rank of
+    those drawn in the prompt's newest round; None when fewer than two survive or the two tie in reward. Why the
+    newest round: with pooled rounds (select.pool_rounds) the last in rank of the whole pool is most often an
+    earlier policy's answer (a verifier's wrong answers all tie, older rounds rank after newer ones, and a cut
+    answer ranks after every whole one), so DPO would push down mistakes the policy no longer makes: on the
+    verifiable task 60 of 89 rejected answers were the initial policy's cut rambles (docs/diversity.md, GEM then
+    DPO). Iterative DPO pairs each round's own samples; so does this, for the rejected side. Without pooling it is
+    the last survivor, as before."""
+    if len(ranked) < 2:
         return None
-    last = ranked[-1]
-    tied = [c for c in ranked if c["reward"] == last["reward"] and is_cut(c) == is_cut(last)]
-    newest = max(c["round"] for c in tied)
-    return ranked[0], [c for c in tied if c["round"] == newest][-1]
+    newest = max(c["round"] for c in ranked)
+    worst = [c for c in ranked if c["round"] == newest][-1]
+    if worst is ranked[0] or worst["reward"] == ranked[0]["reward"]:
+        return None
+    return ranked[0], worst
 
 
 def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
