@@ -171,26 +171,30 @@ def diverse_choice(ranked: list[dict], select_cfg: DictConfig, kept_grams: set) 
     return picked
 
 
-def pair_ends(ranked: list[dict]) -> tuple[dict, dict] | None:
-    """A prompt's preference pair from its ranked survivors (`survivors`): the best of them, and the last in rank of
-    those drawn in the prompt's newest round; None when fewer than two survive or the two tie in reward. Why the
-    newest round: with pooled rounds (select.pool_rounds) the last in rank of the whole pool is most often an
-    earlier policy's answer (a verifier's wrong answers all tie, older rounds rank after newer ones, and a cut
-    answer ranks after every whole one), so DPO would push down mistakes the policy no longer makes: on the
-    verifiable task 60 of 89 rejected answers were the initial policy's cut rambles (docs/diversity.md, GEM then
-    DPO). Iterative DPO pairs each round's own samples; so does this, for the rejected side. Without pooling it is
-    the last survivor, as before."""
+def pair_ends(ranked: list[dict], select_cfg: DictConfig) -> tuple[dict, dict] | None:
+    """A prompt's preference pair from its ranked survivors (`survivors`): the best of them against the last in
+    rank (select.rejected=pool), or against the last in rank of those drawn in the prompt's newest round
+    (select.rejected=newest_round); None when fewer than two survive or the two tie in reward. newest_round is for
+    pooled rounds (select.pool_rounds): there the pool's last is most often an earlier policy's answer (a
+    verifier's wrong answers all tie, older rounds rank after newer ones, and a cut answer ranks after every whole
+    one: on the verifiable task 60 of 89 rejected answers were the initial policy's cut rambles), while iterative
+    DPO pairs each round's own samples, the mistakes the policy still makes. Measured on the verifiable task
+    (docs/diversity.md, GEM then DPO) it did not raise pass@1 over the pool rule, so pool stays the default.
+    Without pooling the two are the same."""
     if len(ranked) < 2:
         return None
-    newest = max(c["round"] for c in ranked)
-    worst = [c for c in ranked if c["round"] == newest][-1]
+    if select_cfg.get("rejected", "pool") == "newest_round":
+        newest = max(c["round"] for c in ranked)
+        worst = [c for c in ranked if c["round"] == newest][-1]
+    else:
+        worst = ranked[-1]
     if worst is ranked[0] or worst["reward"] == ranked[0]["reward"]:
         return None
     return ranked[0], worst
 
 
-def preference_pair(ranked: list[dict], system_prompt: str | None) -> dict | None:
-    ends = pair_ends(ranked)
+def preference_pair(ranked: list[dict], select_cfg: DictConfig, system_prompt: str | None) -> dict | None:
+    ends = pair_ends(ranked, select_cfg)
     if ends is None:
         return None
     best, worst = ends
@@ -228,9 +232,9 @@ def _with_levers(select_cfg: DictConfig) -> tuple[bool, bool]:
     return cap, select_cfg.strategy == "top_k" and float(select_cfg.get("diversity", 0.0)) > 0
 
 
-def pair_gap(ranked: list[dict]) -> float | None:
+def pair_gap(ranked: list[dict], select_cfg: DictConfig) -> float | None:
     """The reward_normalised gap of the prompt's preference pair (pair_ends), None when it has none."""
-    ends = pair_ends(ranked)
+    ends = pair_ends(ranked, select_cfg)
     return None if ends is None else ends[0]["reward_normalised"] - ends[1]["reward_normalised"]
 
 
@@ -248,8 +252,8 @@ class _Tally:
         self.truncated += sum(c["finish_reason"] == "length" for c in rows)
         self.prompts += bool(rows)
 
-    def pair(self, ranked: list[dict]) -> None:
-        gap = pair_gap(ranked)
+    def pair(self, ranked: list[dict], select_cfg: DictConfig) -> None:
+        gap = pair_gap(ranked, select_cfg)
         if gap is not None:
             self.pairs += 1
             self.largest_gap = gap if self.largest_gap is None else max(self.largest_gap, gap)
@@ -289,7 +293,7 @@ def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candid
         kept[prompt_id] = [where[id(c)] for c in picked]
         tally.keep(picked)
         if want_pairs:
-            tally.pair(ranked)
+            tally.pair(ranked, select_cfg)
     capped = []
     if cap_on or diverse:
         kept, capped = _choose_with_levers(ranked_by_prompt, select_cfg, seed, round_idx, would_keep, dropped_total)
@@ -297,7 +301,7 @@ def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candid
             if prompt_id in kept:
                 tally.keep([ranked[i] for i in kept[prompt_id]])
                 if want_pairs:
-                    tally.pair(ranked)
+                    tally.pair(ranked, select_cfg)
     if not tally.rewards and select_cfg.strategy == "threshold" and survivors_left:
         raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
                          f"above every surviving completion's reward_normalised (the highest of {survivors_left} "
@@ -381,7 +385,7 @@ def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection:
     """The preference pairs of the prompts that kept a choice (a starved or capped prompt gives none), in order."""
     for prompt_id, group in groups():
         if prompt_id in selection.kept:
-            pair = preference_pair(survivors(group, select_cfg)[0], system_prompt)
+            pair = preference_pair(survivors(group, select_cfg)[0], select_cfg, system_prompt)
             if pair is not None:
                 yield pair
 
@@ -407,5 +411,5 @@ def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, 
     by_prompt: dict = {}
     for row in candidates:
         by_prompt.setdefault(row["prompt_id"], []).append(row)
-    ends = (pair_ends(survivors(group, cfg.select)[0]) for group in by_prompt.values())
+    ends = (pair_ends(survivors(group, cfg.select)[0], cfg.select) for group in by_prompt.values())
     return [pair for pair in ends if pair is not None]

@@ -40,9 +40,9 @@ every complete one (select.prefer_complete: a prompt falls back to a cut answer 
 whole one); with select.truncated_penalty they rank by reward_normalised less that penalty. SFT
 trains a cut answer without the end of turn (rsft.sft), so it never learns to stop mid-sentence.
 meta.json counts the survivors per prompt and the truncated completions kept.
-Pairs: the best survivor of a prompt against the worst of those drawn in its newest round (skipped when they tie;
-rsft.best_of_k.pair_ends), in TRL's conversational preference format: prompt = [user message], chosen /
-rejected = [assistant message].
+Pairs: the best and the worst survivor of a prompt (skipped when they tie; with select.rejected=newest_round the
+worst of those drawn in its newest round: rsft.best_of_k.pair_ends), in TRL's conversational preference format:
+prompt = [user message], chosen / rejected = [assistant message].
 The reward model decides everything here; the gold oracle is never read. The rule is rsft.best_of_k's pure
 functions (stage=online selects each mini-batch with them too); this module reads and writes the artifacts.
 """

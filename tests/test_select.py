@@ -144,29 +144,35 @@ def test_pairs_are_best_vs_worst_in_trl_conversational_preference_format(make_cf
     assert a["chosen_reward"] > a["rejected_reward"]
 
 
-def test_pooled_pairs_reject_a_mistake_of_the_newest_round(make_cfg):
-    """With pooled rounds the rejected answer is the last in rank of the prompt's newest round (the policy's own
-    mistake), not an older round's cut ramble, and a prompt whose newest answers all tie with its best gives no
-    pair; without pooling the pair is best against last, as before."""
-    cfg = make_cfg("stage=select", "round=1", "select.pool_rounds=-1", "select.drop_truncated=false")
-    write_scored(cfg, [row("a", 0, "old wrong", 0.0), row("a", 1, "older wrong", 0.0), row("a", 2, "right", 1.0),
-                       row("b", 0, "cut wrong", 0.0, finish_reason="length"), row("c", 0, "c wrong", 0.0)],
-                 round_idx=0)
-    write_scored(cfg, [row("a", 0, "new wrong", 0.0, round_idx=1), row("a", 1, "new wrong too", 0.0, round_idx=1),
-                       row("b", 0, "b right", 1.0, round_idx=1), row("b", 1, "b wrong", 0.0, round_idx=1),
-                       row("c", 0, "c right", 1.0, round_idx=1)], round_idx=1)
-    run_stage(cfg)
-    pairs = {p["prompt_id"]: p for p in load_from_disk(str(RunPaths(cfg.paths.run_dir).pairs(1))).to_list()}
-    assert set(pairs) == {"a", "b"}
-    assert pairs["a"]["chosen"][0]["content"] == "right"  # the best of the pool, an older round's
-    assert pairs["a"]["rejected"][0]["content"] == "new wrong too"
-    assert pairs["b"]["rejected"][0]["content"] == "b wrong"  # not round 0's cut answer, last in rank of the pool
-    alone = make_cfg("stage=select", "round=1", "run_name=alone", "select.pool_rounds=0")
-    write_scored(alone, [row("a", 0, "right", 1.0, round_idx=1), row("a", 1, "wrong", 0.0, round_idx=1),
-                         row("a", 2, "wrong too", 0.0, round_idx=1)], round_idx=1)
-    run_stage(alone)
-    alone_pairs = load_from_disk(str(RunPaths(alone.paths.run_dir).pairs(1))).to_list()
-    assert [p["rejected"][0]["content"] for p in alone_pairs] == ["wrong too"]
+def test_pooled_pairs_reject_the_pools_last_or_with_newest_round_a_mistake_of_the_newest_round(make_cfg):
+    """select.rejected=pool: best against the pool's last in rank (an older round's cut ramble, here); newest_round:
+    against the last in rank of the prompt's newest round (the policy's own mistake), and a prompt whose newest
+    answers all tie with its best gives no pair; without pooling the two rules agree."""
+    older = [row("a", 0, "old wrong", 0.0), row("a", 1, "older wrong", 0.0), row("a", 2, "right", 1.0),
+             row("b", 0, "cut wrong", 0.0, finish_reason="length"), row("c", 0, "c wrong", 0.0)]
+    newer = [row("a", 0, "new wrong", 0.0, round_idx=1), row("a", 1, "new wrong too", 0.0, round_idx=1),
+             row("b", 0, "b right", 1.0, round_idx=1), row("b", 1, "b wrong", 0.0, round_idx=1),
+             row("c", 0, "c right", 1.0, round_idx=1)]
+    rejected = {}
+    for rule in ("pool", "newest_round"):
+        cfg = make_cfg("stage=select", "round=1", "select.pool_rounds=-1", "select.drop_truncated=false",
+                       f"select.rejected={rule}", f"run_name={rule}")
+        write_scored(cfg, older, round_idx=0)
+        write_scored(cfg, newer, round_idx=1)
+        run_stage(cfg)
+        pairs = load_from_disk(str(RunPaths(cfg.paths.run_dir).pairs(1))).to_list()
+        assert {p["prompt_id"]: p["chosen"][0]["content"] for p in pairs}["a"] == "right"  # the pool's best
+        rejected[rule] = {p["prompt_id"]: p["rejected"][0]["content"] for p in pairs}
+    assert rejected["pool"] == {"a": "older wrong", "b": "cut wrong", "c": "c wrong"}
+    assert rejected["newest_round"] == {"a": "new wrong too", "b": "b wrong"}
+    for rule in ("pool", "newest_round"):
+        alone = make_cfg("stage=select", "round=1", f"run_name=alone-{rule}", "select.pool_rounds=0",
+                         f"select.rejected={rule}")
+        write_scored(alone, [row("a", 0, "right", 1.0, round_idx=1), row("a", 1, "wrong", 0.0, round_idx=1),
+                             row("a", 2, "wrong too", 0.0, round_idx=1)], round_idx=1)
+        run_stage(alone)
+        alone_pairs = load_from_disk(str(RunPaths(alone.paths.run_dir).pairs(1))).to_list()
+        assert [p["rejected"][0]["content"] for p in alone_pairs] == ["wrong too"]
 
 
 def test_scored_set_without_reward_column_names_file_and_column(make_cfg):

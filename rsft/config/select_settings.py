@@ -22,6 +22,7 @@ from rsft.config.rules import (
 SELECT_STRATEGIES = ("top_k", "threshold", "random")
 SELECT_WEIGHTS = ("none", "rarity")
 SELECT_WEIGHT_SCALES = ("row", "prompt")
+SELECT_REJECTED = ("pool", "newest_round")
 
 
 @dataclass
@@ -40,8 +41,12 @@ class SelectConfig(Checked):
     pool_rounds: int = setting(-1, "Also rank the scored samples of this many earlier rounds (-1 = all, 0 = this round "
                                    "only).",
                                check=at_least(-1, "(-1 = all earlier rounds)"))
-    pairs: bool = setting(True, "Also write pairs/ for DPO (TRL preference format): per prompt, its best survivor "
-                                "against the worst of those drawn in its newest round.", check=boolean())
+    pairs: bool = setting(True, "Also write pairs/ (best vs worst survivor per prompt, TRL preference format) for DPO.",
+                          check=boolean())
+    rejected: str = setting("pool", "A pair's rejected answer: pool = the worst survivor of the pooled rounds; "
+                                    "newest_round = the worst of those drawn in the prompt's newest round (the "
+                                    "policy's own mistakes, as iterative DPO pairs; the same without pooling).",
+                            check=one_of(SELECT_REJECTED))
     prefer_complete: bool = setting(True, "With drop_truncated=false: truncated completions rank after every "
                                           "complete one.", check=boolean())
     max_opening_share: Optional[float] = setting(None, "At most this share of the kept set may open with the same 5 "
