@@ -188,7 +188,7 @@ def pair_ends(ranked: list[dict], select_cfg: DictConfig) -> tuple[dict, dict] |
         worst = [c for c in ranked if c["round"] == newest][-1]
     else:
         worst = ranked[-1]
-    if worst is ranked[0] or worst["reward"] == ranked[0]["reward"]:
+    if worst["reward"] == ranked[0]["reward"]:  # ranked[0] itself too
         return None
     return ranked[0], worst
 
