@@ -143,6 +143,76 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
     return LeverSFTTrainer
 
 
+class EarlyWeights(TrainerCallback):
+    """WiSE-FT's earlier point (sft.merge_at): the trainable weights (LoRA's adapters, or every weight) as they stand
+    after `at` x the run's steps (0: before the first step, the policy SFT starts from), copied once and kept on the
+    CPU. The copy is also written beside the training checkpoints (`path`), before any later checkpoint, so a run
+    resumed past that step reads it back instead of merging with the wrong weights."""
+
+    def __init__(self, at: float, path):
+        self.at, self.path = at, path
+        self.step: int | None = None
+        self.weights: dict[str, torch.Tensor] | None = None
+
+    def _take(self, model) -> None:
+        self.weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+        if distributed.is_main():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            torch.save(self.weights, tmp)
+            tmp.replace(self.path)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.step = 0 if self.at == 0 else max(1, round(self.at * state.max_steps))
+        if self.weights is None and self.path.is_file():
+            self.weights = torch.load(self.path, map_location="cpu", weights_only=True)
+        elif self.weights is None and state.global_step == self.step:
+            self._take(model)
+        elif self.weights is None and state.global_step > self.step:
+            raise RuntimeError(f"sft.merge_at: resumed at step {state.global_step}, past step {self.step} where the "
+                               f"earlier weights were taken, and {self.path} is missing; delete the training "
+                               f"checkpoints beside the policy to train again from the first step")
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.weights is None and state.global_step == self.step:
+            self._take(model)
+
+
+def merge_with_early(model, early: dict[str, torch.Tensor], weight: float, mode: str) -> None:
+    """WiSE-FT in place, before the trained policy is taken (trained_policy): every weight training changed becomes
+    `weight` x its fine-tuned value + (1 - weight) x its value at the earlier point `early` (EarlyWeights). With LoRA
+    the merged weight W0 + delta is linear in each layer's delta, not in its two factors, so each adapted layer's base
+    weight takes (1 - weight) x (delta_early - delta_final) now and the final adapter is merged as usual. Written by
+    hand: peft's add_weighted_adapter mixes adapters of one model, not two points of one training run, and TRL has no
+    weight averaging."""
+    params = dict(model.named_parameters())
+    missing = sorted(set(early) - set(params))
+    if missing:
+        raise RuntimeError(f"sft.merge_at: the earlier weights name {missing[:3]}, which the trained model lacks")
+    with torch.no_grad():
+        if mode != "lora":
+            for name, value in early.items():
+                params[name].mul_(weight).add_(value.to(params[name]), alpha=1 - weight)
+            return
+        from peft.tuners.lora import LoraLayer
+
+        layers = [m for m in model.modules() if isinstance(m, LoraLayer) and hasattr(m, "get_delta_weight")]
+        final = {n: params[n].detach().clone() for n in early}
+
+        def deltas():
+            return [sum(m.get_delta_weight(a) for a in m.active_adapters) for m in layers]
+
+        final_deltas = deltas()
+        for name, value in early.items():
+            params[name].copy_(value)
+        early_deltas = deltas()
+        for name, value in final.items():
+            params[name].copy_(value)
+        for layer, d_final, d_early in zip(layers, final_deltas, early_deltas):
+            base = layer.get_base_layer().weight
+            base.add_((d_early - d_final).to(base), alpha=1 - weight)
+
+
 def policy_writer(trained, state_dict, tokenizer):
     """What writes a trained policy and its tokenizer into an artifact's folder (the runner calls it on the
     main process: every process trained the same (DDP) model)."""

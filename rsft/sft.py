@@ -44,12 +44,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rsft import distributed
 from rsft.data import chat_messages
-from rsft.errors import InputError, MissingInput
+from rsft.errors import ConfigError, InputError, MissingInput
 from rsft.models import load_policy, resolve_device
 from rsft.paths import RunPaths
 from rsft.policy_training import (
+    EarlyWeights,
     LossHistory,
     lever_sft_trainer,
+    merge_with_early,
     cut_examples,
     lora_config,
     policy_writer,
@@ -133,6 +135,11 @@ def build(cfg: DictConfig, job: Job) -> Built:
     weighted = "weight" in selected.column_names  # select.weight
     if weighted:
         check_weights(selected["weight"], source)
+    merging = cfg.sft.merge_weight < 1  # WiSE-FT (sft.merge_weight, sft.merge_at)
+    if merging and cfg.sft.mode != "lora" and distributed.world_size() > 1:
+        raise ConfigError(f"sft.merge_weight={cfg.sft.merge_weight} with sft.mode={cfg.sft.mode} under "
+                          f"{distributed.world_size()} processes: each holds a shard of the weights, so the earlier "
+                          f"copy would be a shard too; expected sft.mode=lora, or one process")
     device = resolve_device(cfg.device)
     model, tokenizer, policy_source = load_policy(cfg, init_path, device)
     train, cut = training_examples(selected, tokenizer, cfg.data.get("system_prompt"))
@@ -143,12 +150,18 @@ def build(cfg: DictConfig, job: Job) -> Built:
     gem_beta = cfg.sft.gem_beta if cfg.sft.loss == "gem" else None
     trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted, gem_beta)
                      if cfg.sft.kl or weighted or gem_beta is not None else SFTTrainer)
+    early = EarlyWeights(cfg.sft.merge_at, checkpoints.folder / "merge-early.pt") if merging else None
     trainer = trainer_class(
         model=model, args=trainer_config(cfg, device, str(checkpoints.folder)), train_dataset=train,
         processing_class=tokenizer, peft_config=lora_config(cfg.sft) if cfg.sft.mode == "lora" else None,
-        callbacks=[history],
+        callbacks=[history, *([early] if early else [])],
     )
     result = checkpoints.train(trainer)
+    if early is not None:
+        merge_with_early(trainer.accelerator.unwrap_model(trainer.model), early.weights, cfg.sft.merge_weight,
+                         cfg.sft.mode)
+        log.info("sft: WiSE-FT: the policy is %g x the fine-tuned weights + %g x those of step %d of %d",
+                 cfg.sft.merge_weight, 1 - cfg.sft.merge_weight, early.step, int(result.global_step))
     trained, state_dict = trained_policy(trainer, cfg.sft.mode)
 
     losses = [h["loss"] for h in history.history if "loss" in h]
@@ -165,6 +178,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
         # sft.kl: the mean KL(start || policy) per completion token of the first and the last step
         "kl_first": kls[0] if kls else None,
         "kl_last": kls[-1] if kls else None,
+        "merge_step": early.step if early is not None else None,  # sft.merge_at: the earlier point's step
     }
     meta = {"stage": "sft", "round": round_idx, "trained_from": policy_source, "selected": str(source),
             "stats": stats, "loss_history": history.history,

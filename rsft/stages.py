@@ -79,6 +79,8 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "sft.kl": lambda cfg: float(cfg.sft.get("kl") or 0.0) == 0.0,
     "sft.loss": lambda cfg: cfg.sft.get("loss", "ce") == "ce",
     "sft.gem_beta": lambda cfg: cfg.sft.get("loss", "ce") != "gem",
+    "sft.merge_weight": lambda cfg: cfg.sft.get("merge_weight", 1.0) == 1,
+    "sft.merge_at": lambda cfg: cfg.sft.get("merge_weight", 1.0) == 1,
     "online.kl": lambda cfg: float(cfg.online.get("kl") or 0.0) == 0.0,
     "online.loss": lambda cfg: cfg.online.get("loss", "ce") == "ce",
     "online.gem_beta": lambda cfg: cfg.online.get("loss", "ce") != "gem",

@@ -363,10 +363,69 @@ def test_sft_with_gem_learns_the_kept_answer_without_sharpening_onto_it_as_cross
 
 @pytest.mark.parametrize("overrides,expected", [(("sft.loss=focal",), "sft.loss"),
                                                 (("sft.loss=gem", "sft.gem_beta=0"), "sft.gem_beta"),
-                                                (("sft.loss=gem", "sft.gem_beta=1.5"), "sft.gem_beta")])
+                                                (("sft.loss=gem", "sft.gem_beta=1.5"), "sft.gem_beta"),
+                                                (("sft.merge_weight=0",), "sft.merge_weight"),
+                                                (("sft.merge_weight=1.5",), "sft.merge_weight"),
+                                                (("sft.merge_weight=0.5", "sft.merge_at=1"), "sft.merge_at")])
 def test_a_bad_sft_loss_setting_is_refused_naming_the_key(make_cfg, overrides, expected):
     from rsft.errors import ConfigError
     from rsft.preflight import check_config
 
     with pytest.raises(ConfigError, match=expected):
         check_config(make_cfg("stage=sft", *overrides))
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in load_saved_causal_lm(path, torch.device("cpu"))[0].named_parameters()}
+
+
+@pytest.mark.parametrize("mode,rate", [("lora", "1e-2"), ("full", "3e-3")])
+def test_wise_ft_saves_the_mix_of_the_fine_tuned_weights_and_those_at_the_earlier_step(make_cfg, mode, rate):
+    """sft.merge_weight (issue 48, WiSE-FT): the saved policy is weight x the fine-tuned weights + (1 - weight) x
+    those at sft.merge_at of the same run. One row a step at a constant rate: the plain run's step 1 is a 1-epoch
+    run, and merge_at=0 takes the policy SFT starts from. With LoRA the mix is of the merged weights, not of the
+    adapter's two factors, whose product is not linear."""
+    common = ("stage=sft", f"sft.mode={mode}", f"sft.learning_rate={rate}", "device=cpu", "sft.batch_size=4")
+    cfgs = {"plain": make_cfg(*common, "sft.epochs=3", "run_name=plain"),
+            "one": make_cfg(*common, "sft.epochs=1", "run_name=one"),
+            "early": make_cfg(*common, "sft.epochs=3", "run_name=early", "sft.merge_weight=0.5", "sft.merge_at=0.34"),
+            "start": make_cfg(*common, "sft.epochs=3", "run_name=start", "sft.merge_weight=0.25")}
+    out = {}
+    for name, cfg in cfgs.items():
+        write_selected(cfg)
+        out[name] = run_stage(cfg).path
+    start, _, _ = load_policy(cfgs["plain"], None, torch.device("cpu"))
+    w = {name: weights(path) for name, path in out.items()}
+    w0 = {n: p.detach() for n, p in start.named_parameters()}
+    assert read_meta(out["early"])["stats"]["merge_step"] == 1 and read_meta(out["start"])["stats"]["merge_step"] == 0
+    assert read_meta(out["plain"])["stats"].get("merge_step") is None
+    moved = [n for n in w0 if not torch.equal(w["plain"][n], w0[n])]
+    assert moved and all(not torch.equal(w["plain"][n], w["one"][n]) for n in moved)
+    for n in w0:
+        torch.testing.assert_close(w["early"][n], 0.5 * w["plain"][n] + 0.5 * w["one"][n], atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(w["start"][n], 0.25 * w["plain"][n] + 0.75 * w0[n], atol=2e-6, rtol=1e-5)
+
+
+def test_wise_fts_earlier_weights_are_read_back_on_resume_and_a_resume_without_them_is_refused(tmp_path):
+    """A run killed after sft.merge_at's step resumes with the copy written beside its checkpoints; with the copy
+    gone it stops with a message, rather than merging with the resumed weights."""
+    from types import SimpleNamespace
+
+    from rsft.policy_training import EarlyWeights
+
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "checkpoints" / "merge-early.pt"
+    first = EarlyWeights(0.5, path)
+    first.on_train_begin(None, SimpleNamespace(max_steps=4, global_step=0), None, model=model)
+    assert first.step == 2 and first.weights is None
+    first.on_step_end(None, SimpleNamespace(max_steps=4, global_step=2), None, model=model)
+    taken = {n: p.clone() for n, p in first.weights.items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    resumed = EarlyWeights(0.5, path)
+    resumed.on_train_begin(None, SimpleNamespace(max_steps=4, global_step=3), None, model=model)
+    assert set(resumed.weights) == {"weight", "bias"}
+    assert all(torch.equal(resumed.weights[n], taken[n]) for n in taken)
+    path.unlink()
+    with pytest.raises(RuntimeError, match="merge-early.pt is missing"):
+        EarlyWeights(0.5, path).on_train_begin(None, SimpleNamespace(max_steps=4, global_step=3), None, model=model)
