@@ -29,8 +29,9 @@ resumes from its last one; the checkpoints go once the policy is written.
 
 sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes, and a
 selected set with a `weight` column (select.weight=rarity) weights each row's cross-entropy by it
-(rsft.policy_training.lever_sft_trainer), and sft.loss=gem trains with GEM's loss in place of the cross-entropy:
-levers against collapse (issue 48, docs/diversity.md).
+(rsft.policy_training.lever_sft_trainer), sft.loss=gem trains with GEM's loss in place of the cross-entropy, and
+sft.merge_weight < 1 saves a mix of the fine-tuned weights and those at sft.merge_at of the same run (WiSE-FT,
+rsft.policy_training.merge_with_early): levers against collapse (issue 48, docs/diversity.md).
 """
 
 from __future__ import annotations
