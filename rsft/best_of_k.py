@@ -87,6 +87,16 @@ def rarity_weights(kept: list[dict], counts: Counter, scale: str = "row") -> lis
     return [w / total for w in inverse]
 
 
+def difficulty_weights(group: list[dict], kept: list[dict], min_reward: float) -> list[float]:
+    """select.weight=difficulty, before scaling: each kept row's share of its prompt's candidates from the same
+    round (the samples it was drawn among) whose reward_normalised is below min_reward, or has none."""
+    by_round: dict[Any, list[bool]] = {}
+    for c in group:
+        value = c.get("reward_normalised")
+        by_round.setdefault(c.get("round"), []).append(value is None or value < min_reward)
+    return [sum(by_round[row.get("round")]) / len(by_round[row.get("round")]) for row in kept]
+
+
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
     comparable_rows, dropped = comparable(candidates)
@@ -367,14 +377,29 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
     """The kept rows, every column of the scored set and the selection's own (rank among what the prompt kept,
     its number of survivors, the round), prompt by prompt in the prompts' order: the survivors are ranked again
     from the candidates (the same rule, the same order) and the kept ones taken by their index. With
-    select.weight=rarity each row also carries its SFT loss weight (`weight`, rarity_weights)."""
-    weighted = select_cfg.get("weight", "none") == "rarity"
+    select.weight each row also carries its SFT loss weight (`weight`: rarity_weights, or difficulty_weights scaled
+    so that every kept row averages 1, which takes a first pass over the groups; when every kept prompt was solved
+    every time, every row weighs 1: nothing tells them apart)."""
+    kind = select_cfg.get("weight", "none")
+    scale = 1.0
+    if kind == "difficulty":
+        raw = [w for prompt_id, group in groups() if prompt_id in selection.kept
+               for w in difficulty_weights(group, [survivors(group, select_cfg)[0][i]
+                                                   for i in selection.kept[prompt_id]], select_cfg.min_reward)]
+        scale = len(raw) / sum(raw) if sum(raw) > 0 else None
+        if scale is None:
+            log.info("select: every kept row's prompt passed every sample of its round: select.weight=difficulty "
+                     "weighs every row 1")
     for prompt_id, group in groups():
         if prompt_id in selection.kept:
             ranked, _ = survivors(group, select_cfg)
             kept = [ranked[i] for i in selection.kept[prompt_id]]
-            weights = (rarity_weights(kept, answer_counts(comparable(group)[0]), select_cfg.get("weight_scale", "row"))
-                       if weighted and kept else None)
+            weights = None
+            if kind == "rarity" and kept:
+                weights = rarity_weights(kept, answer_counts(comparable(group)[0]), select_cfg.get("weight_scale", "row"))
+            elif kind == "difficulty" and kept:
+                weights = ([w * scale for w in difficulty_weights(group, kept, select_cfg.min_reward)]
+                           if scale is not None else [1.0] * len(kept))
             for rank, row in enumerate(kept):
                 yield {**row, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx,
                        **({"weight": weights[rank]} if weights else {})}

@@ -22,6 +22,8 @@ Per prompt, in this order:
    kept row carries an SFT loss weight, 1 / that count scaled to average 1 over the prompt's kept rows (or,
    with select.weight_scale=prompt, to sum to 1, so each prompt weighs one row whatever it kept), so of
    several kept right answers a rare one counts more than a common one (rsft.sft reads the `weight` column).
+   With select.weight=difficulty a kept row weighs the share of its prompt's samples in its round that fall
+   below select.min_reward, scaled to average 1 over the kept set: a prompt solved every time weighs 0.
 3. Strategy: `top_k` keeps the first k (k=1 is best-of-K rejection sampling), `threshold` keeps
    every survivor with reward_normalised >= select.threshold, and `random` keeps k survivors drawn
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,

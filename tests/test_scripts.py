@@ -214,3 +214,37 @@ def test_bench_labels_decides_each_variant_against_random_pooled_over_seeds(monk
         **rows["posterior-60"]["against"]["random at equal labels"], "variant": "random-60", "mean": 0.25}
     assert rows["random-60"]["against"]["random at B"]["verdict"] == "worse"
     assert set(rows["random-60"]["against"]) == {"random at B"}
+
+
+def frontier_record(path, a_runs, b_runs, a_points, b_points):
+    import json
+
+    path.write_text(json.dumps({"a": a_runs, "b": b_runs, "range": {"a": a_points, "b": b_points}}))
+    return str(path)
+
+
+def test_entropy_frontier_tables_each_levers_last_point_against_grpos_nearest_and_draws_the_plot(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """scripts/entropy_frontier.py: a lever's point is its last evaluation on each seed; where its B side is GRPO,
+    the table reads GRPO's evaluation of the nearest pass@1 on that seed."""
+    pt = lambda c, p, e: {"completions": c, "pass_at_1": p, "mean_entropy": e}  # noqa: E731
+    grpo = [[pt(512, 0.4, 0.5), pt(1024, 0.8, 0.2)], [pt(512, 0.5, 0.4), pt(1024, 0.7, 0.3)]]
+    lever = frontier_record(tmp_path / "lever.json", ["runs/x-s0", "runs/x-s1"],
+                            ["runs/grpo/grpo-s0-lr0.0003", "runs/grpo/grpo-s1-lr0.0003"],
+                            [[pt(512, 0.3, 0.6), pt(1536, 0.75, 0.25)], [pt(1536, 0.45, 0.1)]], grpo)
+    out = tmp_path / "img" / "frontier.png"
+    load("entropy_frontier", monkeypatch).main([f"{lever}:lever", "--out", str(out)])
+    table = capsys.readouterr().out
+    assert "| lever | 0 | 0.750 | 0.250 | 0.200 (pass@1 0.800, 1,024 completions) |" in table
+    assert "| lever | 1 | 0.450 | 0.100 | 0.400 (pass@1 0.500, 512 completions) |" in table
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("content,expected", [("not json", "not JSON"), ('{"range": {}}', "range.a"),
+                                              ('{"range": {"a": [[{"pass_at_1": 0.5}]]}}', "range.a[0]")])
+def test_entropy_frontier_names_a_bad_record_and_what_it_expected(content, expected, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("RSFT_TRACEBACK", raising=False)
+    record = tmp_path / "r.json"
+    record.write_text(content)
+    line = one_line(load("entropy_frontier", monkeypatch).main, [str(record)], caplog)
+    assert str(record) in line and expected in line, line

@@ -362,6 +362,41 @@ def test_rarity_weight_gives_a_rare_right_answer_more_of_the_loss_and_each_promp
     assert kept == pytest.approx({("a", text): w / total for text, w in inverse.items()} | {("b", "common"): 1.0})
 
 
+def test_difficulty_weight_is_the_share_of_the_rounds_samples_that_failed_scaled_to_average_one(make_cfg):
+    """select.weight=difficulty (issue 48): a kept row weighs the share of its prompt's samples in the round it was
+    drawn from that fall below select.min_reward (a prompt solved every time teaches nothing more, as GRPO's
+    advantage is 0 there), the kept set's weights scaled to average 1; when every kept prompt was solved every time,
+    every row weighs 1."""
+    rounds = [[row("a", 0, "x = 4", 1.0), row("a", 1, "x = 5", 0.0), row("a", 2, "x = 6", 0.0), row("a", 3, "4", 1.0),
+               row("b", 0, "right", 1.0), row("b", 1, "right too", 1.0)],
+              [row("a", 0, "four", 1.0, round_idx=1), row("a", 1, "x = 4", 1.0, round_idx=1),
+               row("a", 2, "x = 7", 0.0, round_idx=1), row("a", 3, "x = 4", 1.0, round_idx=1),
+               row("c", 0, "hard", 1.0, round_idx=1), row("c", 1, "no", 0.0, round_idx=1),
+               row("c", 2, "no", 0.0, round_idx=1), row("c", 3, "none", 0.0, round_idx=1)]]
+    cfg = make_cfg("stage=select", "round=1", "select.k=2", "select.min_reward=0.5", "select.weight=difficulty")
+    for r, rows in enumerate(rounds):
+        write_scored(cfg, rows, round_idx=r)
+    kept = {(r["prompt_id"], r["completion"], r["round"]): r["weight"] for r in selected_of(run_stage(cfg).path)}
+    # a's round-1 answers failed 1 of 4 (0.25), a's round-0 ones 2 of 4 (0.5); b solved 2 of 2 (0); c failed 3 of 4
+    raw = {("a", "four", 1): 0.25, ("a", "x = 4", 1): 0.25, ("b", "right", 0): 0.0, ("b", "right too", 0): 0.0,
+           ("c", "hard", 1): 0.75}
+    mean = sum(raw.values()) / len(raw)
+    assert kept == pytest.approx({key: w / mean for key, w in raw.items()})
+    solved = make_cfg("stage=select", "select.min_reward=0.5", "select.weight=difficulty", "run_name=solved")
+    write_scored(solved, [row("b", 0, "right", 1.0), row("b", 1, "right too", 1.0)])
+    assert [r["weight"] for r in selected_of(run_stage(solved).path)] == [1.0]
+
+
+@pytest.mark.parametrize("extra,expected", [([], "min_reward=None"),
+                                            (["select.min_reward=0.5", "select.strategy=random"], "strategy=random")])
+def test_difficulty_weight_without_a_pass_or_with_the_random_baseline_is_refused(make_cfg, extra, expected):
+    from rsft.preflight import check_config
+    from rsft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"select\.weight='difficulty': expected .*{expected}"):
+        check_config(make_cfg("stage=select", "select.weight=difficulty", *extra))
+
+
 @pytest.mark.parametrize("extra", [["select.k=1"], ["select.strategy=random", "select.k=2"]])
 def test_rarity_weight_without_several_kept_rows_per_prompt_is_refused(make_cfg, extra):
     from rsft.preflight import check_config

@@ -20,7 +20,7 @@ from rsft.config.rules import (
 
 
 SELECT_STRATEGIES = ("top_k", "threshold", "random")
-SELECT_WEIGHTS = ("none", "rarity")
+SELECT_WEIGHTS = ("none", "rarity", "difficulty")
 SELECT_WEIGHT_SCALES = ("row", "prompt")
 SELECT_REJECTED = ("pool", "newest_round")
 
@@ -73,7 +73,11 @@ class SelectConfig(Checked):
                                   "candidates gave its text (case and spacing aside; every pooled round's count), "
                                   "scaled so that a prompt's kept rows average 1 (weight_scale=prompt: sum to 1) (a "
                                   "collapse lever; needs several kept per prompt: top_k with k >= 2, or threshold); "
-                                  "none = every row weighs 1.",
+                                  "difficulty: each kept row's weight is the share of its prompt's samples in the "
+                                  "round it was drawn from that fail select.min_reward, scaled so that the kept set's "
+                                  "rows average 1: an answer to a prompt the policy already solves every time teaches "
+                                  "nothing more and only sharpens it (as GRPO's advantage is 0 there; a collapse "
+                                  "lever; needs select.min_reward); none = every row weighs 1.",
                           check=one_of(SELECT_WEIGHTS))
     # issue 48: what a prompt's kept rows weigh together, so that a prompt with many right answers does not outweigh
     # a hard one with a single right answer
@@ -91,10 +95,15 @@ class SelectConfig(Checked):
         # strategy=threshold keeps by the threshold alone: it needs one
         if self.threshold is None and self.strategy == "threshold":
             _fail("threshold", self.threshold, "a number (a reward_normalised value) for strategy=threshold")
+        # a pass rate needs a pass: select.min_reward; the random baseline keeps no reward's order
+        if self.weight == "difficulty" and (self.min_reward is None or self.strategy == "random"):
+            _fail("weight", self.weight, f"none or rarity here, or difficulty with select.min_reward set (what counts "
+                                         f"as a pass) and strategy top_k or threshold (min_reward={self.min_reward}, "
+                                         f"strategy={self.strategy} here)")
         # a weight within a prompt's kept rows needs several of them; the random baseline keeps no reward's order
-        if self.weight != "none" and (self.strategy == "random" or (self.strategy == "top_k" and self.k < 2)):
+        if self.weight == "rarity" and (self.strategy == "random" or (self.strategy == "top_k" and self.k < 2)):
             _fail("weight", self.weight, f"none with strategy={self.strategy} k={self.k}: a weight within a prompt's "
                                          "kept rows needs top_k with k >= 2 or strategy=threshold")
-        if self.weight_scale != "row" and self.weight == "none":
-            _fail("weight_scale", self.weight_scale, "row with weight=none: the scale applies to a weight "
+        if self.weight_scale != "row" and self.weight != "rarity":
+            _fail("weight_scale", self.weight_scale, f"row with weight={self.weight}: the scale applies to a weight "
                                                      "(select.weight=rarity)")
