@@ -381,11 +381,12 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
     so that every kept row averages 1, which takes a first pass over the groups; when every kept prompt was solved
     every time, every row weighs 1: nothing tells them apart)."""
     kind = select_cfg.get("weight", "none")
-    scale = 1.0
-    if kind == "difficulty":
-        raw = [w for prompt_id, group in groups() if prompt_id in selection.kept
-               for w in difficulty_weights(group, [survivors(group, select_cfg)[0][i]
-                                                   for i in selection.kept[prompt_id]], select_cfg.min_reward)]
+    difficulty, scale = {}, 1.0
+    if kind == "difficulty":  # the raw weights of every kept row first: their mean scales them all
+        difficulty = {prompt_id: difficulty_weights(group, [survivors(group, select_cfg)[0][i]
+                                                            for i in selection.kept[prompt_id]], select_cfg.min_reward)
+                      for prompt_id, group in groups() if prompt_id in selection.kept}
+        raw = [w for weights in difficulty.values() for w in weights]
         scale = len(raw) / sum(raw) if sum(raw) > 0 else None
         if scale is None:
             log.info("select: every kept row's prompt passed every sample of its round: select.weight=difficulty "
@@ -396,10 +397,10 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
             kept = [ranked[i] for i in selection.kept[prompt_id]]
             weights = None
             if kind == "rarity" and kept:
-                weights = rarity_weights(kept, answer_counts(comparable(group)[0]), select_cfg.get("weight_scale", "row"))
+                weights = rarity_weights(kept, answer_counts(comparable(group)[0]),
+                                         select_cfg.get("weight_scale", "row"))
             elif kind == "difficulty" and kept:
-                weights = ([w * scale for w in difficulty_weights(group, kept, select_cfg.min_reward)]
-                           if scale is not None else [1.0] * len(kept))
+                weights = [w * scale if scale is not None else 1.0 for w in difficulty[prompt_id]]
             for rank, row in enumerate(kept):
                 yield {**row, "rank": rank, "num_survivors": len(ranked), "selected_in_round": round_idx,
                        **({"weight": weights[rank]} if weights else {})}

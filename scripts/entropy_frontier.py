@@ -5,10 +5,11 @@
 
 Issue 48's entropy row compares a policy's token entropy with GRPO's at equal pass@1, so a lever is a point and
 GRPO is a path: each argument is a record of `scripts/bench_grpo.py seeds` (docs/results/*.json), optionally
-`:label`. Its A side's last evaluation on each seed is a point; where its B side is GRPO (a run whose evaluations are
-at completion counts, `range.b`; runs named grpo-...), that path is drawn once per distinct set of GRPO runs. A point above a seed's GRPO
-path at its pass@1 keeps more range than GRPO did there. The table beside it prints the same numbers. Only recorded
-numbers are read, never a run directory, so the plot is remade from the records alone. The plot is matplotlib's.
+`:label`. Its A side's last evaluation on each seed is a point; where its B side is GRPO (runs named grpo-..., whose
+evaluations are at completion counts, `range.b`), that path is drawn once per distinct set of GRPO runs. A point
+above a seed's GRPO path at its pass@1 keeps more range than GRPO did there. The table beside it prints the same
+numbers. Only recorded numbers are read, never a run directory, so the plot is remade from the records alone. The
+plot is matplotlib's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from rsft.errors import InputError, main_guard
 
 
-def read_record(arg: str) -> tuple[str, dict, Path]:
+def read_record(arg: str) -> tuple[str, dict]:
     path, _, label = arg.partition(":")
     try:
         record = json.loads(Path(path).read_text())
@@ -38,7 +39,7 @@ def read_record(arg: str) -> tuple[str, dict, Path]:
                     isinstance(p, dict) and {"pass_at_1", "mean_entropy"} <= set(p) for p in points):
                 raise InputError(f"{path}: range.{side}[{seed}] should list evaluations with pass_at_1 and "
                                  f"mean_entropy")
-    return label or Path(path).stem, record, Path(path)
+    return label or Path(path).stem, record
 
 
 def is_grpo(runs) -> bool:
@@ -51,7 +52,7 @@ def collect(args: list[str]):
     seed]})."""
     points, paths = [], {}
     for arg in args:
-        label, record, path = read_record(arg)
+        label, record = read_record(arg)
         for seed, evaluations in enumerate(record["range"]["a"]):
             last = evaluations[-1]
             points.append((label, seed, last["pass_at_1"], last["mean_entropy"]))

@@ -119,9 +119,9 @@ class SftConfig(TrainingConfig):
                                    "distribution at this temperature; 1 gives cross-entropy's gradient.",
                               check=GEM_BETA)
     # issue 48 (collapse): WiSE-FT, weight-space interpolation with an earlier point of the same fine-tune
-    merge_weight: float = setting(1.0, "WiSE-FT: the saved policy is this share of the fine-tuned weights plus the rest "
-                                       "from an earlier point of the same fine-tune (sft.merge_at), in (0, 1]; 1 = off "
-                                       "(docs/diversity.md).", check=MERGE_WEIGHT)
+    merge_weight: float = setting(1.0, "WiSE-FT: the saved policy is this share of the fine-tuned weights plus the "
+                                       "rest from an earlier point of the same fine-tune (sft.merge_at), in (0, 1]; "
+                                       "1 = off (docs/diversity.md).", check=MERGE_WEIGHT)
     merge_at: float = setting(0.0, "With sft.merge_weight < 1: where in the fine-tune the earlier weights are taken, a "
                                    "fraction of its steps in [0, 1): 0 = the policy SFT starts from (Wortsman et al. "
                                    "2022), > 0 an early checkpoint (Dang et al. 2025).", check=MERGE_AT)
