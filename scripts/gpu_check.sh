@@ -25,7 +25,8 @@
 # Everything printed goes to stdout and the log; it ends with the tables, for docs/benchmarks.md (with the
 # commit, the card and the date printed at the top). TESTS, DIST and T_LIMIT (part t: the tests to run, default the
 # whole suite, pytest-xdist's --dist, default loadfile, and its seconds, default 300: 8 workers on an H200 did not
-# finish the suite in 300 s on 2026-11-28, 14 workers with --dist load did in 290 s). C_METHODS (the methods of (c),
+# finish the suite in 300 s on 2026-11-28, 14 workers with --dist load did in 290 s), WORKERS (pytest-xdist's
+# workers, default half the cores) and T_ARGS (pytest's other options, default -q). C_METHODS (the methods of (c),
 # "hf plain packed"). REPEATS (round-robin repeats of each bench, 3). Exit status 1 when a part failed or was skipped.
 set -uo pipefail  # not -e: a part that fails is recorded, and the next one runs
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -92,7 +93,7 @@ missing=$(python - <<'EOF'
 import importlib.util
 wanted = {"trl": "trl", "datasets": "datasets", "dill": "dill", "multiprocess": "multiprocess", "xxhash": "xxhash",
           "hydra": "hydra_core", "omegaconf": "omegaconf", "antlr4": "antlr4_python3_runtime", "gguf": "gguf",
-          "pytest_timeout": "pytest_timeout"}
+          "pytest_timeout": "pytest_timeout", "xdist": "pytest_xdist", "execnet": "execnet"}
 print(" ".join(wheel for module, wheel in wanted.items() if importlib.util.find_spec(module) is None))
 EOF
 )
@@ -179,11 +180,11 @@ read -ra SUITE <<< "${TESTS:-tests/}"  # TESTS: some test files or ids instead o
 [[ $QUICK == 1 ]] && SUITE=(tests/test_gpu.py tests/sampling/test_graphed.py)
 XDIST=()
 if python -c 'import xdist' 2>/dev/null && [[ $QUICK != 1 ]]; then
-  XDIST=(-n "$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))" --dist "${DIST:-loadfile}")
+  XDIST=(-n "${WORKERS:-$(( $(nproc) > 2 ? $(nproc) / 2 : 1 ))}" --dist "${DIST:-loadfile}")
 fi
+read -ra T_ARGS <<< "${T_ARGS:--q}"  # T_ARGS: pytest's verbosity and more (-v names each test as it ends)
 OMP_NUM_THREADS=2 RSFT_GPU_TEST_DEVICE=$DEVICE part "t-suite" "${T_LIMIT:-300}" python -m pytest -m "not slow" \
-  "${SUITE[@]}" -q \
-  -p no:cacheprovider -rs "${XDIST[@]}"
+  "${SUITE[@]}" "${T_ARGS[@]}" -p no:cacheprovider -rfEs "${XDIST[@]}"
 
 # --- (c) the sampling table --------------------------------------------------------------------------------------
 # 128 rows: 16 prompts x K=8, one wave of rows (the issue's table); 512 rows: 64 prompts x 8

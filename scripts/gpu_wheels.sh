@@ -25,6 +25,8 @@ PACKAGES=(
   omegaconf==2.3.1
   gguf==0.19.0
   pytest-timeout==2.4.0
+  pytest-xdist==3.8.0  # the GPU machine has it; here for one that lacks it
+  execnet==2.1.2
 )
 mkdir -p "$DEST"
 # no constraint file of this machine's: the pins above are the whole request
