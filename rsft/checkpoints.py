@@ -58,6 +58,28 @@ def _step(checkpoint: Path) -> int:
     return int(checkpoint.name.rsplit("-", 1)[1])
 
 
+_INDEXED_CPU_REGISTERED = False
+
+
+def _restore_on_indexed_cpu(storage, location: str):
+    """A storage loaded with map_location "cpu:N": torch's own handler knows only "cpu" (None: not ours)."""
+    return storage.cpu() if re.fullmatch(r"cpu:\d+", location) else None
+
+
+def restorable_to_indexed_cpu() -> None:
+    """Let torch.load restore storages to an indexed CPU device ("cpu:0"), which it refuses by default.
+
+    transformers before 5.24 loads a resumed optimizer's state with map_location=args.device whenever the world
+    has several processes, and in a CPU world on a machine with a GPU that device is "cpu:N": the resume then
+    failed with "don't know how to restore data location ... (tagged with cpu:0)" (seen on an H200 with
+    transformers 5.17, which pyproject admits). torch's registry of locations (torch.serialization.register_package)
+    takes one more handler for that spelling; its tagger tags nothing, so saving is unchanged. Idempotent."""
+    global _INDEXED_CPU_REGISTERED
+    if not _INDEXED_CPU_REGISTERED:  # register_package appends to the registry each time it is called
+        torch.serialization.register_package(30, lambda storage: None, _restore_on_indexed_cpu)
+        _INDEXED_CPU_REGISTERED = True
+
+
 class TrainingCheckpoints(ProgressFolder):
     """The checkpoints of a training stage (reward, refresh, SFT, DPO) that has not finished, beside its artifact.
 
@@ -138,6 +160,7 @@ class TrainingCheckpoints(ProgressFolder):
         losses.clear()
         exact = True
         if resume is not None:
+            restorable_to_indexed_cpu()
             try:
                 losses.extend(float(v) for v in json.loads((Path(resume) / LOSSES).read_text()))
             except (OSError, ValueError, TypeError):

@@ -326,7 +326,8 @@ def token_entropy(policy: Path | None, ds, cfg, device_name: str = "auto") -> fl
     else:  # a GRPO point: a save_pretrained folder of the trainer's model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model, tokenizer = AutoModelForCausalLM.from_pretrained(policy), AutoTokenizer.from_pretrained(policy)
+        model = AutoModelForCausalLM.from_pretrained(policy).to(device)  # loaded on the CPU; the ids go to device
+        tokenizer = AutoTokenizer.from_pretrained(policy)
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():

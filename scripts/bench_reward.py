@@ -82,7 +82,9 @@ def trl_format_accuracy(model, tokenizer, test, max_length: int, batch_size: int
         for start in range(0, len(texts), batch_size):
             enc = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
                             return_tensors="pt")
-            out += model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits[:, 0].tolist()
+            with torch.no_grad():  # the trainer left the model on its device (a GPU's, where there is one)
+                out += model(input_ids=enc["input_ids"].to(model.device),
+                             attention_mask=enc["attention_mask"].to(model.device)).logits[:, 0].tolist()
         return out
 
     eos = tokenizer.eos_token

@@ -14,6 +14,13 @@ from tests.conftest import REPO
 TINY = ["policy=tiny", "sample.max_new_tokens=8", "data.eval_limit=4", "eval.num_samples=2"]
 
 
+def stdout_of(command: list[str], env: dict) -> str:
+    """The command's stdout; when it fails, the assertion shows the end of its stderr (captured, so not shown else)."""
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, f"{command[1:3]} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
 def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = [sys.executable, str(REPO / "scripts" / "bench_grpo.py")]
@@ -30,16 +37,14 @@ def test_grpo_trains_at_the_budget_is_evaluated_by_rsft_and_compares_with_a_loop
     subprocess.run([sys.executable, "-m", "rsft.run", "stage=loop", "+experiment=verifiable", "logger=none", *TINY,
                     "data.limit=2", "loop.rounds=1", "select.min_reward=null", "run_name=v", "threads=1",
                     f"paths.runs_root={tmp_path}"], check=True, cwd=REPO, env=env, timeout=600)
-    out = subprocess.run([*script, "compare", str(tmp_path / "v"), str(run), "--override", *TINY], check=True,
-                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600).stdout
+    out = stdout_of([*script, "compare", str(tmp_path / "v"), str(run), "--override", *TINY], env)
     rows = [line for line in out.splitlines()
             if line.startswith("| grpo-s0-lr1e-06-lora-p2-t0.7 | step") and line.count("|") == 8]
     assert [r.split(" | ")[2] for r in rows] == ["16", "32"]  # completions sampled at each point
     assert "| v | round 0 |" in out and "token entropy" in out
     # several seeds, paired seed for seed (here one pair, twice over): pass@k pooled, the verdict at the stated margin
-    out = subprocess.run([*script, "seeds", "--a", str(tmp_path / "v"), str(tmp_path / "v"), "--b", str(run), str(run),
-                          "--margin", "0.05", "--ks", "1", "2"], check=True, cwd=REPO, capture_output=True, text=True,
-                         env=env, timeout=600).stdout
+    out = stdout_of([*script, "seeds", "--a", str(tmp_path / "v"), str(tmp_path / "v"), "--b", str(run), str(run),
+                     "--margin", "0.05", "--ks", "1", "2"], env)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 16 |")]
     assert [r[1] for r in rows] == ["1", "2"]  # the one budget both sides reached (16 completions), k = 1 and 2
     assert all(r[-1].split(" (m = 0.05)")[0] in ("better", "not worse", "worse", "undecided") for r in rows)

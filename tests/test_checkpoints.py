@@ -276,3 +276,23 @@ def test_a_checkpoint_folder_is_named_as_transformers_names_it():
     from rsft.checkpoints import PREFIX
 
     assert PREFIX == PREFIX_CHECKPOINT_DIR
+
+
+def test_a_checkpoint_loads_to_an_indexed_cpu_device_once_resume_registers_it(tmp_path):
+    """transformers < 5.24 maps a resumed optimizer's state to args.device, "cpu:N" in a CPU world of several
+    processes on a GPU machine; torch alone refuses that location (the resume failed on an H200)."""
+    import torch.serialization
+
+    from rsft.checkpoints import restorable_to_indexed_cpu
+
+    path = tmp_path / "optimizer.pt"
+    state = {"exp_avg": torch.arange(6.0).reshape(2, 3), "step": torch.tensor(4)}
+    torch.save(state, path)
+    restorable_to_indexed_cpu()
+    before = len(torch.serialization._package_registry)
+    restorable_to_indexed_cpu()
+    assert len(torch.serialization._package_registry) == before  # registered once
+    for index in (0, 1):
+        loaded = torch.load(path, map_location=torch.device("cpu", index), weights_only=True)
+        assert loaded["exp_avg"].device.type == "cpu" and torch.equal(loaded["exp_avg"], state["exp_avg"])
+    assert torch.equal(torch.load(path, map_location="cpu", weights_only=True)["step"], state["step"])
