@@ -7,6 +7,7 @@ it for a stage that trains nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import logging
@@ -58,14 +59,12 @@ def _step(checkpoint: Path) -> int:
     return int(checkpoint.name.rsplit("-", 1)[1])
 
 
-_INDEXED_CPU_REGISTERED = False
-
-
 def _restore_on_indexed_cpu(storage, location: str):
     """A storage loaded with map_location "cpu:N": torch's own handler knows only "cpu" (None: not ours)."""
     return storage.cpu() if re.fullmatch(r"cpu:\d+", location) else None
 
 
+@functools.cache  # once: register_package appends to torch's registry each time it is called
 def restorable_to_indexed_cpu() -> None:
     """Let torch.load restore storages to an indexed CPU device ("cpu:0"), which it refuses by default.
 
@@ -74,10 +73,7 @@ def restorable_to_indexed_cpu() -> None:
     failed with "don't know how to restore data location ... (tagged with cpu:0)" (seen on an H200 with
     transformers 5.17, which pyproject admits). torch's registry of locations (torch.serialization.register_package)
     takes one more handler for that spelling; its tagger tags nothing, so saving is unchanged. Idempotent."""
-    global _INDEXED_CPU_REGISTERED
-    if not _INDEXED_CPU_REGISTERED:  # register_package appends to the registry each time it is called
-        torch.serialization.register_package(30, lambda storage: None, _restore_on_indexed_cpu)
-        _INDEXED_CPU_REGISTERED = True
+    torch.serialization.register_package(30, lambda storage: None, _restore_on_indexed_cpu)
 
 
 class TrainingCheckpoints(ProgressFolder):
