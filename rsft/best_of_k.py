@@ -97,6 +97,36 @@ def difficulty_weights(group: list[dict], kept: list[dict], min_reward: float) -
     return [sum(by_round[row.get("round")]) / len(by_round[row.get("round")]) for row in kept]
 
 
+def advantage_weights(group: list[dict], kept: list[dict], select_cfg: DictConfig) -> list[float]:
+    """select.strategy=advantage, before scaling: each kept row's reward less the mean reward of its prompt's scored
+    candidates from the same round (the samples it was drawn among: the baseline of a policy gradient), divided by
+    their number. With select.dedupe a kept text stands for each of its copies, so its weight is the sum over the
+    copies: the gradient of one row weighted so is the gradient of the copies. Over a round's candidates the
+    weights sum to 0: what the right answers gain, the wrong ones lose, and a token every answer shares is left
+    alone, where SFT on the right answers alone sharpens it too. 0 for a prompt whose candidates all tie."""
+    scored, _ = comparable(group)
+    by_round: dict[Any, list[float]] = {}
+    for c in scored:
+        by_round.setdefault(c.get("round"), []).append(float(c["reward"]))
+    baseline = {r: (sum(v) / len(v), len(v)) for r, v in by_round.items()}
+
+    def own(c: dict) -> float:
+        mean, n = baseline[c.get("round")]
+        return (float(c["reward"]) - mean) / n
+
+    if not select_cfg.dedupe:
+        return [own(c) for c in kept]
+    copies: dict[str, float] = {}
+    for c in scored:  # every copy of a kept text, the dropped ones too
+        copies[c["completion"].strip()] = copies.get(c["completion"].strip(), 0.0) + own(c)
+    return [copies[c["completion"].strip()] for c in kept]
+
+
+def moves(weight: float) -> bool:
+    """An advantage weight that is not 0 up to rounding (a prompt whose candidates tie gives 0)."""
+    return abs(weight) > 1e-12
+
+
 def survivors(candidates: list[dict], select_cfg: DictConfig) -> tuple[list[dict], dict[str, int]]:
     """The filtered, de-duplicated candidates of one prompt in rank order, and what was dropped."""
     comparable_rows, dropped = comparable(candidates)
@@ -294,7 +324,10 @@ def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candid
             continue
         survivors_left += len(ranked)
         best_left = max(best_left, *(c["reward_normalised"] for c in ranked))
-        picked = choose(ranked, select_cfg, seed, round_idx, prompt_id)
+        if select_cfg.strategy == "advantage":
+            picked = [c for c, w in zip(ranked, advantage_weights(group, ranked, select_cfg)) if moves(w)]
+        else:
+            picked = choose(ranked, select_cfg, seed, round_idx, prompt_id)
         if cap_on or diverse:
             ranked_by_prompt[prompt_id] = [{**{k: c[k] for k in SLIM}, "index": i} for i, c in enumerate(ranked)]
             would_keep += len(picked)
@@ -316,6 +349,12 @@ def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candid
         raise InputError(f"select kept no completion in round {round_idx}: select.threshold={select_cfg.threshold} is "
                          f"above every surviving completion's reward_normalised (the highest of {survivors_left} "
                          f"is {best_left:.3f}); SFT would have nothing to train on. Lower select.threshold")
+    if not tally.rewards and select_cfg.strategy == "advantage" and survivors_left:
+        raise InputError(f"select kept no completion in round {round_idx}: with select.strategy=advantage a row is "
+                         f"kept when its reward differs from its prompt's mean, and every one of the {prompts} "
+                         f"prompts' {survivors_left} surviving completions ties with its prompt's others (all right "
+                         f"or all wrong); SFT would have nothing to train on. Sample more (sample.num_samples) or "
+                         f"use select.strategy=top_k")
     if not tally.rewards and select_cfg.get("min_reward") is not None and survivors_left:
         raise InputError(f"select kept no completion in round {round_idx}: none of the {survivors_left} surviving "
                          f"completions reaches select.min_reward={select_cfg.min_reward} (the highest "
@@ -379,8 +418,11 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
     from the candidates (the same rule, the same order) and the kept ones taken by their index. With
     select.weight each row also carries its SFT loss weight (`weight`: rarity_weights, or difficulty_weights scaled
     so that every kept row averages 1, which takes a first pass over the groups; when every kept prompt was solved
-    every time, every row weighs 1: nothing tells them apart)."""
-    kind = select_cfg.get("weight", "none")
+    every time, every row weighs 1: nothing tells them apart). With select.strategy=advantage the weight is
+    advantage_weights times one scale for the whole set, such that the positive weights sum to the number of prompts
+    kept: each prompt pushes its better answers up by one row's worth on average, as top_k with k=1 does, and its
+    worse ones down by as much (negative weights)."""
+    kind = "advantage" if select_cfg.strategy == "advantage" else select_cfg.get("weight", "none")
     difficulty, scale = {}, 1.0
     if kind == "difficulty":  # the raw weights of every kept row first: their mean scales them all
         difficulty = {prompt_id: difficulty_weights(group, [survivors(group, select_cfg)[0][i]
@@ -391,12 +433,25 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
         if scale is None:
             log.info("select: every kept row's prompt passed every sample of its round: select.weight=difficulty "
                      "weighs every row 1")
+    if kind == "advantage":  # one scale for every row: the right answers' weights sum to the prompts kept
+        advantage = {prompt_id: advantage_weights(group, [survivors(group, select_cfg)[0][i]
+                                                          for i in selection.kept[prompt_id]], select_cfg)
+                     for prompt_id, group in groups() if prompt_id in selection.kept}
+        pushed_up = sum(w for weights in advantage.values() for w in weights if w > 0)
+        if pushed_up <= 0:  # the filters (drop_truncated, drop_empty) dropped every answer above its prompt's mean
+            raise InputError(f"select.strategy=advantage in round {round_idx}: every kept row's reward is below its "
+                             f"prompt's mean, so SFT would only push answers down; the better answers were dropped "
+                             f"by select.drop_truncated={select_cfg.drop_truncated} or select.drop_empty="
+                             f"{select_cfg.drop_empty}: keep them (e.g. select.drop_truncated=false)")
+        scale = sum(1 for weights in advantage.values() if weights) / pushed_up
     for prompt_id, group in groups():
         if prompt_id in selection.kept:
             ranked, _ = survivors(group, select_cfg)
             kept = [ranked[i] for i in selection.kept[prompt_id]]
             weights = None
-            if kind == "rarity" and kept:
+            if kind == "advantage" and kept:
+                weights = [w * scale for w in advantage[prompt_id]]
+            elif kind == "rarity" and kept:
                 weights = rarity_weights(kept, answer_counts(comparable(group)[0]),
                                          select_cfg.get("weight_scale", "row"))
             elif kind == "difficulty" and kept:

@@ -29,6 +29,11 @@ Per prompt, in this order:
    uniformly with a seed derived from (seed, round, prompt_id): the baseline at the same budget,
    same filters, that shows what the reward model adds.
    The baseline draws from the best tier present (see truncated completions below), as top_k does.
+   `advantage` (a collapse lever, issue 48) keeps every survivor whose reward differs from its prompt's
+   mean in its round, the worse answers too, each with an SFT loss weight (reward - mean) / samples, a
+   text's copies summed, scaled so that the positive weights sum to the prompts kept: the better answers
+   are pushed up, the worse ones down (a negative weight), a policy gradient with the prompt's mean for
+   baseline (rsft.best_of_k.advantage_weights); k and min_reward do not apply.
    select.min_reward (off by default) is a hard floor for top_k and threshold: a prompt keeps only
    completions whose reward_normalised reaches it (a verifier's 1.0: only answers it passes), and
    nothing when none does. The random baseline ignores it: the floor is the reward's doing.

@@ -28,7 +28,8 @@ sft.checkpoint_steps steps beside the artifact (rsft.checkpoints.TrainingCheckpo
 resumes from its last one; the checkpoints go once the policy is written.
 
 sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes, and a
-selected set with a `weight` column (select.weight=rarity) weights each row's cross-entropy by it
+selected set with a `weight` column (select.weight, select.strategy=advantage, whose wrong answers weigh less than
+0) weights each row's cross-entropy by it
 (rsft.policy_training.lever_sft_trainer), sft.loss=gem trains with GEM's loss in place of the cross-entropy, and
 sft.merge_weight < 1 saves a mix of the fine-tuned weights and those at sft.merge_at of the same run (WiSE-FT,
 rsft.policy_training.merge_with_early): levers against collapse (issue 48, docs/diversity.md).
@@ -88,15 +89,17 @@ def training_examples(selected: Dataset, tokenizer, system_prompt: str | None) -
 
 
 def check_weights(weights: list, source) -> None:
-    """A selected set's loss weights (select.weight) are finite numbers >= 0, not all 0: else InputError, before
-    the policy is loaded."""
+    """A selected set's loss weights (select.weight, select.strategy=advantage) are finite numbers, at least one of
+    them positive: else InputError, before the policy is loaded. A negative weight pushes its row's completion down
+    (select.strategy=advantage's worse answers); a set of none but those would only unlearn."""
     for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
-            raise InputError(f"{source}: row {i}'s `weight` is {w!r}; expected a finite number >= 0 (the row's SFT "
-                             f"loss weight, select.weight)")
-    if not any(weights):
-        raise InputError(f"{source}: every row's `weight` is 0, so SFT would learn nothing; expected a positive weight "
-                         f"on at least one row (select.weight)")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise InputError(f"{source}: row {i}'s `weight` is {w!r}; expected a finite number (the row's SFT "
+                             f"loss weight, select.weight or select.strategy=advantage)")
+    if not any(w > 0 for w in weights):
+        raise InputError(f"{source}: no row's `weight` is positive (largest {max(weights)!r}), so SFT would learn "
+                         f"nothing or only push answers down; expected a positive weight on at least one row "
+                         f"(select.weight, select.strategy=advantage)")
 
 
 def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):

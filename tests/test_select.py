@@ -7,7 +7,7 @@ import logging
 import pytest
 from datasets import Dataset, load_from_disk
 
-from rsft.errors import ArtifactError
+from rsft.errors import ArtifactError, InputError
 from rsft.paths import RunPaths
 from rsft.store import atomic_artifact, read_meta
 from rsft.run import run_stage
@@ -395,6 +395,52 @@ def test_difficulty_weight_without_a_pass_or_with_the_random_baseline_is_refused
 
     with pytest.raises(ConfigError, match=rf"select\.weight='difficulty': expected .*{expected}"):
         check_config(make_cfg("stage=select", "select.weight=difficulty", *extra))
+
+
+def test_advantage_keeps_right_and_wrong_answers_weighted_by_their_reward_less_the_prompts_mean(make_cfg):
+    """select.strategy=advantage (issue 48, learning from mistakes): every survivor whose reward differs from its
+    prompt's mean in its round is kept, weighted by (reward - mean) / samples, a text's copies summed (dedupe) or each
+    its own (dedupe=false); a prompt whose answers all tie gives nothing; one scale makes the positive weights sum to
+    the prompts kept, so each prompt's weights sum to 0. select.min_reward does not filter the wrong answers out."""
+    rows = [row("a", 0, "4", 1.0), row("a", 1, "4", 1.0), row("a", 2, "5", 0.0), row("a", 3, "6", 0.0),
+            row("b", 0, "right", 1.0), row("b", 1, "right too", 1.0),  # solved every time: nothing to learn
+            row("c", 0, "hard", 1.0), row("c", 1, "no", 0.0), row("c", 2, "no", 0.0), row("c", 3, "none", 0.0)]
+    kept = {}
+    for name, extra in (("merged", []), ("copies", ["select.dedupe=false"])):
+        cfg = make_cfg("stage=select", "select.strategy=advantage", "select.min_reward=1.0", f"run_name={name}", *extra)
+        write_scored(cfg, rows)
+        kept[name] = [(r["prompt_id"], r["completion"], r["weight"]) for r in selected_of(run_stage(cfg).path)]
+    # a: mean 1/2 of 4, so a right copy 1/8 and a wrong one -1/8; c: mean 1/4, right 3/16, wrong -1/16 a copy
+    raw = [("a", "4", 2 / 8), ("a", "5", -1 / 8), ("a", "6", -1 / 8), ("c", "hard", 3 / 16), ("c", "no", -2 / 16),
+           ("c", "none", -1 / 16)]
+    scale = 2 / (2 / 8 + 3 / 16)
+    assert [(p, t) for p, t, _ in kept["merged"]] == [(p, t) for p, t, _ in raw]
+    assert [w for _, _, w in kept["merged"]] == pytest.approx([w * scale for _, _, w in raw])
+    for prompt in "ac":
+        assert sum(w for p, _, w in kept["merged"] if p == prompt) == pytest.approx(0.0, abs=1e-9)
+    assert sum(w for _, _, w in kept["merged"] if w > 0) == pytest.approx(2.0)
+    copies = [("a", "4", 1 / 8), ("a", "4", 1 / 8), ("a", "5", -1 / 8), ("a", "6", -1 / 8), ("c", "hard", 3 / 16),
+              ("c", "no", -1 / 16), ("c", "no", -1 / 16), ("c", "none", -1 / 16)]
+    assert [(p, t) for p, t, _ in kept["copies"]] == [(p, t) for p, t, _ in copies]
+    assert [w for _, _, w in kept["copies"]] == pytest.approx([w * scale for _, _, w in copies])
+
+
+def test_advantage_with_every_answer_tied_or_online_or_with_a_cap_is_refused(make_cfg):
+    """select.strategy=advantage: nothing to push when every prompt's answers tie (a clear error, not an empty SFT);
+    stage=online trains every kept row alike (it would learn the wrong answers), and a weight, an opening cap or a
+    diversity pick would break a prompt's balance: each refused before any work."""
+    from rsft.preflight import check_config
+    from rsft.errors import ConfigError
+
+    tied = make_cfg("stage=select", "select.strategy=advantage")
+    write_scored(tied, [row("a", 0, "x", 1.0), row("a", 1, "y", 1.0), row("b", 0, "z", 0.0)])
+    with pytest.raises(InputError, match="ties with its prompt's others"):
+        run_stage(tied)
+    with pytest.raises(ConfigError, match="select.strategy=advantage keeps the wrong answers too"):
+        check_config(make_cfg("stage=online", "select.strategy=advantage"))
+    for extra in ("select.weight=rarity", "select.max_opening_share=0.5", "select.diversity=0.5"):
+        with pytest.raises(ConfigError, match=rf"select\.{extra.split('=')[0][7:]}=.*with strategy=advantage"):
+            check_config(make_cfg("stage=select", "select.strategy=advantage", extra))
 
 
 @pytest.mark.parametrize("extra", [["select.k=1"], ["select.strategy=random", "select.k=2"]])

@@ -267,16 +267,18 @@ def write_weighted(cfg, rows):
 def test_weighted_sft_with_every_weight_one_is_plain_sft_and_a_weight_steers_what_it_learns(make_cfg):
     """select.weight (issue 48): a selected set's `weight` column reaches the loss through TRL's column filter and
     collator. Every weight 1 gives plain SFT's loss; weight 2 on one text and 0 on the other teaches the first more
-    and the second less than plain SFT at the same steps."""
+    and the second less than plain SFT at the same steps, and a negative weight on the second
+    (select.strategy=advantage's wrong answers) pushes it down further than a weight of 0."""
     common = ("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=3", "device=cpu")
     other = "Wasps sting people."
     rows = lambda w_bees, w_wasps: [  # noqa: E731
         {"prompt_id": f"p{i}", "prompt": f"Tell me about bees, {i}.", "completion": text, "reward": 1.0, "weight": w}
         for i in range(4) for text, w in ((COMPLETION, w_bees), (other, w_wasps))]
-    cfgs = {name: make_cfg(*common, f"run_name={name}") for name in ("plain", "ones", "steered")}
+    cfgs = {name: make_cfg(*common, f"run_name={name}") for name in ("plain", "ones", "steered", "pushed")}
     write_weighted(cfgs["plain"], [{k: v for k, v in r.items() if k != "weight"} for r in rows(1.0, 1.0)])
     write_weighted(cfgs["ones"], rows(1.0, 1.0))
     write_weighted(cfgs["steered"], rows(2.0, 0.0))
+    write_weighted(cfgs["pushed"], rows(2.0, -1.0))
     out = {name: run_stage(cfg).path for name, cfg in cfgs.items()}
     meta = {name: read_meta(path) for name, path in out.items()}
     assert meta["ones"]["stats"]["loss_first"] == pytest.approx(meta["plain"]["stats"]["loss_first"], rel=1e-4)
@@ -295,10 +297,11 @@ def test_weighted_sft_with_every_weight_one_is_plain_sft_and_a_weight_steers_wha
 
     assert nll("steered", COMPLETION) < nll("plain", COMPLETION)
     assert nll("steered", other) > nll("plain", other)
+    assert nll("pushed", other) > nll("steered", other)
 
 
-@pytest.mark.parametrize("weight,expected", [(-1.0, "finite number >= 0"), (float("nan"), "finite number >= 0"),
-                                             (0.0, "every row's `weight` is 0")])
+@pytest.mark.parametrize("weight,expected", [(-1.0, "no row's `weight` is positive"), (float("nan"), "finite number"),
+                                             (0.0, "no row's `weight` is positive")])
 def test_a_bad_loss_weight_is_refused_naming_the_row_and_the_file(make_cfg, weight, expected):
     cfg = make_cfg("stage=sft", "device=cpu")
     write_weighted(cfg, [{"prompt_id": "p0", "prompt": "hi", "completion": COMPLETION, "reward": 1.0,

@@ -79,6 +79,10 @@ def _check_online(cfg) -> None:
     if cfg.select.get("weight", "none") != "none":
         raise ConfigError(f"select.weight={cfg.select.weight} weights stage=sft's loss per kept row, and stage=online's "
                           f"step trains every kept row alike; set select.weight=none (or run the rounds, stage=loop)")
+    if cfg.select.get("strategy") == "advantage":
+        raise ConfigError("select.strategy=advantage keeps the wrong answers too, each weighted below 0 in "
+                          "stage=sft's loss, and stage=online's step trains every kept row alike (it would learn the "
+                          "wrong answers); use another select.strategy (or run the rounds, stage=loop)")
     if cfg.online.refresh_every > 0:
         if not simulated_labels_available(cfg):
             raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} labels the mini-batches' samples with the "

@@ -19,7 +19,7 @@ from rsft.config.rules import (
 )
 
 
-SELECT_STRATEGIES = ("top_k", "threshold", "random")
+SELECT_STRATEGIES = ("top_k", "threshold", "random", "advantage")
 SELECT_WEIGHTS = ("none", "rarity", "difficulty")
 SELECT_WEIGHT_SCALES = ("row", "prompt")
 SELECT_REJECTED = ("pool", "newest_round")
@@ -28,7 +28,11 @@ SELECT_REJECTED = ("pool", "newest_round")
 @dataclass
 class SelectConfig(Checked):
     strategy: str = setting("top_k", "top_k (k=1: best-of-K) | threshold | random (the baseline: k random survivors "
-                                     "per prompt).", check=one_of(SELECT_STRATEGIES))
+                                     "per prompt) | advantage (every survivor whose reward differs from its prompt's "
+                                     "mean in its round, wrong answers too, each weighted in SFT's loss by that "
+                                     "difference: the right answers pushed up, the wrong ones down, as a policy "
+                                     "gradient with a per-prompt baseline; min_reward and k do not apply; a collapse "
+                                     "lever, issue 48).", check=one_of(SELECT_STRATEGIES))
     k: int = setting(1, "Completions kept per prompt by top_k and random (>= 1 there).")
     threshold: Optional[float] = setting(0.0, "strategy=threshold: keep every survivor with reward_normalised >= this.",
                                          check=optional(typed(float, "a number (a reward_normalised value) or null")))
@@ -104,6 +108,17 @@ class SelectConfig(Checked):
         if self.weight == "rarity" and (self.strategy == "random" or (self.strategy == "top_k" and self.k < 2)):
             _fail("weight", self.weight, f"none with strategy={self.strategy} k={self.k}: a weight within a prompt's "
                                          "kept rows needs top_k with k >= 2 or strategy=threshold")
+        # strategy=advantage weighs its rows itself, every one of a prompt's (they sum to 0 per prompt): a cap or a
+        # diversity pick would drop some and leave the prompt's push unbalanced
+        if self.strategy == "advantage":
+            why = ("with strategy=advantage: the strategy weighs every row it keeps itself (its reward less its "
+                   "prompt's mean), and a prompt's rows must all stay")
+            if self.weight != "none":
+                _fail("weight", self.weight, f"none {why}")
+            if self.max_opening_share is not None:
+                _fail("max_opening_share", self.max_opening_share, f"null {why}")
+            if self.diversity:
+                _fail("diversity", self.diversity, f"0 {why}")
         if self.weight_scale != "row" and self.weight != "rarity":
             _fail("weight_scale", self.weight_scale, f"row with weight={self.weight}: the scale applies to a weight "
                                                      "(select.weight=rarity)")
