@@ -423,10 +423,14 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
     kept: each prompt pushes its better answers up by one row's worth on average, as top_k with k=1 does, and its
     worse ones down by as much (negative weights)."""
     kind = "advantage" if select_cfg.strategy == "advantage" else select_cfg.get("weight", "none")
+
+    def kept_of(prompt_id, group) -> tuple[list[dict], list[dict]]:  # (its ranked survivors, the kept ones)
+        ranked, _ = survivors(group, select_cfg)
+        return ranked, [ranked[i] for i in selection.kept[prompt_id]]
+
     difficulty, scale = {}, 1.0
     if kind == "difficulty":  # the raw weights of every kept row first: their mean scales them all
-        difficulty = {prompt_id: difficulty_weights(group, [survivors(group, select_cfg)[0][i]
-                                                            for i in selection.kept[prompt_id]], select_cfg.min_reward)
+        difficulty = {prompt_id: difficulty_weights(group, kept_of(prompt_id, group)[1], select_cfg.min_reward)
                       for prompt_id, group in groups() if prompt_id in selection.kept}
         raw = [w for weights in difficulty.values() for w in weights]
         scale = len(raw) / sum(raw) if sum(raw) > 0 else None
@@ -434,8 +438,7 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
             log.info("select: every kept row's prompt passed every sample of its round: select.weight=difficulty "
                      "weighs every row 1")
     if kind == "advantage":  # one scale for every row: the right answers' weights sum to the prompts kept
-        advantage = {prompt_id: advantage_weights(group, [survivors(group, select_cfg)[0][i]
-                                                          for i in selection.kept[prompt_id]], select_cfg)
+        advantage = {prompt_id: advantage_weights(group, kept_of(prompt_id, group)[1], select_cfg)
                      for prompt_id, group in groups() if prompt_id in selection.kept}
         pushed_up = sum(w for weights in advantage.values() for w in weights if w > 0)
         if pushed_up <= 0:  # the filters (drop_truncated, drop_empty) dropped every answer above its prompt's mean
@@ -446,8 +449,7 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
         scale = sum(1 for weights in advantage.values() if weights) / pushed_up
     for prompt_id, group in groups():
         if prompt_id in selection.kept:
-            ranked, _ = survivors(group, select_cfg)
-            kept = [ranked[i] for i in selection.kept[prompt_id]]
+            ranked, kept = kept_of(prompt_id, group)
             weights = None
             if kind == "advantage" and kept:
                 weights = [w * scale for w in advantage[prompt_id]]
