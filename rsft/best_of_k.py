@@ -474,7 +474,8 @@ def pair_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], selection:
 
 
 def kept_of_batch(cfg: DictConfig, candidates: list[dict], batch: int) -> list[dict]:
-    """The select group's rule over a mini-batch's scored candidates (stage=online); [] when it keeps nothing."""
+    """The select group's rule over a mini-batch's scored candidates (stage=online), each row with its `weight` where
+    select.weight or select.strategy=advantage gives one (selected_rows); [] when it keeps nothing."""
     by_prompt: dict = {}
     for row in candidates:
         by_prompt.setdefault(row["prompt_id"], []).append(row)
@@ -482,10 +483,10 @@ def kept_of_batch(cfg: DictConfig, candidates: list[dict], batch: int) -> list[d
     try:
         chosen = select_groups(groups, [r["reward"] for r in candidates if r["reward"] is not None], cfg.select,
                                cfg.seed, batch, want_pairs=False)
-    except InputError as error:  # nothing kept: this mini-batch takes no step
+        return list(selected_rows(groups, chosen, cfg.select, batch))
+    except InputError as error:  # nothing kept (or, with strategy=advantage, nothing to push up): no step
         log.warning("online: mini-batch %d keeps nothing (%s); no optimiser step", batch, error)
         return []
-    return list(selected_rows(groups, chosen, cfg.select, batch))
 
 
 def best_and_worst(cfg: DictConfig, candidates: list[dict]) -> list[tuple[dict, dict]]:

@@ -394,7 +394,8 @@ def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> to
 def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, total: int, kl: bool = True,
                     gem_beta: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the SFT loss of `examples` as sft_loss takes it, or with `gem_beta` GEM's loss (gem_token_losses) summed and
-    divided alike; with `kl` the sum over their completion tokens of KL(initial || policy), else None) from one
+    divided alike, each example's tokens times its `weight` where it has one (as stage=sft weighs its rows,
+    lever_sft_trainer); with `kl` the sum over their completion tokens of KL(initial || policy), else None) from one
     forward of the policy and, with `kl`, one of its reference (online.kl, online.loss; stage=sft's sft.kl and
     sft.loss take the same terms, forward_kl_sum)."""
     ids, attention, loss_mask = padded(examples, pad_id, policy.device)
@@ -403,11 +404,18 @@ def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, tot
     else:
         logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         token_losses = gem_token_losses(logits, ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100), gem_beta)
+    if has_weights(examples):
+        token_losses = token_losses * torch.tensor([e.get("weight", 1.0) for e in examples]).to(token_losses)[:, None]
     if not kl:
         return token_losses.sum() / total, None
     with torch.no_grad(), policy.as_reference() as reference:
         reference_logits = reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
     return token_losses.sum() / total, forward_kl_sum(logits, reference_logits, loss_mask[:, 1:].float())
+
+
+def has_weights(examples: list[dict]) -> bool:
+    """Whether any example carries a loss weight other than 1."""
+    return any(e.get("weight", 1.0) != 1.0 for e in examples)
 
 
 @dataclass
@@ -437,7 +445,8 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
                pairs: Pairs | None = None, kl: float = 0.0,
                gem_beta: float | None = None) -> tuple[float, float | None, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
-    cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss), plus with
+    cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss; an example with a
+    `weight` counts its tokens that many times, below 0 pushing them down), plus with
     `kl` > 0 kl x the mean over those tokens of KL(initial || policy) (online.kl), plus with `pairs` weight x the
     mean DPO loss -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair.
     Returns (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
@@ -449,7 +458,7 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     # [SFT loss summed over tokens, DPO loss summed over pairs, KL summed over tokens]
     sums = torch.zeros(3, device=policy.device)
     objective = torch.zeros((), device=policy.device)
-    if mine and total and (kl > 0 or gem_beta is not None):
+    if mine and total and (kl > 0 or gem_beta is not None or has_weights(mine)):
         sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, kl > 0, gem_beta)
         objective = objective + sft
         sums[0] = sft.detach() * total
@@ -483,12 +492,14 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
 
 
 def online_examples(rows: list[dict], tokenizer, system_prompt: str | None, max_length: int) -> list[dict]:
-    """The SFT examples of kept rows (stage=sft's rendering, cut_examples), cut to online.max_length tokens."""
+    """The SFT examples of kept rows (stage=sft's rendering, cut_examples), cut to online.max_length tokens; a row's
+    `weight` (select.weight, select.strategy=advantage) rides along as the example's loss weight."""
     if not rows:
         return []
     table = Dataset.from_dict({k: [r[k] for r in rows] for k in ("prompt", "completion", "finish_reason")})
-    return [{"input_ids": e["input_ids"][:max_length], "completion_mask": e["completion_mask"][:max_length]}
-            for e in cut_examples(table, tokenizer, system_prompt).to_list()]
+    return [{"input_ids": e["input_ids"][:max_length], "completion_mask": e["completion_mask"][:max_length],
+             **({"weight": float(r["weight"])} if r.get("weight") is not None else {})}
+            for r, e in zip(rows, cut_examples(table, tokenizer, system_prompt).to_list())]
 
 
 def dpo_pairs(policy: OnlinePolicy, examples, pairs: list[tuple[dict, dict]], online: DictConfig,

@@ -499,3 +499,64 @@ def test_online_gem_steps_take_gems_loss_and_leave_the_policy_wider_than_cross_e
         return float(((-(log_p.exp() * log_p).sum(-1)) * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum())
 
     assert entropy_after(0.7) > entropy_after(None)
+
+
+def test_a_weighted_step_counts_each_examples_tokens_its_weight_times_and_pushes_a_negative_one_down():
+    """select.weight and select.strategy=advantage online (issue 48): a step's loss is the sum over completion
+    tokens of each example's cross-entropy times its weight, divided by the step's tokens (stage=sft's weighting);
+    steps on a right answer weighted +1 and a wrong one weighted -1 raise the wrong one's loss, where plain steps
+    on both lower it."""
+    from rsft.policy_training import OnlinePolicy, completion_tokens, online_examples, token_nll, train_step
+
+    tokenizer, batch, _, tiny = online_step_fixture()
+    pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
+
+    def policy():
+        online = OmegaConf.create({"mode": "full", "learning_rate": 1e-2, "weight_decay": 0.0,
+                                   "lr_scheduler": "constant", "warmup_steps": 0, "dpo_weight": 0.0, "kl": 0.0})
+        return OnlinePolicy.build(tiny(), online, cpu, total_steps=6)
+
+    weighted = [{**batch[0], "weight": 2.0}, {**batch[1], "weight": -0.5}]
+    fresh = policy()
+    with torch.no_grad():
+        nll = token_nll(fresh.model, batch, pad, cpu)
+    expected = float(2.0 * nll[0] - 0.5 * nll[1]) / completion_tokens(batch)
+    assert train_step(fresh, weighted, pad, 1.0)[0] == pytest.approx(expected, rel=1e-5)
+
+    def wrong_answer_loss_after(examples):
+        trained = policy()
+        for _ in range(6):
+            train_step(trained, examples, pad, 1.0)
+        with torch.no_grad():
+            return float(token_nll(trained.model, batch[1:], pad, cpu)[0])
+
+    rows = [{"prompt": "Say hi.", "completion": "Hi", "finish_reason": "stop", "weight": -0.5},
+            {"prompt": "Say hi.", "completion": "Hello", "finish_reason": "stop"}]
+    carried = online_examples(rows, tokenizer, None, 512)  # a kept row's weight reaches its example
+    assert carried[0]["weight"] == -0.5 and "weight" not in carried[1]
+    start = float(nll[1])
+    assert wrong_answer_loss_after([{**batch[0], "weight": 1.0}, {**batch[1], "weight": -1.0}]) > start
+    assert wrong_answer_loss_after(batch) < start
+
+
+def test_online_with_advantage_keeps_each_prompts_answers_weighted_to_sum_to_zero_and_steps_on_them(make_cfg):
+    """select.strategy=advantage online: each mini-batch keeps every answer whose reward differs from its prompt's
+    mean, weighted by the difference (the wrong ones below 0, each prompt's weights summing to 0), and takes its
+    steps on them; select.weight=rarity online weighs its rows too."""
+    cfg = make_cfg(*ONLINE, "online.minibatches=2", "online.batch_size=6", "select.strategy=advantage",
+                   "run_name=advantage")
+    out = run_stage(cfg).path
+    kept = load_from_disk(str(out / "kept")).to_list()
+    assert kept and any(r["weight"] < 0 for r in kept) and any(r["weight"] > 0 for r in kept)
+    by_prompt: dict = {}
+    for r in kept:
+        by_prompt.setdefault((r["round"], r["prompt_id"]), []).append(r)
+    for rows in by_prompt.values():
+        assert sum(r["weight"] for r in rows) == pytest.approx(0.0, abs=1e-9)
+        mean = sum(r["reward"] for r in rows) / len(rows)  # length rewards: every sample differs, all are kept
+        assert all((r["weight"] > 0) == (r["reward"] > mean) for r in rows)
+    minibatches = json.loads((out / "metrics.json").read_text())["minibatches"]
+    assert [m["steps"] for m in minibatches] == [2, 2]
+    rarity = run_stage(make_cfg(*ONLINE, "online.minibatches=1", "select.k=2", "select.weight=rarity",
+                                "run_name=rarity")).path
+    assert all(r["weight"] > 0 for r in load_from_disk(str(rarity / "kept")).to_list())

@@ -425,10 +425,10 @@ def test_advantage_keeps_right_and_wrong_answers_weighted_by_their_reward_less_t
     assert [w for _, _, w in kept["copies"]] == pytest.approx([w * scale for _, _, w in copies])
 
 
-def test_advantage_with_every_answer_tied_or_online_or_with_a_cap_is_refused(make_cfg):
+def test_advantage_with_every_answer_tied_or_online_replay_or_with_a_cap_is_refused(make_cfg):
     """select.strategy=advantage: nothing to push when every prompt's answers tie (a clear error, not an empty SFT);
-    stage=online trains every kept row alike (it would learn the wrong answers), and a weight, an opening cap or a
-    diversity pick would break a prompt's balance: each refused before any work."""
+    stage=online with replay (stale weights) or with steps on part of a mini-batch, and a weight, an opening cap or a
+    diversity pick, would break a prompt's balance: each refused before any work."""
     from rsft.preflight import check_config
     from rsft.errors import ConfigError
 
@@ -436,8 +436,12 @@ def test_advantage_with_every_answer_tied_or_online_or_with_a_cap_is_refused(mak
     write_scored(tied, [row("a", 0, "x", 1.0), row("a", 1, "y", 1.0), row("b", 0, "z", 0.0)])
     with pytest.raises(InputError, match="ties with its prompt's others"):
         run_stage(tied)
-    with pytest.raises(ConfigError, match="select.strategy=advantage keeps the wrong answers too"):
-        check_config(make_cfg("stage=online", "select.strategy=advantage"))
+    online = ("stage=online", "select.strategy=advantage", "online.prompts_per_batch=2", "sample.num_samples=3")
+    check_config(make_cfg(*online, "online.batch_size=6"))  # a step holds the whole mini-batch: accepted
+    with pytest.raises(ConfigError, match=r"online.replay=2 with select.strategy=advantage.*set online.replay=0"):
+        check_config(make_cfg(*online, "online.batch_size=6", "online.replay=2"))
+    with pytest.raises(ConfigError, match=r"online.batch_size=4 with select.strategy=advantage.*at least .* = 6"):
+        check_config(make_cfg(*online, "online.batch_size=4"))
     for extra in ("select.weight=rarity", "select.max_opening_share=0.5", "select.diversity=0.5"):
         with pytest.raises(ConfigError, match=rf"select\.{extra.split('=')[0][7:]}=.*with strategy=advantage"):
             check_config(make_cfg("stage=select", "select.strategy=advantage", extra))
@@ -450,7 +454,6 @@ def test_rarity_weight_without_several_kept_rows_per_prompt_is_refused(make_cfg,
 
     with pytest.raises(ConfigError, match=r"select\.weight='rarity': expected none with strategy="):
         check_config(make_cfg("stage=select", "select.weight=rarity", *extra))
-    with pytest.raises(ConfigError, match="select.weight=rarity weights stage=sft's loss"):
-        check_config(make_cfg("stage=online", "select.weight=rarity", "select.k=2"))
+    check_config(make_cfg("stage=online", "select.weight=rarity", "select.k=2"))  # online weighs its steps alike
     with pytest.raises(ConfigError, match=r"select\.weight_scale='prompt': expected row with weight=none"):
         check_config(make_cfg("stage=select", "select.weight_scale=prompt", "select.k=2"))

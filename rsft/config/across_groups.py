@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 from rsft import stages
 
-from rsft.config.sample_settings import fewest_samples, k_schedule, most_samples
+from rsft.config.sample_settings import fewest_samples, k_schedule, most_samples, samples_per_prompt
 from rsft.errors import ConfigError
 
 
@@ -76,13 +76,18 @@ def _check_online(cfg) -> None:
     if cfg.draft.kind not in ("none", "ngram"):
         raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
                           f"weights change every mini-batch; set draft=none or draft=ngram")
-    if cfg.select.get("weight", "none") != "none":
-        raise ConfigError(f"select.weight={cfg.select.weight} weights stage=sft's loss per kept row, and stage=online's "
-                          f"step trains every kept row alike; set select.weight=none (or run the rounds, stage=loop)")
-    if cfg.select.get("strategy") == "advantage":
-        raise ConfigError("select.strategy=advantage keeps the wrong answers too, each weighted below 0 in "
-                          "stage=sft's loss, and stage=online's step trains every kept row alike (it would learn the "
-                          "wrong answers); use another select.strategy (or run the rounds, stage=loop)")
+    if cfg.select.get("strategy") == "advantage":  # each step weighs whole prompts, whose weights sum to 0
+        if cfg.online.replay > 0:
+            raise ConfigError(f"online.replay={cfg.online.replay} with select.strategy=advantage: a replayed row's "
+                              f"weight is its reward less the mean of its own mini-batch's samples, measured on a "
+                              f"policy that has moved since, and the wrong answers among them would be pushed down "
+                              f"again; set online.replay=0")
+        rows = cfg.online.prompts_per_batch * samples_per_prompt(cfg.sample)
+        if cfg.online.batch_size < rows:
+            raise ConfigError(f"online.batch_size={cfg.online.batch_size} with select.strategy=advantage: a step on "
+                              f"part of a mini-batch's rows can hold a prompt's wrong answers without its right ones, "
+                              f"and only push down; expected at least online.prompts_per_batch x sample.num_samples = "
+                              f"{rows}, so that every step holds every kept row of the mini-batch")
     if cfg.online.refresh_every > 0:
         if not simulated_labels_available(cfg):
             raise ConfigError(f"online.refresh_every={cfg.online.refresh_every} labels the mini-batches' samples with the "
