@@ -11,6 +11,7 @@ import hashlib
 import logging
 import math
 import random
+import statistics
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -103,16 +104,19 @@ def advantage_weights(group: list[dict], kept: list[dict], select_cfg: DictConfi
     their number. With select.dedupe a kept text stands for each of its copies, so its weight is the sum over the
     copies: the gradient of one row weighted so is the gradient of the copies. Over a round's candidates the
     weights sum to 0: what the right answers gain, the wrong ones lose, and a token every answer shares is left
-    alone, where SFT on the right answers alone sharpens it too. 0 for a prompt whose candidates all tie."""
+    alone, where SFT on the right answers alone sharpens it too. 0 for a prompt whose candidates all tie. With
+    select.advantage_scale=std each difference is also divided by the standard deviation of those rewards (Bessel's,
+    as GRPO's scale_rewards=group), so every prompt that is not tied pushes alike."""
     scored, _ = comparable(group)
     by_round: dict[Any, list[float]] = {}
     for c in scored:
         by_round.setdefault(c.get("round"), []).append(float(c["reward"]))
-    baseline = {r: (sum(v) / len(v), len(v)) for r, v in by_round.items()}
+    by_std = select_cfg.get("advantage_scale", "none") == "std"
+    baseline = {r: (sum(v) / len(v), len(v), spread(v) if by_std else 1.0) for r, v in by_round.items()}
 
     def own(c: dict) -> float:
-        mean, n = baseline[c.get("round")]
-        return (float(c["reward"]) - mean) / n
+        mean, n, scale = baseline[c.get("round")]
+        return (float(c["reward"]) - mean) / n / scale if scale > 0 else 0.0
 
     if not select_cfg.dedupe:
         return [own(c) for c in kept]
@@ -120,6 +124,11 @@ def advantage_weights(group: list[dict], kept: list[dict], select_cfg: DictConfi
     for c in scored:  # every copy of a kept text, the dropped ones too
         copies[c["completion"].strip()] = copies.get(c["completion"].strip(), 0.0) + own(c)
     return [copies[c["completion"].strip()] for c in kept]
+
+
+def spread(values: list[float]) -> float:
+    """The sample standard deviation (Bessel's), 0 for fewer than two values or a tie."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def moves(weight: float) -> bool:

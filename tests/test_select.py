@@ -457,3 +457,29 @@ def test_rarity_weight_without_several_kept_rows_per_prompt_is_refused(make_cfg,
     check_config(make_cfg("stage=online", "select.weight=rarity", "select.k=2"))  # online weighs its steps alike
     with pytest.raises(ConfigError, match=r"select\.weight_scale='prompt': expected row with weight=none"):
         check_config(make_cfg("stage=select", "select.weight_scale=prompt", "select.k=2"))
+
+
+def test_advantage_scaled_by_std_divides_each_prompts_differences_by_its_rewards_spread(make_cfg):
+    """select.advantage_scale=std (GRPO's scale_rewards=group): each prompt's (reward - mean) / samples is also divided
+    by the standard deviation (Bessel's) of its round's rewards, before the one scale; a prompt's weights still sum to
+    0. The setting is refused with any other strategy."""
+    import math
+
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+
+    rows = [row("a", 0, "4", 1.0), row("a", 1, "4", 1.0), row("a", 2, "5", 0.0), row("a", 3, "6", 0.0),
+            row("c", 0, "hard", 1.0), row("c", 1, "no", 0.0), row("c", 2, "no", 0.0), row("c", 3, "none", 0.0)]
+    cfg = make_cfg("stage=select", "select.strategy=advantage", "select.advantage_scale=std")
+    write_scored(cfg, rows)
+    kept = [(r["prompt_id"], r["completion"], r["weight"]) for r in selected_of(run_stage(cfg).path)]
+    std_a, std_c = math.sqrt(1 / 3), 0.5  # a: 1, 1, 0, 0 about 1/2; c: 1, 0, 0, 0 about 1/4
+    raw = [("a", "4", 2 / 8 / std_a), ("a", "5", -1 / 8 / std_a), ("a", "6", -1 / 8 / std_a),
+           ("c", "hard", 3 / 16 / std_c), ("c", "no", -2 / 16 / std_c), ("c", "none", -1 / 16 / std_c)]
+    scale = 2 / (2 / 8 / std_a + 3 / 16 / std_c)
+    assert [(p, t) for p, t, _ in kept] == [(p, t) for p, t, _ in raw]
+    assert [w for _, _, w in kept] == pytest.approx([w * scale for _, _, w in raw])
+    for prompt in "ac":
+        assert sum(w for p, _, w in kept if p == prompt) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ConfigError, match=r"select\.advantage_scale='std': expected none with strategy=top_k"):
+        check_config(make_cfg("stage=select", "select.advantage_scale=std"))

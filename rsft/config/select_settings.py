@@ -22,6 +22,7 @@ from rsft.config.rules import (
 SELECT_STRATEGIES = ("top_k", "threshold", "random", "advantage")
 SELECT_WEIGHTS = ("none", "rarity", "difficulty")
 SELECT_WEIGHT_SCALES = ("row", "prompt")
+ADVANTAGE_SCALES = ("none", "std")
 SELECT_REJECTED = ("pool", "newest_round")
 
 
@@ -93,6 +94,13 @@ class SelectConfig(Checked):
                                        "cross-entropy's scale falls with the rows kept per prompt, so an sft.kl term "
                                        "weighs relatively more).",
                                 check=one_of(SELECT_WEIGHT_SCALES))
+    # issue 48: GRPO's scale_rewards=group, the one part of its advantage strategy=advantage left out
+    advantage_scale: str = setting("none", "With strategy=advantage, what a prompt's reward differences are divided "
+                                           "by: none = nothing (a prompt answered right half the time pushes hardest); "
+                                           "std = the standard deviation of its candidates' rewards in their round "
+                                           "(Bessel's, as GRPO's scale_rewards=group; every prompt that is not tied "
+                                           "pushes alike, a rare right or wrong answer hardest).",
+                                   check=one_of(ADVANTAGE_SCALES))
 
     def __post_init__(self):
         super().__post_init__()
@@ -121,6 +129,9 @@ class SelectConfig(Checked):
                 _fail("max_opening_share", self.max_opening_share, f"null {why}")
             if self.diversity:
                 _fail("diversity", self.diversity, f"0 {why}")
+        if self.advantage_scale != "none" and self.strategy != "advantage":
+            _fail("advantage_scale", self.advantage_scale, f"none with strategy={self.strategy}: the scale applies to "
+                                                           f"strategy=advantage's reward differences")
         if self.weight_scale != "row" and self.weight != "rarity":
             _fail("weight_scale", self.weight_scale, f"row with weight={self.weight}: the scale applies to a weight "
                                                      "(select.weight=rarity)")
