@@ -145,6 +145,8 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
     clock.lap("refresh")
     candidates = reward_service.score_batch(ctx.scorer, ds, reward_service.calibrates(cfg))
     kept = kept_of_batch(cfg, candidates, batch)
+    if cfg.online.advantage_share and kept:
+        kept = shared_weights(kept, len(prompts))
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     clock.lap("scoring")
     trained = train_on_batch(ctx.policy, ctx.tokenizer, cfg.online, cfg.seed, ctx.system_prompt, kept, progress.kept,
@@ -160,6 +162,14 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         "wall_seconds": round(wall + seconds, 3), "phase_seconds": clock.seconds, "kept": len(kept), **kept_means(candidates, kept), **trained,
         **({"reward_model": len(progress.refreshes)} if refresh else {}),
     }
+
+
+def shared_weights(kept: list[dict], prompts: int) -> list[dict]:
+    """online.advantage_share: the kept rows' weights times the share of the mini-batch's `prompts` that kept any (a
+    prompt whose answers all tie keeps none), as GRPO's loss, averaged over every sampled completion, counts a tied
+    group's completions and adds nothing from them."""
+    share = len({r["prompt_id"] for r in kept}) / prompts
+    return [{**r, "weight": r["weight"] * share} for r in kept]
 
 
 def refresh_reward(ctx: Context, progress: Progress, batch: int) -> None:

@@ -88,6 +88,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
     "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",
     "select.advantage_scale": lambda cfg: cfg.select.get("advantage_scale", "none") == "none",
+    "online.advantage_share": lambda cfg: not cfg.online.get("advantage_share", False),
     "select.rejected": lambda cfg: cfg.select.get("rejected", "pool") == "pool",
     "online.guard.kl_factor": lambda cfg: cfg.online.guard.get("action") != "raise_kl",
     "online.guard.widen_k": lambda cfg: True,  # online refuses widen_select: the key never acts there

@@ -560,3 +560,21 @@ def test_online_with_advantage_keeps_each_prompts_answers_weighted_to_sum_to_zer
     rarity = run_stage(make_cfg(*ONLINE, "online.minibatches=1", "select.k=2", "select.weight=rarity",
                                 "run_name=rarity")).path
     assert all(r["weight"] > 0 for r in load_from_disk(str(rarity / "kept")).to_list())
+
+
+def test_advantage_share_scales_a_minibatchs_weights_by_the_share_of_its_prompts_not_tied(make_cfg):
+    """online.advantage_share (issue 48, GRPO's loss averaged over every sampled completion): mini-batch 0 keeps the
+    same rows as without it, each weight times (prompts that kept any) / (prompts in the mini-batch); the setting is
+    refused without select.strategy=advantage."""
+    from rsft.preflight import check_config
+
+    base = [*ONLINE, "online.minibatches=1", "online.batch_size=6", "select.strategy=advantage"]
+    plain = load_from_disk(str(run_stage(make_cfg(*base, "run_name=plain")).path / "kept")).to_list()
+    shared = load_from_disk(str(run_stage(make_cfg(*base, "online.advantage_share=true",
+                                                   "run_name=shared")).path / "kept")).to_list()
+    share = len({r["prompt_id"] for r in plain}) / 2
+    assert [(r["prompt_id"], r["completion"]) for r in shared] == [(r["prompt_id"], r["completion"]) for r in plain]
+    assert [r["weight"] for r in shared] == pytest.approx([r["weight"] * share for r in plain])
+    assert rsft.online.shared_weights([{"prompt_id": "a", "weight": 0.5}], 4) == [{"prompt_id": "a", "weight": 0.125}]
+    with pytest.raises(ConfigError, match="online.advantage_share=true scales select.strategy=advantage's weights"):
+        check_config(make_cfg(*ONLINE, "online.advantage_share=true"))

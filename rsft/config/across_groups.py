@@ -76,6 +76,10 @@ def _check_online(cfg) -> None:
     if cfg.draft.kind not in ("none", "ngram"):
         raise ConfigError(f"draft={cfg.draft.kind}: a trained draft imitates one fixed policy, and stage=online's "
                           f"weights change every mini-batch; set draft=none or draft=ngram")
+    if cfg.online.get("advantage_share") and cfg.select.get("strategy") != "advantage":
+        raise ConfigError(f"online.advantage_share=true scales select.strategy=advantage's weights, and "
+                          f"select.strategy={cfg.select.get('strategy')} has none; set online.advantage_share=false "
+                          f"(or select.strategy=advantage)")
     if cfg.select.get("strategy") == "advantage":  # each step weighs whole prompts, whose weights sum to 0
         if cfg.online.replay > 0:
             raise ConfigError(f"online.replay={cfg.online.replay} with select.strategy=advantage: a replayed row's "

@@ -113,6 +113,13 @@ class OnlineConfig(Checked):
                                      "step (against the initial policy: LoRA with the adapter off, or a frozen copy); "
                                      "0 = off.", check=non_negative())
     dpo_beta: float = setting(0.1, "The DPO loss's KL strength, > 0.", check=positive())
+    # issue 48: GRPO averages its loss over every sampled completion, so a mini-batch of tied prompts moves it less
+    advantage_share: bool = setting(False, "With select.strategy=advantage, multiply a mini-batch's weights by the "
+                                           "share of its prompts whose answers are not all tied, so that a mini-batch "
+                                           "with little to learn from (its prompts all solved or all failed) takes a "
+                                           "smaller step, as GRPO's loss, averaged over every sampled completion, "
+                                           "does; false = every mini-batch's right answers weigh its kept prompts.",
+                                    check=boolean())
     # issue 48 (collapse): online's pull towards where it started, as sft.kl is the rounds'
     kl: float = setting(0.0, "Weight of a KL(initial || policy) term added to every step's SFT loss, the mean over "
                              "the step's completion tokens, against the initial policy (LoRA with the adapter off, "
