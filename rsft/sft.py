@@ -97,9 +97,9 @@ def check_weights(weights: list, source) -> None:
             raise InputError(f"{source}: row {i}'s `weight` is {w!r}; expected a finite number (the row's SFT "
                              f"loss weight, select.weight or select.strategy=advantage)")
     if not any(w > 0 for w in weights):
-        raise InputError(f"{source}: no row's `weight` is positive (largest {max(weights, default=None)!r}), so SFT would learn "
-                         f"nothing or only push answers down; expected a positive weight on at least one row "
-                         f"(select.weight, select.strategy=advantage)")
+        raise InputError(f"{source}: no row's `weight` is positive (largest {max(weights, default=None)!r}), so SFT "
+                         f"would learn nothing or only push answers down; expected a positive weight on at least "
+                         f"one row (select.weight, select.strategy=advantage)")
 
 
 def trainer_config(cfg: DictConfig, device: torch.device, output_dir: str):

@@ -34,8 +34,8 @@ class SelectConfig(Checked):
                                      "difference: the right answers pushed up, the wrong ones down, as a policy "
                                      "gradient with a per-prompt baseline; min_reward and k do not apply; a collapse "
                                      "lever, issue 48, measured to break the verifiable task's policy at the "
-                                     "recipe's SFT step: docs/diversity.md; stage=online weighs each mini-batch alike, a "
-                                     "step holding the whole mini-batch).", check=one_of(SELECT_STRATEGIES))
+                                     "recipe's SFT step: docs/diversity.md; stage=online weighs each mini-batch "
+                                     "alike, a step holding the whole mini-batch).", check=one_of(SELECT_STRATEGIES))
     k: int = setting(1, "Completions kept per prompt by top_k and random (>= 1 there).")
     threshold: Optional[float] = setting(0.0, "strategy=threshold: keep every survivor with reward_normalised >= this.",
                                          check=optional(typed(float, "a number (a reward_normalised value) or null")))
