@@ -430,7 +430,8 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
     every time, every row weighs 1: nothing tells them apart). With select.strategy=advantage the weight is
     advantage_weights times one scale for the whole set, such that the positive weights sum to the number of prompts
     kept: each prompt pushes its better answers up by one row's worth on average, as top_k with k=1 does, and its
-    worse ones down by as much (negative weights)."""
+    worse ones down by as much (negative weights); select.advantage_positive then multiplies the positive weights
+    alone (W-REINFORCE's lambda), leaving the push down as it was."""
     kind = "advantage" if select_cfg.strategy == "advantage" else select_cfg.get("weight", "none")
 
     def kept_of(prompt_id, group) -> tuple[list[dict], list[dict]]:  # (its ranked survivors, the kept ones)
@@ -460,8 +461,9 @@ def selected_rows(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], select
         if prompt_id in selection.kept:
             ranked, kept = kept_of(prompt_id, group)
             weights = None
-            if kind == "advantage" and kept:
-                weights = [w * scale for w in advantage[prompt_id]]
+            if kind == "advantage" and kept:  # select.advantage_positive cuts the push up, after the scale
+                positive = float(select_cfg.get("advantage_positive", 1.0))
+                weights = [w * scale * (positive if w > 0 else 1.0) for w in advantage[prompt_id]]
             elif kind == "rarity" and kept:
                 weights = rarity_weights(kept, answer_counts(comparable(group)[0]),
                                          select_cfg.get("weight_scale", "row"))

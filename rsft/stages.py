@@ -88,6 +88,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "select.weight": lambda cfg: cfg.select.get("weight", "none") == "none",
     "select.weight_scale": lambda cfg: cfg.select.get("weight_scale", "row") == "row",
     "select.advantage_scale": lambda cfg: cfg.select.get("advantage_scale", "none") == "none",
+    "select.advantage_positive": lambda cfg: float(cfg.select.get("advantage_positive", 1.0)) == 1.0,
     "online.advantage_share": lambda cfg: not cfg.online.get("advantage_share", False),
     "select.rejected": lambda cfg: cfg.select.get("rejected", "pool") == "pool",
     "online.guard.kl_factor": lambda cfg: cfg.online.guard.get("action") != "raise_kl",

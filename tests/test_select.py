@@ -483,3 +483,31 @@ def test_advantage_scaled_by_std_divides_each_prompts_differences_by_its_rewards
         assert sum(w for p, _, w in kept if p == prompt) == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(ConfigError, match=r"select\.advantage_scale='std': expected none with strategy=top_k"):
         check_config(make_cfg("stage=select", "select.advantage_scale=std"))
+
+
+@pytest.mark.parametrize("positive", [0.1, 0.0])
+def test_advantage_positive_cuts_the_push_up_and_leaves_the_push_down(make_cfg, positive):
+    """select.advantage_positive (W-REINFORCE's lambda): after the one scale, the weights above a prompt's mean are
+    multiplied by it and the ones below are as without it, so the push down outweighs the push up; 0 leaves the push
+    down alone (NSR). Refused with any other strategy; left out of the fingerprints at 1."""
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+    from rsft.stages import WHILE_OFF
+
+    rows = [row("a", 0, "4", 1.0), row("a", 1, "4", 1.0), row("a", 2, "5", 0.0), row("a", 3, "6", 0.0),
+            row("c", 0, "hard", 1.0), row("c", 1, "no", 0.0), row("c", 2, "no", 0.0), row("c", 3, "none", 0.0)]
+    weights = {}
+    for name, extra in (("plain", []), ("cut", [f"select.advantage_positive={positive}"])):
+        cfg = make_cfg("stage=select", "select.strategy=advantage", f"run_name={name}", *extra)
+        write_scored(cfg, rows)
+        weights[name] = [(r["prompt_id"], r["completion"], r["weight"]) for r in selected_of(run_stage(cfg).path)]
+    assert [(p, t) for p, t, _ in weights["cut"]] == [(p, t) for p, t, _ in weights["plain"]]
+    expected = [w * positive if w > 0 else w for _, _, w in weights["plain"]]
+    assert [w for _, _, w in weights["cut"]] == pytest.approx(expected)
+    assert sum(w for _, _, w in weights["cut"] if w > 0) == pytest.approx(2.0 * positive)  # two prompts kept
+    assert sum(w for _, _, w in weights["cut"] if w < 0) == pytest.approx(-2.0)
+    with pytest.raises(ConfigError, match=r"select\.advantage_positive=0\.5: expected 1 with strategy=top_k"):
+        check_config(make_cfg("stage=select", "select.advantage_positive=0.5"))
+    with pytest.raises(ConfigError, match=r"select\.advantage_positive=-0\.1: expected a number >= 0"):
+        check_config(make_cfg("stage=select", "select.strategy=advantage", "select.advantage_positive=-0.1"))
+    assert WHILE_OFF["select.advantage_positive"](make_cfg("stage=select"))

@@ -101,6 +101,14 @@ class SelectConfig(Checked):
                                            "(Bessel's, as GRPO's scale_rewards=group; every prompt that is not tied "
                                            "pushes alike, a rare right or wrong answer hardest).",
                                    check=one_of(ADVANTAGE_SCALES))
+    # issue 48: W-REINFORCE's weighting (Zhu et al. 2025), the negative answers' push kept, the positive ones' cut
+    advantage_positive: float = setting(1.0, "With strategy=advantage, the factor on the weights of answers above "
+                                             "their prompt's mean, after the scale (W-REINFORCE's lambda, 0.1 in Zhu "
+                                             "et al. 2025): below 1 pushing wrong answers down outweighs pushing "
+                                             "right ones up, which spreads the freed probability over the other "
+                                             "answers in proportion to what they had rather than onto the kept ones; "
+                                             "0 pushes wrong answers down only (their NSR).",
+                                        check=non_negative())
 
     def __post_init__(self):
         super().__post_init__()
@@ -132,6 +140,9 @@ class SelectConfig(Checked):
         if self.advantage_scale != "none" and self.strategy != "advantage":
             _fail("advantage_scale", self.advantage_scale, f"none with strategy={self.strategy}: the scale applies to "
                                                            f"strategy=advantage's reward differences")
+        if self.advantage_positive != 1 and self.strategy != "advantage":
+            _fail("advantage_positive", self.advantage_positive, f"1 with strategy={self.strategy}: the factor applies "
+                                                                 f"to strategy=advantage's weights above the mean")
         if self.weight_scale != "row" and self.weight != "rarity":
             _fail("weight_scale", self.weight_scale, f"row with weight={self.weight}: the scale applies to a weight "
                                                      "(select.weight=rarity)")
