@@ -485,11 +485,11 @@ def test_advantage_scaled_by_std_divides_each_prompts_differences_by_its_rewards
         check_config(make_cfg("stage=select", "select.advantage_scale=std"))
 
 
-@pytest.mark.parametrize("positive", [0.1, 0.0])
+@pytest.mark.parametrize("positive", [0.1, 0.5])
 def test_advantage_positive_cuts_the_push_up_and_leaves_the_push_down(make_cfg, positive):
     """select.advantage_positive (W-REINFORCE's lambda): after the one scale, the weights above a prompt's mean are
-    multiplied by it and the ones below are as without it, so the push down outweighs the push up; 0 leaves the push
-    down alone (NSR). Refused with any other strategy; left out of the fingerprints at 1."""
+    multiplied by it and the ones below are as without it, so the push down outweighs the push up. Refused at 0 (SFT
+    would have no positive weight), or with any other strategy; left out of the fingerprints at 1."""
     from rsft.errors import ConfigError
     from rsft.preflight import check_config
     from rsft.stages import WHILE_OFF
@@ -508,6 +508,7 @@ def test_advantage_positive_cuts_the_push_up_and_leaves_the_push_down(make_cfg, 
     assert sum(w for _, _, w in weights["cut"] if w < 0) == pytest.approx(-2.0)
     with pytest.raises(ConfigError, match=r"select\.advantage_positive=0\.5: expected 1 with strategy=top_k"):
         check_config(make_cfg("stage=select", "select.advantage_positive=0.5"))
-    with pytest.raises(ConfigError, match=r"select\.advantage_positive=-0\.1: expected a number >= 0"):
-        check_config(make_cfg("stage=select", "select.strategy=advantage", "select.advantage_positive=-0.1"))
+    for bad in ("-0.1", "0.0"):
+        with pytest.raises(ConfigError, match=rf"select\.advantage_positive={bad}: expected a number > 0 \(0 would"):
+            check_config(make_cfg("stage=select", "select.strategy=advantage", f"select.advantage_positive={bad}"))
     assert WHILE_OFF["select.advantage_positive"](make_cfg("stage=select"))

@@ -14,6 +14,7 @@ from rsft.config.rules import (
     number,
     one_of,
     optional,
+    positive,
     setting,
     typed,
 )
@@ -106,9 +107,9 @@ class SelectConfig(Checked):
                                              "their prompt's mean, after the scale (W-REINFORCE's lambda, 0.1 in Zhu "
                                              "et al. 2025): below 1 pushing wrong answers down outweighs pushing "
                                              "right ones up, which spreads the freed probability over the other "
-                                             "answers in proportion to what they had rather than onto the kept ones; "
-                                             "0 pushes wrong answers down only (their NSR).",
-                                        check=non_negative())
+                                             "answers in proportion to what they had rather than onto the kept ones.",
+                                        check=positive("(0 would leave SFT only wrong answers to push down, "
+                                                       "which it refuses; set a small factor such as 0.01)"))
 
     def __post_init__(self):
         super().__post_init__()
