@@ -150,7 +150,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     clock.lap("scoring")
     trained = train_on_batch(ctx.policy, ctx.tokenizer, cfg.online, cfg.seed, ctx.system_prompt, kept, progress.kept,
-                             batch, pairs, kl_weight(cfg.online, progress.guard))
+                             batch, pairs, kl_weight(cfg.online, progress.guard), loss_temperature(cfg))
     progress.kept.extend(kept)
     clock.lap("training")
     completions, tokens, wall = progress.sampled()
@@ -162,6 +162,12 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         "wall_seconds": round(wall + seconds, 3), "phase_seconds": clock.seconds, "kept": len(kept), **kept_means(candidates, kept), **trained,
         **({"reward_model": len(progress.refreshes)} if refresh else {}),
     }
+
+
+def loss_temperature(cfg: DictConfig) -> float:
+    """What a step divides the policy's logits by: sample.temperature with online.tempered_loss (the distribution
+    the mini-batch was drawn from), else 1."""
+    return float(cfg.sample.temperature) if cfg.online.get("tempered_loss", False) else 1.0
 
 
 def shared_weights(kept: list[dict], prompts: int) -> list[dict]:

@@ -79,13 +79,15 @@ def gem_token_losses(logits: torch.Tensor, targets: torch.Tensor, beta: float) -
     return (-target_log_p + (q * log_p).sum(-1)) * mask
 
 
-def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_beta: float | None = None):
+def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_beta: float | None = None,
+                      temperature: float = 1.0):
     """TRL's SFTTrainer with the collapse levers in its loss: the cross-entropy on the completion tokens, each row's
     tokens times its `weight` column when `weighted` (select.weight), plus `kl` x the mean over those tokens of
     KL(reference || policy) (sft.kl), the reference being the policy training starts from: the adapter switched off
     with LoRA, a frozen copy otherwise. With `gem_beta` set (sft.loss=gem), GEM's loss (gem_token_losses) takes the
     cross-entropy's place, weighted alike. The sum is divided by the step's completion tokens, as TRL divides its
-    own loss, so with every weight 1, kl 0 and no gem_beta it is SFTTrainer's loss. Written by hand because
+    own loss, so with every weight 1, kl 0, no gem_beta and temperature 1 it is SFTTrainer's loss. Every term reads
+    the logits divided by `temperature` (sft.tempered_loss: sample.temperature). Written by hand because
     SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it
     overrides compute_loss, which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out
     TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know:
@@ -113,7 +115,7 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             forward = {k: v for k, v in inputs.items() if k not in ("labels", "use_cache", "weight")}
             outputs = model(**forward, use_cache=False)
-            logits, targets = outputs.logits[:, :-1], inputs["labels"][:, 1:]
+            logits, targets = tempered(outputs.logits[:, :-1], temperature), inputs["labels"][:, 1:]
             mask = (targets != -100).float()
             tokens = torch.as_tensor(num_items_in_batch if num_items_in_batch is not None else mask.sum()).clamp(min=1)
             if gem_beta is None:  # [rows, positions], 0 outside the completion
@@ -131,6 +133,7 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
                     else:
                         with self.accelerator.unwrap_model(model).disable_adapter():
                             reference = model(**forward, use_cache=False).logits[:, :-1]
+                    reference = tempered(reference, temperature)
                 divergence = forward_kl_sum(logits, reference, mask)
                 self.kl_history.append(float(divergence.detach()) / max(float(mask.sum()), 1.0))
                 loss = loss + kl * divergence
@@ -367,12 +370,19 @@ def completion_tokens(examples: list[dict]) -> int:
     return sum(sum(e["completion_mask"][1:]) for e in examples)
 
 
-def completion_nll(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor):
-    """(the next-token logits [rows, longest - 1, vocab], the cross-entropy of each completion token, 0 elsewhere
-    [rows, longest - 1]) of padded examples."""
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+def completion_nll(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor,
+                   temperature: float = 1.0):
+    """(the next-token logits [rows, longest - 1, vocab], divided by `temperature`, the cross-entropy of each
+    completion token under them, 0 elsewhere [rows, longest - 1]) of padded examples."""
+    logits = tempered(model(input_ids=ids, attention_mask=attention).logits[:, :-1], temperature)
     nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
     return logits, nll * loss_mask[:, 1:]
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The logits divided by `temperature` (online.tempered_loss: the distribution the sampler draws from, as TRL's
+    GRPOTrainer takes its log-probabilities); the same tensor at 1."""
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def token_nll(model, examples: list[dict], pad_id: int, device) -> torch.Tensor:
@@ -392,24 +402,26 @@ def sft_loss(model, examples: list[dict], pad_id: int, device, total: int) -> to
 
 
 def sft_loss_and_kl(policy: OnlinePolicy, examples: list[dict], pad_id: int, total: int, kl: bool = True,
-                    gem_beta: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    gem_beta: float | None = None,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(the SFT loss of `examples` as sft_loss takes it, or with `gem_beta` GEM's loss (gem_token_losses) summed and
     divided alike, each example's tokens times its `weight` where it has one (as stage=sft weighs its rows,
     lever_sft_trainer); with `kl` the sum over their completion tokens of KL(initial || policy), else None) from one
     forward of the policy and, with `kl`, one of its reference (online.kl, online.loss; stage=sft's sft.kl and
-    sft.loss take the same terms, forward_kl_sum)."""
+    sft.loss take the same terms, forward_kl_sum). Every term reads both models' logits divided by `temperature`
+    (online.tempered_loss)."""
     ids, attention, loss_mask = padded(examples, pad_id, policy.device)
     if gem_beta is None:
-        logits, token_losses = completion_nll(policy.model, ids, attention, loss_mask)
+        logits, token_losses = completion_nll(policy.model, ids, attention, loss_mask, temperature)
     else:
-        logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        logits = tempered(policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1], temperature)
         token_losses = gem_token_losses(logits, ids[:, 1:].masked_fill(~loss_mask[:, 1:], -100), gem_beta)
     if has_weights(examples):
         token_losses = token_losses * torch.tensor([e.get("weight", 1.0) for e in examples]).to(token_losses)[:, None]
     if not kl:
         return token_losses.sum() / total, None
     with torch.no_grad(), policy.as_reference() as reference:
-        reference_logits = reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        reference_logits = tempered(reference(input_ids=ids, attention_mask=attention).logits[:, :-1], temperature)
     return token_losses.sum() / total, forward_kl_sum(logits, reference_logits, loss_mask[:, 1:].float())
 
 
@@ -442,13 +454,14 @@ def dpo_loss_sum(model, pairs: Pairs, pad_id: int, device, rank: int = 0, world:
 
 
 def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_norm: float,
-               pairs: Pairs | None = None, kl: float = 0.0,
-               gem_beta: float | None = None) -> tuple[float, float | None, float | None]:
+               pairs: Pairs | None = None, kl: float = 0.0, gem_beta: float | None = None,
+               temperature: float = 1.0) -> tuple[float, float | None, float | None]:
     """One optimiser step on `batch` (every process's examples; this one takes every W-th): the mean
     cross-entropy over the batch's completion tokens (with `gem_beta`, online.loss=gem: GEM's loss; an example with a
     `weight` counts its tokens that many times, below 0 pushing them down), plus with
     `kl` > 0 kl x the mean over those tokens of KL(initial || policy) (online.kl), plus with `pairs` weight x the
     mean DPO loss -log sigmoid(beta ((log pi - log ref)(chosen) - (log pi - log ref)(rejected))) over every pair.
+    The SFT and KL terms read the logits divided by `temperature` (online.tempered_loss), the DPO term the raw ones.
     Returns (the SFT loss, the DPO loss or None, the mean KL per completion token or None)."""
     total = completion_tokens(batch)
     rank, world = distributed.rank(), distributed.world_size()
@@ -458,8 +471,8 @@ def train_step(policy: OnlinePolicy, batch: list[dict], pad_id: int, max_grad_no
     # [SFT loss summed over tokens, DPO loss summed over pairs, KL summed over tokens]
     sums = torch.zeros(3, device=policy.device)
     objective = torch.zeros((), device=policy.device)
-    if mine and total and (kl > 0 or gem_beta is not None or has_weights(mine)):
-        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, kl > 0, gem_beta)
+    if mine and total and (kl > 0 or gem_beta is not None or has_weights(mine) or temperature != 1.0):
+        sft, divergence = sft_loss_and_kl(policy, mine, pad_id, total, kl > 0, gem_beta, temperature)
         objective = objective + sft
         sums[0] = sft.detach() * total
         if divergence is not None:
@@ -531,12 +544,13 @@ def trainer_batches(count: int, size: int, steps: int, seed: int) -> list[list[i
 
 def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: int, system_prompt: str | None,
                    kept: list[dict], earlier: list[dict], batch: int, pairs: list[tuple[dict, dict]] = (),
-                   kl: float | None = None) -> dict:
+                   kl: float | None = None, temperature: float = 1.0) -> dict:
     """Mini-batch `batch`'s training (stage=online): online.steps_per_batch steps on the kept rows and online.replay
     of the earlier ones (with online.dpo_weight, and the DPO term on the mini-batch's best-vs-worst pairs); the
     losses, each step's among them. The steps walk the examples as transformers' Trainer would with the seed
     seed + batch (trainer_batches), as round r's SFT trains with seed + r. `kl` is the KL weight in force (online.kl,
-    raised by online.guard's raise_kl crossings: rsft.guard.kl_weight); None = online.kl."""
+    raised by online.guard's raise_kl crossings: rsft.guard.kl_weight); None = online.kl. `temperature` divides the
+    logits of the SFT and KL terms (online.tempered_loss: sample.temperature)."""
     def examples(rows):
         return online_examples(rows, tokenizer, system_prompt, online.max_length)
 
@@ -553,7 +567,8 @@ def train_on_batch(policy: OnlinePolicy, tokenizer, online: DictConfig, seed: in
     kl = online.kl if kl is None else kl
     for rows in trainer_batches(len(rendered), online.batch_size, online.steps_per_batch, seed + batch):
         loss, dpo_loss, divergence = train_step(policy, [rendered[i] for i in rows], pad_id, online.max_grad_norm,
-                                                dpo, kl, online.gem_beta if online.loss == "gem" else None)
+                                                dpo, kl, online.gem_beta if online.loss == "gem" else None,
+                                                temperature)
         losses.append(loss)
         dpo_losses += [dpo_loss] if dpo_loss is not None else []
         kls += [divergence] if divergence is not None else []

@@ -578,3 +578,35 @@ def test_advantage_share_scales_a_minibatchs_weights_by_the_share_of_its_prompts
     assert rsft.online.shared_weights([{"prompt_id": "a", "weight": 0.5}], 4) == [{"prompt_id": "a", "weight": 0.125}]
     with pytest.raises(ConfigError, match="online.advantage_share=true scales select.strategy=advantage's weights"):
         check_config(make_cfg(*ONLINE, "online.advantage_share=true"))
+
+
+def test_a_tempered_step_takes_its_loss_on_the_logits_divided_by_the_sampling_temperature(make_cfg):
+    """online.tempered_loss (issue 48): a step's loss is each completion token's cross-entropy under the policy's
+    logits divided by sample.temperature, the distribution the answers were drawn from (TRL's GRPOTrainer's
+    log-probabilities), weights as before; at temperature 1 it is the plain step's. Refused with greedy decoding;
+    out of the fingerprints while off."""
+    from rsft.errors import ConfigError
+    from rsft.online import loss_temperature
+    from rsft.policy_training import OnlinePolicy, completion_tokens, padded, train_step
+    from rsft.preflight import check_config
+    from rsft.stages import WHILE_OFF
+
+    tokenizer, batch, _, tiny = online_step_fixture()
+    pad, cpu = tokenizer.pad_token_id, torch.device("cpu")
+    online = OmegaConf.create({"mode": "full", "learning_rate": 1e-2, "weight_decay": 0.0, "lr_scheduler": "constant",
+                               "warmup_steps": 0, "dpo_weight": 0.0, "kl": 0.0})
+    weighted = [{**batch[0], "weight": 1.5}, {**batch[1], "weight": -0.5}]
+    for temperature in (0.7, 1.0):
+        policy = OnlinePolicy.build(tiny(), online, cpu, total_steps=1)
+        ids, attention, mask = padded(weighted, pad, cpu)
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float() / temperature
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none") * mask[:, 1:]
+        expected = float((nll.sum(dim=1) * torch.tensor([1.5, -0.5])).sum()) / completion_tokens(weighted)
+        assert train_step(policy, weighted, pad, 1.0, temperature=temperature)[0] == pytest.approx(expected, rel=1e-5)
+    on = ("stage=online", "online.tempered_loss=true")
+    assert loss_temperature(make_cfg(*on, "sample.temperature=0.7")) == 0.7
+    assert loss_temperature(make_cfg("stage=online", "sample.temperature=0.7")) == 1.0
+    with pytest.raises(ConfigError, match=r"online.tempered_loss=true .*sample.strategy=greedy"):
+        check_config(make_cfg(*on, "sample.strategy=greedy", "sample.num_samples=1", "select.pairs=false"))
+    assert WHILE_OFF["online.tempered_loss"](make_cfg("stage=online"))

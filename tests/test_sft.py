@@ -432,3 +432,46 @@ def test_wise_fts_earlier_weights_are_read_back_on_resume_and_a_resume_without_t
     path.unlink()
     with pytest.raises(RuntimeError, match="merge-early.pt is missing"):
         EarlyWeights(0.5, path).on_train_begin(None, SimpleNamespace(max_steps=4, global_step=3), None, model=model)
+
+
+def tempered_nll(model, tokenizer, prompts: list[str], temperature: float) -> float:
+    """COMPLETION's (+ end of turn) cross-entropy under the logits divided by `temperature`, the mean over every
+    completion token of `prompts`."""
+    total, count = 0.0, 0
+    for prompt in prompts:
+        prefix = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                               add_generation_prompt=True)
+        start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+        ids = torch.tensor([tokenizer(prefix + COMPLETION + tokenizer.eos_token, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, start - 1:-1].float() / temperature
+        nll = torch.nn.functional.cross_entropy(logits, ids[0, start:], reduction="sum")
+        total, count = total + float(nll), count + ids.shape[1] - start
+    return total / count
+
+
+def test_sft_tempered_loss_is_the_cross_entropy_of_the_logits_over_the_sampling_temperature(make_cfg):
+    """sft.tempered_loss (issue 48): the loss is taken on the logits divided by sample.temperature, the distribution
+    the kept answers were drawn from (TRL's GRPOTrainer's log-probabilities), so its first step's loss is the kept
+    tokens' cross-entropy under the start policy's tempered logits; without it, under the raw logits. Refused with
+    greedy decoding; sample.temperature enters the SFT fingerprint only while it is on."""
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+    from rsft.stages import command_reads
+
+    common = ("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=1", "device=cpu", "sample.temperature=0.5")
+    cfgs = {"plain": make_cfg(*common, "run_name=plain"),
+            "tempered": make_cfg(*common, "run_name=tempered", "sft.tempered_loss=true")}
+    first = {}
+    for name, cfg in cfgs.items():
+        write_selected(cfg)
+        first[name] = read_meta(run_stage(cfg).path)["stats"]["loss_first"]
+    start, tokenizer, _ = load_policy(cfgs["plain"], None, torch.device("cpu"))
+    prompts = [f"Tell me about bees, {i}." for i in range(4)]
+    assert first["plain"] == pytest.approx(tempered_nll(start, tokenizer, prompts, 1.0), rel=1e-3)
+    assert first["tempered"] == pytest.approx(tempered_nll(start, tokenizer, prompts, 0.5), rel=1e-3)
+    with pytest.raises(ConfigError, match=r"sft.tempered_loss=true .*sample.strategy=greedy"):
+        check_config(make_cfg("stage=sft", "sft.tempered_loss=true", "sample.strategy=greedy", "sample.num_samples=1",
+                              "select.pairs=false"))
+    assert command_reads("sft", cfgs["tempered"], "sample.temperature")
+    assert not command_reads("sft", cfgs["plain"], "sample.temperature")

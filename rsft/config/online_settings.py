@@ -120,6 +120,12 @@ class OnlineConfig(Checked):
                                            "smaller step, as GRPO's loss, averaged over every sampled completion, "
                                            "does; false = every mini-batch's right answers weigh its kept prompts.",
                                     check=boolean())
+    # issue 48: GRPO's log-probabilities are the sampler's (logits / temperature); SFT's are the raw logits'
+    tempered_loss: bool = setting(False, "Take each step's loss (and its KL term) on the policy's logits divided by "
+                                         "sample.temperature, the distribution the answers were drawn from, as TRL's "
+                                         "GRPOTrainer does; false = on the raw logits, as stage=sft does, which "
+                                         "goes on sharpening the sampler's distribution after it puts all its mass "
+                                         "on the kept answers.", check=boolean())
     # issue 48 (collapse): online's pull towards where it started, as sft.kl is the rounds'
     kl: float = setting(0.0, "Weight of a KL(initial || policy) term added to every step's SFT loss, the mean over "
                              "the step's completion tokens, against the initial policy (LoRA with the adapter off, "

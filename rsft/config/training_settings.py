@@ -110,6 +110,12 @@ class SftConfig(TrainingConfig):
     kl: float = setting(0.0, "Weight of a KL(start || policy) term added to the SFT loss on the completion tokens: the "
                              "policy SFT starts from (sft.init) as the reference, so the policy keeps the answers it "
                              "could give (docs/diversity.md). 0 = plain SFT.", check=non_negative())
+    # issue 48: fit the sampler's distribution (logits / sample.temperature), as GRPO's log-probabilities do
+    tempered_loss: bool = setting(False, "Take the loss (and the KL term) on the policy's logits divided by "
+                                         "sample.temperature, the distribution the kept answers were drawn from, as "
+                                         "TRL's GRPOTrainer does; false = on the raw logits (TRL's SFT loss), which "
+                                         "goes on sharpening the sampler's distribution after it puts all its mass "
+                                         "on the kept answers.", check=boolean())
     # issue 48 (collapse): GEM (Li et al., ICLR 2025), a loss that fits the kept answers without sharpening onto them
     loss: str = setting("ce", "ce: cross-entropy on the completion tokens (TRL's loss); gem: GEM's entropic "
                               "distribution matching (Li et al. 2025), whose gradient pushes the target token up and "
