@@ -167,7 +167,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
 def loss_temperature(cfg: DictConfig) -> float:
     """What a step divides the policy's logits by: sample.temperature with online.tempered_loss (the distribution
     the mini-batch was drawn from), else 1."""
-    return float(cfg.sample.temperature) if cfg.online.get("tempered_loss", False) else 1.0
+    return cfg.sample.temperature if cfg.online.get("tempered_loss", False) else 1.0
 
 
 def shared_weights(kept: list[dict], prompts: int) -> list[dict]:
