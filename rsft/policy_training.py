@@ -380,8 +380,8 @@ def completion_nll(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask:
 
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The logits divided by `temperature` (online.tempered_loss: the distribution the sampler draws from, as TRL's
-    GRPOTrainer takes its log-probabilities); the same tensor at 1."""
+    """The logits divided by `temperature` (sft.tempered_loss, online.tempered_loss: the distribution the sampler
+    draws from, as TRL's GRPOTrainer takes its log-probabilities); the same tensor at 1."""
     return logits if temperature == 1.0 else logits / temperature
 
 

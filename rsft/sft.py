@@ -30,8 +30,9 @@ resumes from its last one; the checkpoints go once the policy is written.
 sft.kl > 0 adds a KL(start || policy) term on the completion tokens, the start being the policy SFT fine-tunes, and a
 selected set with a `weight` column (select.weight, select.strategy=advantage, whose wrong answers weigh less than
 0) weights each row's cross-entropy by it
-(rsft.policy_training.lever_sft_trainer), sft.loss=gem trains with GEM's loss in place of the cross-entropy, sft.tempered_loss takes the loss on the logits
-divided by sample.temperature (the distribution the kept answers were drawn from), and
+(rsft.policy_training.lever_sft_trainer), sft.loss=gem trains with GEM's loss in place of the cross-entropy,
+sft.tempered_loss takes the loss on the logits divided by sample.temperature (the distribution the kept answers were
+drawn from), and
 sft.merge_weight < 1 saves a mix of the fine-tuned weights and those at sft.merge_at of the same run (WiSE-FT,
 rsft.policy_training.merge_with_early): levers against collapse (issue 48, docs/diversity.md).
 """

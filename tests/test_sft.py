@@ -442,7 +442,8 @@ def tempered_nll(model, tokenizer, prompts: list[str], temperature: float) -> fl
         prefix = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                add_generation_prompt=True)
         start = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
-        ids = torch.tensor([tokenizer(prefix + COMPLETION + tokenizer.eos_token, add_special_tokens=False)["input_ids"]])
+        text = prefix + COMPLETION + tokenizer.eos_token
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
             logits = model(ids).logits[0, start - 1:-1].float() / temperature
         nll = torch.nn.functional.cross_entropy(logits, ids[0, start:], reduction="sum")

@@ -80,11 +80,6 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"online.advantage_share=true scales select.strategy=advantage's weights, and "
                           f"select.strategy={cfg.select.get('strategy')} has none; set online.advantage_share=false "
                           f"(or select.strategy=advantage)")
-    # greedy decoding draws from no temperature's distribution: there is nothing to temper the loss to
-    if cfg.online.get("tempered_loss") and cfg.sample.strategy == "greedy":  # the rounds: check_across_groups
-        raise ConfigError("online.tempered_loss=true divides the loss's logits by sample.temperature, and "
-                          "sample.strategy=greedy samples at none; set online.tempered_loss=false (or "
-                          "sample.strategy=exact)")
     if cfg.select.get("strategy") == "advantage":  # each step weighs whole prompts, whose weights sum to 0
         if cfg.online.replay > 0:
             raise ConfigError(f"online.replay={cfg.online.replay} with select.strategy=advantage: a replayed row's "
@@ -143,10 +138,12 @@ def check_across_groups(cfg, groups) -> None:
         raise ConfigError(f"prefs.strategy=greedy with prefs.num_samples={cfg.prefs.num_samples}: greedy decoding "
                           f"gives every completion of a prompt the same text, and the pairs labelled among them tie; "
                           f"set sample.strategy=exact (prefs.strategy follows it) or prefs.strategy=exact")
-    if reads("sft.tempered_loss") and cfg.sft.get("tempered_loss") and cfg.sample.strategy == "greedy":
-        raise ConfigError("sft.tempered_loss=true divides the loss's logits by sample.temperature, and "
-                          "sample.strategy=greedy samples at none; set sft.tempered_loss=false (or "
-                          "sample.strategy=exact)")
+    # greedy decoding draws from no temperature's distribution: there is nothing to temper the loss to
+    for group in ("sft", "online"):
+        key = f"{group}.tempered_loss"
+        if reads(key) and getattr(cfg, group).get("tempered_loss") and cfg.sample.strategy == "greedy":
+            raise ConfigError(f"{key}=true divides the loss's logits by sample.temperature, and "
+                              f"sample.strategy=greedy samples at none; set {key}=false (or sample.strategy=exact)")
     if "draft" in groups and cfg.sample.get("backend", "rsft") == "vllm" and cfg.draft.kind != "none":
         raise ConfigError(f"sample.backend=vllm samples without rsft's drafts: set draft=none (got draft="
                           f"{cfg.draft.kind}); vLLM's own speculative decoding is sample.vllm.engine_args."
