@@ -89,25 +89,30 @@ def plot(points, paths, out: Path) -> None:
     seeds = sorted({s for _, s, _, _ in points})
     labels = list(dict.fromkeys(label for label, _, _, _ in points))
     markers = "osD^v<>PX*hd"
-    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds), 4), sharey=True, squeeze=False)
+    colours = plt.get_cmap("tab20").colors  # one colour per policy: the default cycle repeats after ten
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds) + 2.4, 4), sharey=True, squeeze=False)
+    handles = {}
     for ax, seed in zip(axes[0], seeds):
         for style, (name, by_seed) in zip(("-", "--", ":"), paths.items()):
             if seed < len(by_seed):
                 path = by_seed[seed]
-                ax.plot([p for _, p, _ in path], [e for _, _, e in path], style, color="black", marker=".",
-                        label=f"GRPO ({name}/)")
+                (line,) = ax.plot([p for _, p, _ in path], [e for _, _, e in path], style, color="black",
+                                  marker=".")
+                handles.setdefault(f"GRPO ({name}/)", line)
         for i, label in enumerate(labels):
             mine = [(p, e) for lab, s, p, e in points if lab == label and s == seed]
             if mine:
-                ax.scatter(*zip(*mine), marker=markers[i % len(markers)], s=45, label=label, zorder=3)
+                handles.setdefault(label, ax.scatter(*zip(*mine), marker=markers[i % len(markers)], s=45, zorder=3,
+                                                     color=colours[(2 * i) % 20 + (2 * i) // 20 % 2]))
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("pass@1 (held-out)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("mean token entropy (nats)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    # beside the panels, not over them: a legend inside an axis hides the points it names
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center right")
     fig.suptitle("Where each policy ends: token entropy against pass@1 (GRPO: its path over completions)",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - 2.3 / fig.get_figwidth(), 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
