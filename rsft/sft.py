@@ -32,7 +32,7 @@ selected set with a `weight` column (select.weight, select.strategy=advantage, w
 0) weights each row's cross-entropy by it
 (rsft.policy_training.lever_sft_trainer), sft.loss=gem trains with GEM's loss in place of the cross-entropy,
 sft.tempered_loss takes the loss on the logits divided by sample.temperature (the distribution the kept answers were
-drawn from), and
+drawn from), sft.loss_temperature on the logits divided by a temperature of its own, and
 sft.merge_weight < 1 saves a mix of the fine-tuned weights and those at sft.merge_at of the same run (WiSE-FT,
 rsft.policy_training.merge_with_early): levers against collapse (issue 48, docs/diversity.md).
 """
@@ -154,7 +154,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     history = LossHistory()
     checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
     gem_beta = cfg.sft.gem_beta if cfg.sft.loss == "gem" else None
-    temperature = cfg.sample.temperature if cfg.sft.get("tempered_loss", False) else 1.0
+    temperature = cfg.sample.temperature if cfg.sft.get("tempered_loss", False) else cfg.sft.get("loss_temperature", 1.0)
     trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted, gem_beta, temperature)
                      if cfg.sft.kl or weighted or gem_beta is not None or temperature != 1.0 else SFTTrainer)
     early = EarlyWeights(cfg.sft.merge_at, checkpoints.folder / "merge-early.pt") if merging else None

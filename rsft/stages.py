@@ -92,6 +92,7 @@ WHILE_OFF: dict[str, Callable[[Any], bool]] = {
     "online.advantage_share": lambda cfg: not cfg.online.get("advantage_share", False),
     "online.tempered_loss": lambda cfg: not cfg.online.get("tempered_loss", False),
     "sft.tempered_loss": lambda cfg: not cfg.sft.get("tempered_loss", False),
+    "sft.loss_temperature": lambda cfg: cfg.sft.get("loss_temperature", 1.0) == 1,
     "select.rejected": lambda cfg: cfg.select.get("rejected", "pool") == "pool",
     "online.guard.kl_factor": lambda cfg: cfg.online.guard.get("action") != "raise_kl",
     "online.guard.widen_k": lambda cfg: True,  # online refuses widen_select: the key never acts there

@@ -454,15 +454,17 @@ def tempered_nll(model, tokenizer, prompts: list[str], temperature: float) -> fl
 def test_sft_tempered_loss_is_the_cross_entropy_of_the_logits_over_the_sampling_temperature(make_cfg):
     """sft.tempered_loss (issue 48): the loss is taken on the logits divided by sample.temperature, the distribution
     the kept answers were drawn from (TRL's GRPOTrainer's log-probabilities), so its first step's loss is the kept
-    tokens' cross-entropy under the start policy's tempered logits; without it, under the raw logits. Refused with
-    greedy decoding; sample.temperature enters the SFT fingerprint only while it is on."""
+    tokens' cross-entropy under the start policy's tempered logits; without it, under the raw logits; with
+    sft.loss_temperature, under the logits divided by that. Refused with greedy decoding, and beside a
+    loss_temperature of its own; sample.temperature enters the SFT fingerprint only while tempered_loss is on."""
     from rsft.errors import ConfigError
     from rsft.preflight import check_config
     from rsft.stages import command_reads
 
     common = ("stage=sft", "sft.learning_rate=3e-3", "sft.epochs=1", "device=cpu", "sample.temperature=0.5")
     cfgs = {"plain": make_cfg(*common, "run_name=plain"),
-            "tempered": make_cfg(*common, "run_name=tempered", "sft.tempered_loss=true")}
+            "tempered": make_cfg(*common, "run_name=tempered", "sft.tempered_loss=true"),
+            "own": make_cfg(*common, "run_name=own", "sft.loss_temperature=0.8")}
     first = {}
     for name, cfg in cfgs.items():
         write_selected(cfg)
@@ -471,8 +473,14 @@ def test_sft_tempered_loss_is_the_cross_entropy_of_the_logits_over_the_sampling_
     prompts = [f"Tell me about bees, {i}." for i in range(4)]
     assert first["plain"] == pytest.approx(tempered_nll(start, tokenizer, prompts, 1.0), rel=1e-3)
     assert first["tempered"] == pytest.approx(tempered_nll(start, tokenizer, prompts, 0.5), rel=1e-3)
+    assert first["own"] == pytest.approx(tempered_nll(start, tokenizer, prompts, 0.8), rel=1e-3)
     with pytest.raises(ConfigError, match=r"sft.tempered_loss=true .*sample.strategy=greedy"):
         check_config(make_cfg("stage=sft", "sft.tempered_loss=true", "sample.strategy=greedy", "sample.num_samples=1",
                               "select.pairs=false"))
     assert command_reads("sft", cfgs["tempered"], "sample.temperature")
     assert not command_reads("sft", cfgs["plain"], "sample.temperature")
+    assert not command_reads("sft", cfgs["own"], "sample.temperature")  # sft.loss_temperature is its own
+    with pytest.raises(ConfigError, match=r"sft.tempered_loss=true .*sft.loss_temperature=0.8"):
+        check_config(make_cfg("stage=sft", "sft.tempered_loss=true", "sft.loss_temperature=0.8"))
+    with pytest.raises(ConfigError, match=r"sft.loss_temperature"):
+        check_config(make_cfg("stage=sft", "sft.loss_temperature=0"))

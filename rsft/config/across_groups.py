@@ -144,6 +144,10 @@ def check_across_groups(cfg, groups) -> None:
         if reads(key) and getattr(cfg, group).get("tempered_loss") and cfg.sample.strategy == "greedy":
             raise ConfigError(f"{key}=true divides the loss's logits by sample.temperature, and "
                               f"sample.strategy=greedy samples at none; set {key}=false (or sample.strategy=exact)")
+    if reads("sft.loss_temperature") and cfg.sft.get("tempered_loss") and cfg.sft.loss_temperature != 1:
+        raise ConfigError(f"sft.tempered_loss=true takes the loss at sample.temperature ({cfg.sample.temperature}) and "
+                          f"sft.loss_temperature={cfg.sft.loss_temperature} at another: set one of them (sft."
+                          f"tempered_loss=false to use sft.loss_temperature)")
     if "draft" in groups and cfg.sample.get("backend", "rsft") == "vllm" and cfg.draft.kind != "none":
         raise ConfigError(f"sample.backend=vllm samples without rsft's drafts: set draft=none (got draft="
                           f"{cfg.draft.kind}); vLLM's own speculative decoding is sample.vllm.engine_args."

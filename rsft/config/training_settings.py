@@ -116,6 +116,12 @@ class SftConfig(TrainingConfig):
                                          "TRL's GRPOTrainer does; false = on the raw logits (TRL's SFT loss), which "
                                          "goes on sharpening the sampler's distribution after it puts all its mass "
                                          "on the kept answers.", check=boolean())
+    # issue 48: the same loss at a temperature of its own, between the sampler's (tempered_loss) and 1 (TRL's SFT)
+    loss_temperature: float = setting(1.0, "Take the loss (and the KL term) on the policy's logits divided by this: "
+                                           "1 = the raw logits (TRL's SFT loss); sample.temperature = "
+                                           "tempered_loss; a value between sharpens the sampler's distribution less "
+                                           "than 1 and more than the sampler's own (docs/diversity.md). Not with "
+                                           "tempered_loss=true.", check=positive())
     # issue 48 (collapse): GEM (Li et al., ICLR 2025), a loss that fits the kept answers without sharpening onto them
     loss: str = setting("ce", "ce: cross-entropy on the completion tokens (TRL's loss); gem: GEM's entropic "
                               "distribution matching (Li et al. 2025), whose gradient pushes the target token up and "
