@@ -87,10 +87,10 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
     with LoRA, a frozen copy otherwise. With `gem_beta` set (sft.loss=gem), GEM's loss (gem_token_losses) takes the
     cross-entropy's place, weighted alike. The sum is divided by the step's completion tokens, as TRL divides its
     own loss, so with every weight 1, kl 0, no gem_beta and temperature 1 it is SFTTrainer's loss. Every term reads
-    the logits divided by `temperature` (sft.tempered_loss: sample.temperature). Written by hand because
-    SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16 advises for a custom loss, it
-    overrides compute_loss, which needs the full logits (TRL's own loss reads fused log-probabilities) and leaves out
-    TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know:
+    the logits divided by `temperature` (sft.tempered_loss: sample.temperature; sft.loss_temperature: its own).
+    Written by hand because SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16
+    advises for a custom loss, it overrides compute_loss, which needs the full logits (TRL's own loss reads fused
+    log-probabilities) and leaves out TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know:
     kept through the Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean
     KL per completion token, for the stage's stats (empty when kl is 0)."""
 
@@ -381,7 +381,8 @@ def completion_nll(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask:
 
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """The logits divided by `temperature` (sft.tempered_loss, online.tempered_loss: the distribution the sampler
-    draws from, as TRL's GRPOTrainer takes its log-probabilities); the same tensor at 1."""
+    draws from, as TRL's GRPOTrainer takes its log-probabilities; sft.loss_temperature: a temperature of its own);
+    the same tensor at 1."""
     return logits if temperature == 1.0 else logits / temperature
 
 
