@@ -90,9 +90,10 @@ def lever_sft_trainer(trainer_class, kl: float, mode: str, weighted: bool, gem_b
     the logits divided by `temperature` (sft.tempered_loss: sample.temperature; sft.loss_temperature: its own).
     Written by hand because SFTTrainer has neither a reference model nor a weight per example; as TRL 1.16
     advises for a custom loss, it overrides compute_loss, which needs the full logits (TRL's own loss reads fused
-    log-probabilities) and leaves out TRL's per-step entropy and accuracy metrics. The weights reach the loss as a column TRL's collator does not know:
-    kept through the Trainer's column filter, and batched beside TRL's collation. `kl_history` is each step's mean
-    KL per completion token, for the stage's stats (empty when kl is 0)."""
+    log-probabilities) and leaves out TRL's per-step entropy and accuracy metrics. The weights reach the loss as a
+    column TRL's collator does not know: kept through the Trainer's column filter, and batched beside TRL's
+    collation. `kl_history` is each step's mean KL per completion token, for the stage's stats (empty when kl is
+    0)."""
 
     class LeverSFTTrainer(trainer_class):
         def __init__(self, *args, **kwargs):

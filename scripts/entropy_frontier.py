@@ -89,7 +89,8 @@ def plot(points, paths, out: Path) -> None:
     seeds = sorted({s for _, s, _, _ in points})
     labels = list(dict.fromkeys(label for label, _, _, _ in points))
     markers = "osD^v<>PX*hd"
-    colours = plt.get_cmap("tab20").colors  # one colour per policy: the default cycle repeats after ten
+    tab20 = plt.get_cmap("tab20").colors  # one colour per policy (the default cycle repeats after ten): dark ones first
+    colours = tab20[0::2] + tab20[1::2]
     fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds) + 2.4, 4), sharey=True, squeeze=False)
     handles = {}
     for ax, seed in zip(axes[0], seeds):
@@ -103,7 +104,7 @@ def plot(points, paths, out: Path) -> None:
             mine = [(p, e) for lab, s, p, e in points if lab == label and s == seed]
             if mine:
                 handles.setdefault(label, ax.scatter(*zip(*mine), marker=markers[i % len(markers)], s=45, zorder=3,
-                                                     color=colours[(2 * i) % 20 + (2 * i) // 20 % 2]))
+                                                     color=colours[i % len(colours)]))
         ax.set_title(f"seed {seed}")
         ax.set_xlabel("pass@1 (held-out)")
         ax.grid(alpha=0.3)
