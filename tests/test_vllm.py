@@ -10,8 +10,11 @@ enumeration under rsft's own processing (rsft.sampling.processing.probs_from_log
 one forward, p(t2 | t1) from one forward per first token. A chi-square test over the pairs with
 expected count >= 5 (the rest pooled into one bin) has a false-alarm rate of ALPHA = 1e-3 per check;
 vLLM's CPU sampling is seeded by the engine, not per request, so a rerun draws other samples and the
-rate is what a correct engine risks per run. The same check at temperature x 1.1 must fail: that is
-what a settings or prompt-rendering mismatch looks like, and a shape test would not see it.
+rate is what a correct engine risks per run. The same check at temperature x 1.25 must fail: that is
+what a settings or prompt-rendering mismatch looks like, and a shape test would not see it. That check
+is only as good as its power, so the test first computes it from exact enumeration at both temperatures
+(the noncentral chi-square the statistic follows when vLLM samples the hotter distribution) and requires
+a miss rate below 1e-6. At x 1.1 the top-k = 5 case had a power of 0.73 and missed once in CI.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not instal
 
 ALPHA = 1e-3
 SAMPLES = 12000
+WRONG_TEMPERATURE = 1.25  # the mismatch the test must catch, as a factor on the right temperature
+MISS_RATE = 1e-6  # the most the temperature check may fail to catch that mismatch, by its computed power
 # head_dim 64: vLLM's CPU attention supports the common head sizes, not the tiny test model's 8
 TINY = ["policy.hidden_size=128", "policy.num_attention_heads=2", "policy.num_key_value_heads=1",
         "policy.intermediate_size=256"]
@@ -94,16 +99,36 @@ def exact_pairs(model, prompt: list[int], settings, eos: int, smallest: float = 
     return out
 
 
+def bins(expected_probs: dict, n: int) -> tuple[list, bool]:
+    """The chi-square bins: the outcomes with expected count >= 5, and whether a pooled bin holds the rest."""
+    keys = [k for k, p in expected_probs.items() if p * n >= 5]
+    return keys, 1.0 - sum(expected_probs[k] for k in keys) >= 1e-9
+
+
+def binned(probs: dict, keys: list, pooled: bool) -> list[float]:
+    out = [probs.get(k, 0.0) for k in keys]
+    return out + [1.0 - sum(out)] if pooled else out
+
+
 def chi_square_p(counts: dict, expected_probs: dict, n: int) -> float:
     from scipy.stats import chisquare
 
-    keys = [k for k, p in expected_probs.items() if p * n >= 5]
-    rest_p = 1.0 - sum(expected_probs[k] for k in keys)
-    observed = [counts.get(k, 0) for k in keys] + [n - sum(counts.get(k, 0) for k in keys)]
-    expected = [expected_probs[k] * n for k in keys] + [rest_p * n]
-    if expected[-1] < 1e-9:  # nothing left over: no pooled bin
-        observed, expected = observed[:-1], expected[:-1]
+    keys, pooled = bins(expected_probs, n)
+    observed = [counts.get(k, 0) for k in keys] + ([n - sum(counts.get(k, 0) for k in keys)] if pooled else [])
+    expected = [p * n for p in binned(expected_probs, keys, pooled)]
     return float(chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue)
+
+
+def detection_power(expected_probs: dict, true_probs: dict, n: int) -> float:
+    """P(chi_square_p < ALPHA) when the n samples come from true_probs: Pearson's statistic is then about
+    noncentral chi-square with noncentrality n * sum((q - p)^2 / p) over the same bins."""
+    from scipy.stats import chi2, ncx2
+
+    keys, pooled = bins(expected_probs, n)
+    p, q = binned(expected_probs, keys, pooled), binned(true_probs, keys, pooled)
+    df = len(p) - 1
+    noncentrality = n * sum((b - a) ** 2 / a for a, b in zip(p, q))
+    return float(ncx2.sf(chi2.isf(ALPHA, df), df, noncentrality))
 
 
 def vllm_pairs(engine, prompt: list[int], settings, eos: int) -> dict[tuple, int]:
@@ -127,7 +152,8 @@ def test_vllm_samples_rsfts_distribution_and_a_wrong_temperature_is_caught(engin
     settings = dataclasses.replace(engine.settings, temperature=temperature, top_k=top_k, top_p=top_p)
     exact = exact_pairs(model, prompt, settings, eos)
     assert chi_square_p(vllm_pairs(engine, prompt, settings, eos), exact, SAMPLES) > ALPHA
-    hotter = dataclasses.replace(settings, temperature=temperature * 1.1)
+    hotter = dataclasses.replace(settings, temperature=temperature * WRONG_TEMPERATURE)
+    assert detection_power(exact, exact_pairs(model, prompt, hotter, eos), SAMPLES) > 1 - MISS_RATE
     assert chi_square_p(vllm_pairs(engine, prompt, hotter, eos), exact, SAMPLES) < ALPHA
 
 
