@@ -96,12 +96,12 @@ def test_the_oracle_draft_is_accepted_at_the_set_rate_and_the_sampler_stays_exac
     summary = sampler.summary()
     reached = sum(sampler.stats.reached_at)
     assert reached > 500
-    assert abs(summary["alpha"] - a) < 4 * math.sqrt(a * (1 - a) / reached), summary["alpha"]
+    assert abs(summary["alpha"] - a) < 4.5 * math.sqrt(a * (1 - a) / reached), summary["alpha"]
     assert summary["tokens_per_target_forward"] == pytest.approx(summary["theoretical_tokens_per_forward"], abs=0.15)
     tokens = [t for c in completions for t in c.token_ids]
     assert len(tokens) == 32 * 32 and all(c.finish_reason == "length" for c in completions)  # no EOS
     share = tokens.count(token) / len(tokens)
-    assert abs(share - a) < 4 * math.sqrt(a * (1 - a) / len(tokens)), share
+    assert abs(share - a) < 4.5 * math.sqrt(a * (1 - a) / len(tokens)), share
 
 
 def test_policy_config_resolves_the_built_in_shapes_a_config_file_and_a_folder(tmp_path):

@@ -21,7 +21,7 @@ from rsft.store import read_meta
 from rsft.run import run_stage
 
 SMALL = ["policy.initializer_range=0.5", "data.limit=6", "sample.num_samples=6", "sample.max_new_tokens=24", "distill.num_layers=1",
-         "distill.epochs=6", "distill.batch_size=8", "distill.eval_prompts=3", "distill.eval_samples=4",
+         "distill.epochs=6", "distill.batch_size=8", "distill.eval_prompts=3", "distill.eval_samples=16",
          "distill.learning_rate=3e-3"]
 
 

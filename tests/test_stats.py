@@ -10,14 +10,16 @@ from rsft import stats
 
 def test_bootstrap_interval_covers_the_true_mean_at_about_95_percent():
     rng = np.random.default_rng(1)
-    trials, covered = 300, 0
+    trials, covered = 3000, 0
     for t in range(trials):
         # 40 prompts with their own difficulty, 4 correlated samples each; true mean 0.5
         difficulty = rng.normal(0.5, 0.2, size=40)
         groups = [list(d + rng.normal(0, 0.3, size=4)) for d in difficulty]
         ci = stats.bootstrap(groups, resamples=1000, seed=t)
         covered += ci["low"] <= 0.5 <= ci["high"]
-    assert 0.90 <= covered / trials <= 0.99, covered / trials  # binomial sd ~1.3 points at 300 trials
+    # the interval's true coverage here is about 0.937 (a percentile bootstrap over 40 prompts runs a little short);
+    # at 3,000 trials the binomial sd is 0.0044, so each bound is 7 sd or more away from it
+    assert 0.90 <= covered / trials <= 0.97, covered / trials
 
 
 def test_bootstrap_is_seeded_and_handles_one_prompt():
@@ -34,7 +36,8 @@ def test_paired_difference_is_tighter_than_the_two_intervals_and_win_rate_counts
     rng = np.random.default_rng(0)
     prompts, samples = [f"p{i}" for i in range(30)], range(4)
     base = {(p, s): float(rng.normal(i * 0.1, 1.0)) for i, p in enumerate(prompts) for s in samples}
-    better = {k: v + 0.2 + float(rng.normal(0, 0.05)) for k, v in base.items()}  # common random numbers
+    # common random numbers; the noise is 10 sd short of the gain, so every pair wins whatever the draws
+    better = {k: v + 0.2 + float(rng.normal(0, 0.02)) for k, v in base.items()}
     diff = stats.paired_difference(better, base)
     assert diff["low"] > 0.1 and diff["high"] < 0.3
     separate = [stats.bootstrap(stats.by_prompt([k[0] for k in d], d.values())) for d in (better, base)]

@@ -25,14 +25,16 @@ def test_minilm_on_hh_rlhf_beats_chance(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[
             "stage=reward", "reward=minilm", "logger=none", f"paths.runs_root={tmp_path}", "device=cpu",
-            f"reward.data.path={HH_FILE.resolve()}", "reward.data.format=hh_rlhf", "reward.data.limit=1200",
-            "reward.data.eval_fraction=0.3334", "reward.epochs=1", "reward.max_length=128", "reward.batch_size=16",
+            f"reward.data.path={HH_FILE.resolve()}", "reward.data.format=hh_rlhf", "reward.data.limit=2000",
+            "reward.data.eval_fraction=0.6", "reward.epochs=2", "reward.max_length=128", "reward.batch_size=16",
             "reward.learning_rate=5e-5", "reward.progress=false"])
     metrics = read_meta(run_stage(cfg).path)["metrics"]
     correct = round(metrics["heldout_accuracy"] * metrics["heldout_pairs"])
-    assert metrics["heldout_pairs"] == 400 and metrics["truncation"]["train"]["pairs_dropped"] == 0
-    # One-sided binomial test against a coin (false-alarm rate 5%).
-    assert binomtest(correct, metrics["heldout_pairs"], 0.5, alternative="greater").pvalue < 0.05, metrics
+    assert metrics["heldout_pairs"] == 1200 and metrics["truncation"]["train"]["pairs_dropped"] == 0
+    # One-sided binomial test against a coin at 1e-3: 654 of 1,200 right or more. The run above measured 0.617 (740) on
+    # an AVX2 EPYC, 8 sd above chance. One epoch on 800 pairs judged on 400 measured 0.555, 5 pairs (half a binomial
+    # sd) over that test's bar at 0.05: a model that rounds differently on another CPU could lose that margin.
+    assert binomtest(correct, metrics["heldout_pairs"], 0.5, alternative="greater").pvalue < 1e-3, metrics
     print(metrics)
 
 

@@ -2,17 +2,20 @@
 
 Statistical tests use fixed seeds; each chi-square test has a false-alarm rate of alpha = 1e-3
 (the seeds are fixed, so a pass is reproducible; the rate says how unlucky a correct sampler would
-have to be to fail one of them).
+have to be to fail one of them). Each test also checks its own power: the same samples against the
+policy at twice the temperature must be rejected, and before that the chance that they would not be
+(computed from exact enumeration, detection_power) must be below MISS_RATE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare, ncx2
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rsft.sampling.proposers import FeatureDraft, ModelDraft, NgramDraft
@@ -21,6 +24,8 @@ from rsft.sampling.processing import probs_from_logits
 from rsft.sampling.batched import GammaController, Sampler, SamplingSettings
 
 ALPHA = 1e-3
+MISS_RATE = 1e-6  # the most a control check may miss a wrong distribution by, by its computed power
+WRONG_TEMPERATURE = 2.0  # the controls' wrong distribution: the policy at this factor on the temperature
 
 
 def tiny_lm(vocab: int, seed: int, layers: int = 2, hidden: int = 16) -> LlamaForCausalLM:
@@ -73,23 +78,55 @@ def exact_joint(model, prompt: list[int], length: int, settings: SamplingSetting
     return joint
 
 
-def chi_square_against(joint: dict[tuple, float], samples: list[tuple]) -> float:
+def chi_square_cells(joint: dict[tuple, float], n: int) -> list[list[tuple]]:
+    """chi_square_against's cells for n samples: each outcome with expected count >= 5 alone, the rest pooled into a
+    tail cell, and a tail expected under 5 folded into the last cell before it."""
     keys = sorted(joint, key=lambda k: -joint[k])
+    cells = [[k] for k in keys if joint[k] * n >= 5]
+    tail = [k for k in keys if joint[k] * n < 5]
+    if sum(joint[k] for k in tail) * n < 5:
+        cells[-1] += tail
+    else:
+        cells.append(tail)
+    return cells
+
+
+def chi_square_against(joint: dict[tuple, float], samples: list[tuple]) -> float:
     n = len(samples)
-    expected = np.array([joint[k] * n for k in keys])
-    counts = {k: 0 for k in keys}
+    counts = {k: 0 for k in joint}
     for s in samples:
-        counts[s] += 1
-    observed = np.array([counts[k] for k in keys], dtype=float)
-    # merge the cells with expected count < 5 into one tail cell
-    big = expected >= 5
-    exp = np.append(expected[big], expected[~big].sum())
-    obs = np.append(observed[big], observed[~big].sum())
-    if exp[-1] < 5:  # fold a small tail into the last big cell
-        exp[-2] += exp[-1]
-        obs[-2] += obs[-1]
-        exp, obs = exp[:-1], obs[:-1]
+        counts[s] += 1  # a sample outside the enumeration is a KeyError: it cannot be an outcome
+    cells = chi_square_cells(joint, n)
+    obs = np.array([sum(counts[k] for k in cell) for cell in cells], dtype=float)
+    exp = np.array([sum(joint[k] for k in cell) * n for cell in cells])
     return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def chi_square_power(expected: list[float], true: list[float], n: int, alpha: float) -> float:
+    """P(Pearson's test of n samples against the cell probabilities `expected` rejects at `alpha`) when the samples
+    come from the cell probabilities `true`: the statistic then follows about a noncentral chi-square with
+    noncentrality n * sum((q - p)^2 / p)."""
+    df = len(expected) - 1
+    noncentrality = n * sum((q - p) ** 2 / p for p, q in zip(expected, true))
+    return float(ncx2.sf(chi2.isf(alpha, df), df, noncentrality))
+
+
+def detection_power(expected: dict[tuple, float], true: dict[tuple, float], n: int) -> float:
+    """The power of chi_square_against(expected, n samples drawn from `true`) at ALPHA, over its own cells."""
+    cells = chi_square_cells(expected, n)
+    return chi_square_power([sum(expected[k] for k in c) for c in cells],
+                            [sum(true.get(k, 0.0) for k in c) for c in cells], n, ALPHA)
+
+
+def assert_a_wrong_temperature_is_caught(model, prompt: list[int], length: int, settings: SamplingSettings,
+                                         samples: list[tuple]) -> None:
+    """The control: `samples` (drawn at `settings`) tested against the policy at WRONG_TEMPERATURE x its temperature
+    must be rejected, and the test must have the power to: a miss rate under MISS_RATE, computed exactly."""
+    right = exact_joint(model, prompt, length, settings)
+    wrong = exact_joint(model, prompt, length, dataclasses.replace(
+        settings, temperature=settings.temperature * WRONG_TEMPERATURE))
+    assert detection_power(wrong, right, len(samples)) > 1 - MISS_RATE
+    assert chi_square_against(wrong, samples) < ALPHA
 
 
 PROMPTS = [[1, 2, 3, 4, 1], [2, 0]]
@@ -117,6 +154,7 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
         assert len(samples) == n and all(len(s) == length for s in samples)
         pvalue = chi_square_against(exact_joint(target, prompt, length, settings), samples)
         assert pvalue > ALPHA, f"prompt {p}: chi-square p-value {pvalue:.2e}"
+        assert_a_wrong_temperature_is_caught(target, prompt, length, settings, samples)
     if draft_kind != "none":
         assert sampler.stats.summary()["num_drafted"] > 0
 
