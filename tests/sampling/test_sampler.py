@@ -133,15 +133,17 @@ PROMPTS = [[1, 2, 3, 4, 1], [2, 0]]
 
 
 @pytest.mark.parametrize(
-    "draft_kind,gamma,temperature,top_k",
-    [("none", 0, 1.0, 0), ("model", 3, 1.0, 0), ("model", 2, 0.7, 4), ("ngram", 3, 1.0, 0), ("feature", 3, 1.0, 0),
-     ("feature-head", 2, 0.7, 4)],
+    "draft_kind,gamma,temperature,top_k,top_p",
+    [("none", 0, 1.0, 0, 1.0), ("model", 3, 1.0, 0, 1.0), ("model", 2, 0.7, 4, 1.0), ("ngram", 3, 1.0, 0, 1.0),
+     ("feature", 3, 1.0, 0, 1.0), ("feature-head", 2, 0.7, 4, 1.0),
+     # nucleus sampling: the draft's q and the policy's p both truncated to their own nucleus
+     ("none", 0, 0.9, 0, 0.8), ("model", 3, 0.9, 0, 0.8), ("model", 2, 1.2, 3, 0.7)],
 )
-def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temperature, top_k):
+def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temperature, top_k, top_p):
     vocab, length, n = 5, 3, 3000
     target = tiny_lm(vocab, seed=0)
-    settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, batch_rows=96,
-                                gamma=gamma, adaptive=False)
+    settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, top_p=top_p,
+                                batch_rows=96, gamma=gamma, adaptive=False)
     draft = {"none": None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
              "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1),
              "feature": lambda: feature_draft(target),
