@@ -91,7 +91,12 @@ def plot(points, paths, out: Path) -> None:
     markers = "osD^v<>PX*hd"
     tab20 = plt.get_cmap("tab20").colors  # one colour per policy (the default cycle repeats after ten): dark ones first
     colours = tab20[0::2] + tab20[1::2]
-    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds) + 2.4, 4), sharey=True, squeeze=False)
+    # the legend sits beside the panels: as wide as its longest name, and the figure as tall as its entries (7 pt)
+    names = [*labels, *(f"GRPO ({name}/)" for name in paths)]
+    legend_width = 0.7 + 0.055 * max(map(len, names))
+    height = max(4.0, 0.8 + 0.16 * len(names))
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds) + legend_width, height), sharey=True,
+                             squeeze=False)
     handles = {}
     for ax, seed in zip(axes[0], seeds):
         for style, (name, by_seed) in zip(("-", "--", ":"), paths.items()):
@@ -113,7 +118,7 @@ def plot(points, paths, out: Path) -> None:
     fig.legend(list(handles.values()), list(handles), fontsize=7, loc="center right")
     fig.suptitle("Where each policy ends: token entropy against pass@1 (GRPO: its path over completions)",
                  fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1 - 2.3 / fig.get_figwidth(), 1))
+    fig.tight_layout(rect=(0, 0, 1 - legend_width / fig.get_figwidth(), 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
