@@ -29,14 +29,14 @@ def _scored(prompts: int, k: int, truth_of, seed: int = 0) -> tuple[Dataset, lis
 
 
 def test_a_truth_that_ignores_the_proxy_is_enough_at_one_sample_and_the_proxy_is_over_optimised():
-    # the truth does not follow the proxy: the same for every answer, so every N has the same expected truth (a
+    # the truth does not follow the proxy: the same for every answer, so every N has exactly the same truth (a
     # truth drawn at random per answer fails the gap check in about 3% of data seeds: a noisy curve's best N is
     # biased up)
     scored, truth = _scored(64, 8, lambda reward, rng: 0.5)
     curve = best_of_n_curve(scored, gold=truth)
     enough = curve["enough"]
     assert enough["truth"] == "gold" and enough["k"] == 8
-    assert enough["n"] <= 2 and enough["gap_to_best"]["low"] <= 0.0
+    assert enough["n"] == 1 and enough["gap_to_best"]["low"] <= 0.0
     assert enough["proxy_gain_after"]["low"] > 0.5 and enough["overoptimised"]
     assert curve["expected_max_reward"] == sorted(curve["expected_max_reward"])
     low, high = curve["intervals"]["gold"]["low"], curve["intervals"]["gold"]["high"]

@@ -2,9 +2,9 @@
 
 Statistical tests use fixed seeds; each chi-square test has a false-alarm rate of alpha = 1e-3
 (the seeds are fixed, so a pass is reproducible; the rate says how unlucky a correct sampler would
-have to be to fail one of them). Each test also checks its own power: the same samples against the
-policy at twice the temperature must be rejected, and before that the chance that they would not be
-(computed from exact enumeration, detection_power) must be below MISS_RATE.
+have to be to fail one of them). Each chi-square test also checks its control's power: the same
+samples against the policy at twice the temperature must be rejected, and before that the chance that
+they would not be (from exact enumeration, detection_power) must be below MISS_RATE.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def detection_power(expected: dict[tuple, float], true: dict[tuple, float], n: i
 def assert_a_wrong_temperature_is_caught(model, prompt: list[int], length: int, settings: SamplingSettings,
                                          samples: list[tuple]) -> None:
     """The control: `samples` (drawn at `settings`) tested against the policy at WRONG_TEMPERATURE x its temperature
-    must be rejected, and the test must have the power to: a miss rate under MISS_RATE, computed exactly."""
+    must be rejected, and the test must have the power to: a miss rate under MISS_RATE, computed from exact
+    enumeration by the noncentral chi-square approximation."""
     right = exact_joint(model, prompt, length, settings)
     wrong = exact_joint(model, prompt, length, dataclasses.replace(
         settings, temperature=settings.temperature * WRONG_TEMPERATURE))
