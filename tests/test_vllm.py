@@ -13,8 +13,8 @@ vLLM's CPU sampling is seeded by the engine, not per request, so a rerun draws o
 rate is what a correct engine risks per run. The same check at temperature x 1.25 must fail: that is
 what a settings or prompt-rendering mismatch looks like, and a shape test would not see it. That check
 is only as good as its power, so the test first computes it from exact enumeration at both temperatures
-(the noncentral chi-square the statistic approximately follows when vLLM samples the hotter distribution) and requires
-a miss rate below 1e-6. At x 1.1 and ALPHA = 1e-3 the top-k = 5 case had a power of 0.73 and missed once in
+(the noncentral chi-square the statistic approximately follows when vLLM samples the hotter distribution) and
+requires a miss rate below 1e-6. At x 1.1 and ALPHA = 1e-3 the top-k = 5 case had a power of 0.73 and missed once in
 CI; at x 1.25 and 1e-5 its miss rate is about 3e-11.
 """
 

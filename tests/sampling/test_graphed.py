@@ -74,10 +74,11 @@ def test_the_fixed_shape_step_samples_the_policys_joint_distribution(temperature
     for p, prompt in enumerate(PROMPTS):
         samples = [tuple(c.token_ids) for c in completions if c.prompt_index == p]
         assert len(samples) == n
-        pvalue = chi_square_against(exact_joint(target, prompt, length, settings), samples)
+        right = exact_joint(target, prompt, length, settings)
+        pvalue = chi_square_against(right, samples)
         assert pvalue > ALPHA, f"prompt {p}: chi-square p-value {pvalue:.2e}"
         # the control: the same samples against the policy at another temperature are rejected
-        assert_a_wrong_temperature_is_caught(target, prompt, length, settings, samples)
+        assert_a_wrong_temperature_is_caught(target, prompt, length, settings, right, samples)
 
 
 @pytest.mark.parametrize("draft", ["none", "model"])

@@ -119,11 +119,10 @@ def detection_power(expected: dict[tuple, float], true: dict[tuple, float], n: i
 
 
 def assert_a_wrong_temperature_is_caught(model, prompt: list[int], length: int, settings: SamplingSettings,
-                                         samples: list[tuple]) -> None:
-    """The control: `samples` (drawn at `settings`) tested against the policy at WRONG_TEMPERATURE x its temperature
-    must be rejected, and the test must have the power to: a miss rate under MISS_RATE, computed from exact
-    enumeration by the noncentral chi-square approximation."""
-    right = exact_joint(model, prompt, length, settings)
+                                         right: dict[tuple, float], samples: list[tuple]) -> None:
+    """The control: `samples` (drawn at `settings`, whose exact joint is `right`) tested against the policy at
+    WRONG_TEMPERATURE x its temperature must be rejected, and the test must have the power to: a miss rate under
+    MISS_RATE, computed from exact enumeration by the noncentral chi-square approximation."""
     wrong = exact_joint(model, prompt, length, dataclasses.replace(
         settings, temperature=settings.temperature * WRONG_TEMPERATURE))
     assert detection_power(wrong, right, len(samples)) > 1 - MISS_RATE
@@ -155,9 +154,10 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
     for p, prompt in enumerate(PROMPTS):
         samples = [tuple(c.token_ids) for c in completions if c.prompt_index == p]
         assert len(samples) == n and all(len(s) == length for s in samples)
-        pvalue = chi_square_against(exact_joint(target, prompt, length, settings), samples)
+        right = exact_joint(target, prompt, length, settings)
+        pvalue = chi_square_against(right, samples)
         assert pvalue > ALPHA, f"prompt {p}: chi-square p-value {pvalue:.2e}"
-        assert_a_wrong_temperature_is_caught(target, prompt, length, settings, samples)
+        assert_a_wrong_temperature_is_caught(target, prompt, length, settings, right, samples)
     if draft_kind != "none":
         assert sampler.stats.summary()["num_drafted"] > 0
 
