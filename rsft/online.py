@@ -48,7 +48,7 @@ from rsft.models import load_policy, resolve_device
 from rsft.online_report import online_record, online_writer
 from rsft.paths import RunPaths
 from rsft.checkpoints import rng_states, seed_everything, set_rng_states
-from rsft.policy_training import OnlinePolicy, check_scheduler, policy_writer, train_on_batch
+from rsft.policy_training import OnlinePolicy, check_scheduler, loss_temperature, policy_writer, train_on_batch
 from rsft.bt_fit import RefreshedModels, refresh_on_samples
 from rsft.runner import Built, Job, Plan
 from rsft.tracking import PhaseClock
@@ -150,7 +150,7 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
     pairs = best_and_worst(cfg, candidates) if cfg.online.dpo_weight > 0 else []
     clock.lap("scoring")
     trained = train_on_batch(ctx.policy, ctx.tokenizer, cfg.online, cfg.seed, ctx.system_prompt, kept, progress.kept,
-                             batch, pairs, kl_weight(cfg.online, progress.guard), loss_temperature(cfg))
+                             batch, pairs, kl_weight(cfg.online, progress.guard), loss_temperature(cfg, "online"))
     progress.kept.extend(kept)
     clock.lap("training")
     completions, tokens, wall = progress.sampled()
@@ -162,12 +162,6 @@ def run_minibatch(ctx: Context, stream: Dataset, progress: Progress, batch: int)
         "wall_seconds": round(wall + seconds, 3), "phase_seconds": clock.seconds, "kept": len(kept), **kept_means(candidates, kept), **trained,
         **({"reward_model": len(progress.refreshes)} if refresh else {}),
     }
-
-
-def loss_temperature(cfg: DictConfig) -> float:
-    """What a step divides the policy's logits by: sample.temperature with online.tempered_loss (the distribution
-    the mini-batch was drawn from), else 1."""
-    return cfg.sample.temperature if cfg.online.get("tempered_loss", False) else 1.0
 
 
 def shared_weights(kept: list[dict], prompts: int) -> list[dict]:

@@ -30,6 +30,15 @@ from rsft.errors import ConfigError, InputError
 log = logging.getLogger(__name__)
 
 
+def loss_temperature(cfg: DictConfig, section: str) -> float:
+    """What a training step of `section` ("sft" or "online") divides the policy's logits by: sample.temperature with
+    <section>.tempered_loss (the distribution the trained answers were drawn from), else sft.loss_temperature for
+    the rounds' SFT and 1 online."""
+    if cfg[section].get("tempered_loss", False):
+        return cfg.sample.temperature
+    return cfg.sft.get("loss_temperature", 1.0) if section == "sft" else 1.0
+
+
 def lora_config(section: DictConfig):
     """peft's LoraConfig from a training section's `lora` settings (sft.lora, dpo.lora)."""
     from peft import LoraConfig

@@ -58,6 +58,7 @@ from rsft.policy_training import (
     merge_with_early,
     cut_examples,
     lora_config,
+    loss_temperature,
     policy_writer,
     trained_policy,
 )
@@ -154,8 +155,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     history = LossHistory()
     checkpoints = job.checkpoints()  # a killed run resumes from its last checkpoint
     gem_beta = cfg.sft.gem_beta if cfg.sft.loss == "gem" else None
-    temperature = (cfg.sample.temperature if cfg.sft.get("tempered_loss", False)
-                   else cfg.sft.get("loss_temperature", 1.0))
+    temperature = loss_temperature(cfg, "sft")
     trainer_class = (lever_sft_trainer(SFTTrainer, cfg.sft.kl, cfg.sft.mode, weighted, gem_beta, temperature)
                      if cfg.sft.kl or weighted or gem_beta is not None or temperature != 1.0 else SFTTrainer)
     early = EarlyWeights(cfg.sft.merge_at, checkpoints.folder / "merge-early.pt") if merging else None

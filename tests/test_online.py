@@ -586,8 +586,7 @@ def test_a_tempered_step_takes_its_loss_on_the_logits_divided_by_the_sampling_te
     log-probabilities), weights as before; at temperature 1 it is the plain step's. Refused with greedy decoding;
     out of the fingerprints while off."""
     from rsft.errors import ConfigError
-    from rsft.online import loss_temperature
-    from rsft.policy_training import OnlinePolicy, completion_tokens, padded, train_step
+    from rsft.policy_training import OnlinePolicy, completion_tokens, loss_temperature, padded, train_step
     from rsft.preflight import check_config
     from rsft.stages import WHILE_OFF
 
@@ -605,8 +604,13 @@ def test_a_tempered_step_takes_its_loss_on_the_logits_divided_by_the_sampling_te
         expected = float((nll.sum(dim=1) * torch.tensor([1.5, -0.5])).sum()) / completion_tokens(weighted)
         assert train_step(policy, weighted, pad, 1.0, temperature=temperature)[0] == pytest.approx(expected, rel=1e-5)
     on = ("stage=online", "online.tempered_loss=true")
-    assert loss_temperature(make_cfg(*on, "sample.temperature=0.7")) == 0.7
-    assert loss_temperature(make_cfg("stage=online", "sample.temperature=0.7")) == 1.0
+    assert loss_temperature(make_cfg(*on, "sample.temperature=0.7"), "online") == 0.7
+    assert loss_temperature(make_cfg("stage=online", "sample.temperature=0.7"), "online") == 1.0
+    # the rounds' SFT reads its own switches: sft.tempered_loss, else sft.loss_temperature; online reads neither
+    own = make_cfg("stage=online", "sample.temperature=0.7", "sft.loss_temperature=0.8")
+    assert (loss_temperature(own, "sft"), loss_temperature(own, "online")) == (0.8, 1.0)
+    assert loss_temperature(make_cfg(*on, "sample.temperature=0.7"), "sft") == 1.0
+    assert loss_temperature(make_cfg("stage=sft", "sft.tempered_loss=true", "sample.temperature=0.6"), "sft") == 0.6
     with pytest.raises(ConfigError, match=r"online.tempered_loss=true .*sample.strategy=greedy"):
         check_config(make_cfg(*on, "sample.strategy=greedy", "sample.num_samples=1", "select.pairs=false"))
     assert WHILE_OFF["online.tempered_loss"](make_cfg("stage=online"))
