@@ -130,13 +130,13 @@ def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source
                 raise
             raise InputError(f"{source}, row {row}: cannot read the pair ({err})") from err
         rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected, LABEL_COLUMN: labels[row]})
-    pairs = Dataset.from_list(rows)
-    check_pairs(pairs, source, label_column)
-    return pairs
+    check_pairs(rows, source, label_column)  # before Arrow sees them: a column of text and ints is its TypeError
+    return Dataset.from_list(rows)
 
 
-def check_pairs(pairs: Dataset, source: str, label_column: str = LABEL_COLUMN) -> None:
-    """Every row: text (may be empty) in prompt/chosen/rejected, chosen != rejected, a label in [0, 1] (not NaN)."""
+def check_pairs(pairs: Dataset | list[dict], source: str, label_column: str = LABEL_COLUMN) -> None:
+    """Every row (of a Dataset or a list of row dicts): text (may be empty) in prompt/chosen/rejected,
+    chosen != rejected, a label in [0, 1] (not NaN)."""
     if len(pairs) == 0:
         raise InputError(f"{source}: no preference pairs left (after loading and limits)")
     for row, example in enumerate(pairs):

@@ -21,11 +21,17 @@ and quotes what came back (its first 200 characters): never a silent zero. The r
 server's raw scale: normalise() is the identity (mean 0, std 1) until calibrate() (RewardSource's)
 sets mean and std from a stated set of rows and records it in `calibration`.
 
+`timeout` is a deadline for a whole request, not a limit on each socket read: connecting (to each of
+the host's addresses), sending and every read of the answer wait at most what is left of it, and none
+starts after it, so a server that trickles its answer a byte at a time fails like one that does not
+answer. (Name resolution is outside it: no socket timeout reaches it.)
+
 What is retried: a refused or dropped connection, a timeout, HTTP 5xx, 408 and 429, up to `retries`
-more times, `backoff * 2**attempt` seconds apart (at most MAX_BACKOFF), each retry logged; then
-ServerUnreachable (a MissingInput) says what to check. Scoring is idempotent, so a batch is simply
-sent again. What is not retried: any other 4xx (InputError with the server's own error text) and an
-answer that arrived but is malformed (InputError): sending it again would get the same answer.
+(at most MAX_RETRIES) more times, `backoff * 2**attempt` seconds apart (at most MAX_BACKOFF), each
+retry logged; then ServerUnreachable (a MissingInput) says what to check. Scoring is idempotent, so a
+batch is simply sent again. What is not retried: any other 4xx (InputError with the server's own error
+text) and an answer that arrived but is malformed (InputError): sending it again would get the same
+answer. A redirect is followed as urllib follows it, and a failure after one says where it led.
 
 The identity (an artifact's fingerprint) is the URL, the model and the revision: the ones declared
 (`model=`, `revision=`), else the ones the server reports. A declared value that the server
@@ -37,11 +43,15 @@ reports no revision at all: declare one). Declare the revision and keep the serv
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import json
 import logging
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
@@ -51,6 +61,7 @@ from reward.sources import RewardSource, checked_scores, register
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait between two tries
+MAX_RETRIES = 20  # 7.5 minutes of waits at the default backoff (0.5 s): a server's restart fits, a dead server ends
 RETRIED_STATUS = {408, 429}  # besides every 5xx: the server may answer the same request later
 QUOTE = 200  # characters of a bad answer quoted in an error
 
@@ -70,8 +81,9 @@ class HttpReward(RewardSource):
         that reports others is refused (ConfigError). Undeclared, the server's own report is recorded.
     batch_size: rows per request (score()'s own batch_size argument is ignored: the server's batch is
         the one that matters to a remote server and to its memory).
-    timeout: seconds a request may wait for the server (a socket-level timeout, per try).
+    timeout: seconds one request may take, from connecting to the answer's last byte (per try).
     retries, backoff, sleep: the retry policy (module docstring); sleep is injected so tests need no clock.
+    clock: what the timeout is measured on (time.monotonic), injected likewise.
     api: "rsft" (rsft.serve_reward's protocol) or "vllm" (vLLM's /pooling).
     template: api="vllm" only: the text the reward model reads, from {prompt}, {completion} and the row's
         columns.
@@ -88,17 +100,20 @@ class HttpReward(RewardSource):
     def __init__(self, url: str, model: str | None = None, revision: str | None = None, batch_size: int = 64,
                  timeout: float = 30.0, retries: int = 5, backoff: float = 0.5, api: str = "rsft",
                  template: str = "{prompt}{completion}", extra: dict | None = None,
-                 sleep: Callable[[float], Any] = time.sleep):
+                 sleep: Callable[[float], Any] = time.sleep, clock: Callable[[], float] = time.monotonic):
         if api not in ("rsft", "vllm"):
             raise ConfigError(f"reward server api={api!r}: expected 'rsft' (python -m rsft.serve_reward) or 'vllm' "
                               f"(vLLM's /pooling)")
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ConfigError(f"reward server url {url!r}: expected an http:// or https:// address")
+        try:
+            check_url(url, "reward server url")
+            check_retries(retries, f"reward server {url}: retries")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if int(batch_size) < 1:
             raise ConfigError(f"reward server batch_size={batch_size}: expected at least 1")
-        if int(retries) < 0 or float(backoff) < 0 or float(timeout) <= 0:
-            raise ConfigError(f"reward server {url}: retries={retries}, backoff={backoff}, timeout={timeout}: "
-                              f"expected retries >= 0, backoff >= 0 and timeout > 0")
+        if float(backoff) < 0 or not float(timeout) > 0:
+            raise ConfigError(f"reward server {url}: backoff={backoff}, timeout={timeout}: expected backoff >= 0 and "
+                              f"timeout > 0")
         self.api = api
         self.url = base_url(url, api)
         self.declared_model = model
@@ -110,6 +125,7 @@ class HttpReward(RewardSource):
         self.template = template
         self.extra = dict(extra or {})
         self.sleep = sleep
+        self.clock = clock
         self.mean, self.std = 0.0, 1.0  # until calibrate() (RewardSource.calibrate) sets them from stated rows
         self.calibration = None
         self.model, self.revision = self._check_server()
@@ -276,25 +292,165 @@ class HttpReward(RewardSource):
             request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
                                              headers={"Content-Type": "application/json",
                                                       "Accept": "application/json"})
+            redirects = _NamedRedirects()
+            deadline = _Deadline(self.timeout, self.clock)
+            opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline), redirects)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                with opener.open(request, timeout=self.timeout) as response:
                     return response.read()
             except urllib.error.HTTPError as error:
                 text = error_text(error)
                 if error.code >= 500 or error.code in RETRIED_STATUS:
-                    last = f"HTTP {error.code}: {text}"
+                    last = f"HTTP {error.code}: {text}{redirects.where()}"
                     continue
-                raise InputError(f"reward server {url} refused the request (HTTP {error.code}): {text}") from None
+                raise InputError(f"reward server {url} refused the request (HTTP {error.code}{redirects.where()}): "
+                                 f"{text}") from None
             except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as error:
-                # refused, reset or dropped connections, socket.timeout (an alias of TimeoutError), a cut answer
+                # refused, reset or dropped connections, a timeout (socket.timeout is TimeoutError), a cut answer
                 reason = getattr(error, "reason", error)
-                last = f"{type(reason).__name__}: {reason}"
+                last = (f"no complete answer within timeout={self.timeout:g} s" if isinstance(reason, TimeoutError)
+                        else f"{type(reason).__name__}: {reason}") + redirects.where()
         raise ServerUnreachable(
             f"reward server {url} is unreachable or kept failing after {self.retries + 1} tries ({last}): check that "
             f"the server is running (python -m rsft.serve_reward <spec> --port ...), that the url's host and port are "
             f"the ones it listens on (it serves only 127.0.0.1 unless started with --host 0.0.0.0), and its log; a "
             f"slow server needs a longer timeout (now {self.timeout:g} s) or a smaller batch_size (now "
             f"{self.batch_size})")
+
+
+class _Deadline:
+    """The end of one request: every connect, send and read is given what is left of `seconds` as its socket
+    timeout, and none starts once nothing is left (TimeoutError), so the request as a whole ends by then."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float]):
+        self.seconds, self.clock = seconds, clock
+        self.end = clock() + seconds
+
+    def left(self) -> float:
+        left = self.end - self.clock()
+        if left <= 0:
+            raise TimeoutError(f"no complete answer within {self.seconds:g} s")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, each read waiting at most what is left of the deadline. It holds the socket through
+    a socket file (makefile), as http.client's own reader does, so the socket stays open until it is closed."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline):
+        self.sock, self.deadline = sock, deadline
+        self.file = sock.makefile("rb", buffering=0)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        self.sock.settimeout(self.deadline.left())
+        return self.file.readinto(buffer)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's response, reading its status line, headers and body through a _DeadlineReader."""
+
+    def __init__(self, sock, *args, deadline: _Deadline, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # http.client's own socket file: reads that wait a whole timeout each
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
+class _OnDeadline:
+    """Mixin for http.client's HTTPConnection and HTTPSConnection: connect and send within the deadline
+    (the TLS handshake is part of connect) and read the answer through _DeadlineResponse."""
+
+    deadline: _Deadline
+
+    def connect(self):
+        self.timeout = self.deadline.left()
+        super().connect()
+
+    def send(self, data):
+        if self.sock is not None:  # None: send() connects first, within the deadline
+            self.sock.settimeout(self.deadline.left())
+        super().send(data)
+
+
+class _HTTPConnection(_OnDeadline, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_OnDeadline, http.client.HTTPSConnection):
+    pass
+
+
+class _OpensOnDeadline:
+    """Mixin for urllib's HTTPHandler and HTTPSHandler: the connections they open keep `deadline`."""
+
+    def __init__(self, deadline: _Deadline):
+        super().__init__()
+        self.deadline = deadline
+
+    def do_open(self, http_class, req, **kwargs):
+        timed = {http.client.HTTPConnection: _HTTPConnection, http.client.HTTPSConnection: _HTTPSConnection}[http_class]
+
+        def connection(host, **options):
+            made = timed(host, **options)
+            made.deadline = self.deadline
+            made.response_class = functools.partial(_DeadlineResponse, deadline=self.deadline)
+            return made
+
+        return super().do_open(connection, req, **kwargs)
+
+
+class _HTTPHandler(_OpensOnDeadline, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSHandler(_OpensOnDeadline, urllib.request.HTTPSHandler):
+    pass
+
+
+class _NamedRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, followed as it follows them and remembered, so that a failure after one says where
+    it went rather than blaming the url the user gave."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        self.seen.append(f"HTTP {code} to {newurl}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    def where(self) -> str:
+        return f", after a redirect ({', '.join(self.seen)})" if self.seen else ""
+
+
+def check_url(url, key: str = "url") -> None:
+    """An http:// or https:// address urllib can open: a host, and a port that is a number if one is given.
+    A malformed one (`http://[::1`) is a wrong setting, not a server to retry. ValueError(`<key>=<url>:
+    expected ...`), the config rules' form, so that a setting's check names its key (rsft.config.rules)."""
+    expected = "an http:// or https:// address, http(s)://host[:port][/path]"
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"{key}={url!r}: expected {expected}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (read for its ValueError: a port that is not a number in 0-65535)
+    except ValueError as error:
+        raise ValueError(f"{key}={url!r}: expected {expected} ({error})") from None
+    if not parts.hostname:
+        raise ValueError(f"{key}={url!r}: expected {expected} (it names no host)")
+
+
+def check_retries(retries, key: str = "retries") -> None:
+    """An integer in [0, MAX_RETRIES]: the waits between tries add up (up to MAX_BACKOFF seconds each), so an
+    unbounded count keeps a command waiting for days on a server that is not there. ValueError as check_url."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"{key}={retries!r}: expected an integer in [0, {MAX_RETRIES}] (0 = one try; the waits "
+                         f"between tries grow to {MAX_BACKOFF:g} s each)")
 
 
 def vllm_reward(data) -> float:

@@ -111,7 +111,8 @@ class RewardSource:
 
 def checked_scores(values, expected: int, source: str, row_ids: Sequence[int] | None = None) -> list[float | None]:
     """A source's answer for `expected` rows as floats or None, refusing anything else (InputError naming
-    `source` and the row): a string, a NaN or infinity, a bool, or the wrong number of values.
+    `source` and the row): a string, a NaN or infinity (an integer too large for a float counts as one), a
+    bool, or the wrong number of values.
     `row_ids`: the rows' numbers to name in a refusal (default 0, 1, ...: the position in `values`)."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise InputError(f"{source}: returned {type(values).__name__}; expected a list of {expected} floats or None")
@@ -128,7 +129,11 @@ def checked_scores(values, expected: int, source: str, row_ids: Sequence[int] | 
         if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
             raise InputError(f"{source}: row {row}: returned {value!r} ({type(value).__name__}); expected a float or "
                              f"None (not scorable)")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past a float's range (10**400): not quoted, its repr may be thousands of digits
+            raise InputError(f"{source}: row {row}: returned a number beyond a float's range (about 1.8e308); "
+                             f"expected a finite float, or None (not scorable)") from None
         if not math.isfinite(number):
             raise InputError(f"{source}: row {row}: returned {number}; expected a finite float, or None (not scorable)")
         out.append(number)

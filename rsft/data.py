@@ -20,6 +20,7 @@ import functools
 import logging
 import unicodedata
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from datasets import Dataset
@@ -60,17 +61,39 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     if column != "prompt":
         ds = ds.remove_columns([c for c in ("prompt",) if c in ds.column_names]).rename_column(column, "prompt")
     id_column = cfg.get("id_column")
-    if id_column and id_column != "prompt_id":
+    # id_column=prompt_id (the default of the built-in sets) on a set without that column numbers its rows
+    if id_column and (id_column != "prompt_id" or "prompt_id" in ds.column_names):
         if id_column not in ds.column_names:
             raise InputError(f"data.id_column={id_column!r} is not a column of {source}; columns: {ds.column_names}")
-        ds = ds.map(lambda r: {"prompt_id": str(r[id_column])})
-    elif "prompt_id" not in ds.column_names or not id_column:
-        ds = ds.map(lambda _, i: {"prompt_id": f"p{i:06d}"}, with_indices=True)
-    ids = ds["prompt_id"]
+        ids = _prompt_ids(ds[id_column], source, id_column)
+    else:
+        ids = [f"p{i:06d}" for i in range(len(ds))]
+    ds = ds.remove_columns([c for c in ("prompt_id",) if c in ds.column_names]).add_column("prompt_id", ids)
     if len(set(ids)) != len(ids):
         raise InputError(f"{source}: prompt ids (data.id_column={id_column!r}) are not unique; give every row its "
                          f"own id, or set data.id_column=null to number the rows")
     return ds
+
+
+def _prompt_ids(values: Sequence, source: str, id_column: str) -> list[str]:
+    """The id column's values as prompt ids, which are strings everywhere (samples, pairs, the run's records):
+    an integer id becomes its decimal string. A missing id, or one of another type, is refused with its row:
+    str() would turn a missing id into "None", and a float (1.5, or 1.0 from a CSV column with a gap) or a
+    list has no spelling a user would look up. The first missing id is named before any other bad one, since
+    a gap is what turns a CSV's integer ids into floats."""
+    def refuse(row: int, problem: str) -> InputError:
+        return InputError(f"{source}, row {row}, column {id_column!r} (data.id_column): {problem}; expected a string "
+                          f"or an integer prompt id")
+
+    missing = next((row for row, value in enumerate(values) if value is None), None)
+    if missing is not None:
+        raise refuse(missing, "no id")
+    ids = []
+    for row, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise refuse(row, f"got {value!r:.80}")
+        ids.append(str(value))
+    return ids
 
 
 def demo_prompts(cfg: DictConfig, which: str, split: str) -> tuple[Dataset, str]:

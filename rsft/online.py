@@ -48,7 +48,7 @@ from rsft.models import load_policy, resolve_device
 from rsft.online_report import online_record, online_writer
 from rsft.paths import RunPaths
 from rsft.checkpoints import rng_states, seed_everything, set_rng_states
-from rsft.policy_training import OnlinePolicy, check_scheduler, loss_temperature, policy_writer, train_on_batch
+from rsft.policy_training import OnlinePolicy, loss_temperature, policy_writer, train_on_batch
 from rsft.bt_fit import RefreshedModels, refresh_on_samples
 from rsft.runner import Built, Job, Plan
 from rsft.tracking import PhaseClock
@@ -65,7 +65,6 @@ def minibatch_seed(seed: int, batch: int) -> int:
 
 def plan(cfg: DictConfig, paths: RunPaths) -> Plan:
     """The reward (the run's reward/ by digest, any other source by its identity) and the prompt files."""
-    check_scheduler(cfg.online.lr_scheduler, "online.lr_scheduler")
     sampling_settings(cfg.sample, cfg.draft)
     trained = [reward_service.reward_model(cfg)] if uses_trained_reward(cfg) else []  # a missing one says how to train it
     evaluates = cfg.online.eval_every > 0

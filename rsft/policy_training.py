@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from rsft import distributed
 from rsft.data import chat_messages
-from rsft.errors import ConfigError, InputError
+from rsft.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -290,17 +290,6 @@ def cut_examples(selected: Dataset, tokenizer, system_prompt: str | None) -> Dat
         start = next((i for i, (a, b) in enumerate(zip(prompt_ids, ids)) if a != b), min(len(prompt_ids), len(ids)))
         rows.append({"input_ids": ids, "completion_mask": [0] * start + [1] * (len(ids) - start)})
     return Dataset.from_list(rows)
-
-
-def check_scheduler(name: str, key: str) -> None:
-    """`key` (a learning-rate schedule's setting) names one of transformers' schedules: refused before any work."""
-    from transformers import SchedulerType
-
-    try:
-        SchedulerType(name)
-    except ValueError:
-        raise ConfigError(f"{key}={name!r}: expected one of transformers' schedules: "
-                          f"{', '.join(s.value for s in SchedulerType)}") from None
 
 
 @dataclass

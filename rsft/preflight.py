@@ -44,6 +44,7 @@ def check_config(cfg: DictConfig) -> None:
     if command_reads(cfg.stage, cfg, "loop.dpo") and cfg.loop.dpo is False:  # a loop without DPO never reads dpo.*
         groups = tuple(g for g in groups if g != "dpo")
     _check_command_line()
+    config.check_unknown_settings(cfg)
     _check_required(cfg, groups)
     config.check_run_dir(cfg)
     _as_config_error("", config.check_top_level, cfg)
@@ -54,16 +55,19 @@ def check_config(cfg: DictConfig) -> None:
     for group in ("reward", "sft", "dpo"):  # the global batch must divide over the processes of a launch
         if group in groups:
             _as_config_error("", per_device_batch, f"{group}.batch_size", cfg[group].batch_size)
+    _check_schedules(cfg, groups)
     _check_round_labels(cfg)
     _check_packages(cfg, groups)
-    _check_held_out_prompts(cfg)
+    if not _check_held_out_prompts(cfg):
+        _check_train_prompts(cfg)
     _check_reward_sources(cfg, groups)
 
 
-def _check_held_out_prompts(cfg: DictConfig) -> None:
+def _check_held_out_prompts(cfg: DictConfig) -> bool:
     """A command that evaluates (stage=eval, stage=loop with loop.eval, stage=online with online.eval_every) on
     held-out prompts that are all train prompts stops now, not after prefs and the reward model; some of
-    them: a warning with the counts (rsft.data.check_held_out_prompts)."""
+    them: a warning with the counts (rsft.data.check_held_out_prompts). That reads both prompt sets, so a
+    file that cannot be read stops the command too. Whether it checked (the command evaluates)."""
     reads = lambda key: command_reads(cfg.stage, cfg, key)  # noqa: E731
     if reads("loop.eval"):
         without, evaluates = "loop.eval=false", cfg.loop.eval
@@ -77,6 +81,37 @@ def _check_held_out_prompts(cfg: DictConfig) -> None:
         )
 
         check_held_out_prompts(cfg.data, without)
+    return bool(evaluates)
+
+
+def _check_train_prompts(cfg: DictConfig) -> None:
+    """A command that reads the train prompts and does not evaluate (stage=sample, stage=prefs, a loop with
+    loop.eval=false) reads them now: a data.path that is missing, empty or malformed stops it before prefs and
+    the reward model train, not at the first stage=sample (rsft.data.load_prompts' InputError)."""
+    if command_reads(cfg.stage, cfg, "data.path"):
+        from rsft.data import load_prompts  # imports datasets: only for a command that reads prompts
+
+        load_prompts(cfg.data, "train")
+
+
+def _check_schedules(cfg: DictConfig, groups: tuple[str, ...]) -> None:
+    """Every learning-rate schedule the command's trainers will build (sft, dpo, reward, online) is one of
+    transformers' names, checked now: a misspelt sft.lr_scheduler would otherwise stop a loop at its first
+    SFT, after prefs, the reward model, sampling and scoring."""
+    for group in ("reward", "sft", "dpo", "online"):
+        if group in groups and cfg[group].get("lr_scheduler") is not None:
+            check_scheduler(cfg[group].lr_scheduler, f"{group}.lr_scheduler")
+
+
+def check_scheduler(name: str, key: str) -> None:
+    """`key` (a learning-rate schedule's setting) names one of transformers' schedules, else ConfigError."""
+    from transformers import SchedulerType  # only for a command that trains
+
+    try:
+        SchedulerType(name)
+    except ValueError:
+        raise ConfigError(f"{key}={name!r}: expected one of transformers' schedules: "
+                          f"{', '.join(s.value for s in SchedulerType)}") from None
 
 
 def _check_command_line() -> None:
@@ -105,9 +140,26 @@ def _check_reward_sources(cfg: DictConfig, groups: tuple[str, ...]) -> None:
     """A reward source other than the trained model, and a judge given as a source, are opened now (a
     function imported, a pretrained model loaded, a server asked for /health), so that a wrong spec stops
     the command before any work, not when the first round reaches stage=score. rsft.reward_service keeps what it
-    opened for the stages."""
+    opened for the stages. A server's URL that is no URL (`http://[::1`) is refused first, naming the setting
+    that gives it: opened, it would only say that a reward server's url is wrong."""
+    from reward.http_client import check_url
     from rsft import reward_service
 
+    specs = []  # (setting, spec) of what the command opens; a URL names a server, as reward_source=http's spec must
+    sources = cfg.reward_source if "reward_source" in groups else None
+    if sources is not None and sources.kind == "http":
+        specs.append(("reward_source.spec", sources.spec))
+    if sources is not None and sources.kind == "combination":
+        specs += [(f"reward_source.components.{name}.source", component.get("source"))
+                  for name, component in sources.components.items()]
+    if "eval" in groups:
+        specs.append(("eval.judge", reward_service.judge_spec(cfg)))
+    for setting, spec in specs:
+        if setting == "reward_source.spec" or str(spec).startswith(("http://", "https://")):
+            try:
+                check_url(spec, setting)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
     device = resolve_device(cfg.device)
     try:
         if "reward_source" in groups and cfg.reward_source.kind != "trained":

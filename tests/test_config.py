@@ -256,3 +256,43 @@ def test_a_yaml_file_with_a_name_twice_is_refused_by_omegaconf(tmp_path):
     (tmp_path / "twice.yaml").write_text("components:\n  a: {source: trained}\n  a: {source: 'function:f.py:g'}\n")
     with pytest.raises(Exception, match="duplicate key a"):
         OmegaConf.load(tmp_path / "twice.yaml")
+
+
+# ---------------------------------------------------------------- the pre-flight's added reads
+
+
+@pytest.mark.parametrize("override, named, hint", [
+    ("+sample.temprature=0.5", "sample.temprature", "did you mean sample.temperature?"),
+    ("+sft.lora.rank=8", "sft.lora.rank", "its settings: r, alpha, dropout, target_modules"),
+    ("+seeed=3", "seeed", "did you mean seed?"),
+])
+def test_a_key_added_with_plus_that_no_schema_has_is_refused(make_cfg, override, named, hint):
+    with pytest.raises(ConfigError) as refused:
+        check_config(make_cfg("stage=sample", override))
+    assert str(refused.value).startswith(f"{named}: not a setting") and hint in str(refused.value)
+
+
+def test_a_free_form_section_takes_any_key(make_cfg):
+    check_config(make_cfg("stage=sample", "+sample.vllm.engine_args.enforce_eager=true"))
+
+
+@pytest.mark.parametrize("stage, group", [("sft", "sft"), ("dpo", "dpo"), ("reward", "reward"),
+                                          ("loop", "sft"), ("online", "online")])
+def test_a_misspelt_schedule_is_refused_before_any_work(make_cfg, tmp_path, stage, group):
+    with pytest.raises(ConfigError, match=re.escape(f"{group}.lr_scheduler='cosin': expected one of "
+                                                    f"transformers' schedules: linear, cosine")):
+        check_config(make_cfg(f"stage={stage}", f"{group}.lr_scheduler=cosin"))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("meta.json"))
+
+
+def test_train_prompts_that_cannot_be_read_stop_a_loop_without_evaluation_before_any_work(make_cfg, tmp_path):
+    from rsft.errors import InputError
+
+    empty = tmp_path / "prompts.jsonl"
+    empty.write_text("")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    cfg = make_cfg("stage=loop", "loop.eval=false", "data=local", f"data.path={empty}", f"reward.data.path={pairs}")
+    with pytest.raises(InputError, match=re.escape(str(empty))):
+        check_config(cfg)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("meta.json"))

@@ -66,6 +66,46 @@ def test_bad_prompt_files_are_named(tmp_path, rows, extra, error, match):
         load_prompts(local_cfg(path, **extra))
 
 
+@pytest.mark.parametrize("id_column", ["id", "prompt_id"])
+def test_prompt_ids_are_strings_and_an_integer_id_its_decimal_string(tmp_path, id_column):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", id_column: 10}, {"prompt": "b", id_column: 200}])
+    ds = load_prompts(local_cfg(path, id_column=id_column))
+    assert ds["prompt_id"][:] == ["10", "200"] and ds.features["prompt_id"].dtype == "string"
+
+
+@pytest.mark.parametrize("second, problem", [
+    ({}, "no id"),  # the key left out of the row
+    ({"id": None}, "no id"),
+    ({"id": 1.5}, "got 1.5"),
+    ({"id": True}, "got True"),
+    ({"id": [1]}, r"got \[1\]"),
+    ({"id": {"n": 1}}, r"got \{'n': 1\}"),
+])
+@pytest.mark.parametrize("id_column", ["id", "prompt_id"])
+def test_a_prompt_id_that_is_not_a_string_or_integer_names_file_row_and_column(tmp_path, second, problem, id_column):
+    rows = [{"prompt": "a", "id": "x"}, {"prompt": "b", **second}, {"prompt": "c", "id": "z"}]
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": r["prompt"]} | ({id_column: r["id"]} if "id" in r else {})
+                                              for r in rows])
+    where = re.escape(f"data.path={str(path)!r}, row 1, column {id_column!r} (data.id_column)")
+    with pytest.raises(InputError, match=rf"^{where}: {problem}; expected a string or an integer prompt id$"):
+        load_prompts(local_cfg(path, id_column=id_column))
+
+
+def test_two_rows_without_an_id_are_missing_ids_not_duplicates(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "id": "x"}, {"prompt": "b"}, {"prompt": "c"}])
+    with pytest.raises(InputError, match=r"row 1, column 'id' \(data\.id_column\): no id"):
+        load_prompts(local_cfg(path, id_column="id"))
+
+
+def test_a_csv_id_column_with_a_gap_names_the_gap_not_the_floats_it_became(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,id\na,1\nb,\nc,3\n")  # pandas reads 1.0, NaN, 3.0
+    with pytest.raises(InputError, match=r"row 1, column 'id' \(data\.id_column\): no id"):
+        load_prompts(local_cfg(path, id_column="id"))
+    path.write_text("prompt,id\na,1\nb,2\n")
+    assert load_prompts(local_cfg(path, id_column="id"))["prompt_id"][:] == ["1", "2"]
+
+
 def test_chat_template_opens_the_assistant_turn():
     text = chat_text(build_byte_tokenizer(), "hello", system_prompt="be brief")
     assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"

@@ -27,7 +27,7 @@ import pytest
 import reward.sources as reward_sources
 import reward.specs as reward_specs
 from rsft.errors import ConfigError, InputError, MissingInput
-from reward.http_client import HttpReward, ServerUnreachable, base_url, vllm_reward
+from reward.http_client import MAX_RETRIES, HttpReward, ServerUnreachable, base_url, vllm_reward
 from reward.sources import RewardSource
 from reward.server import identity_digest, make_server
 from tests.conftest import REPO
@@ -293,6 +293,8 @@ def scripted():
     (200, '{"rewards": [1.0, "0.5"]}', r"row 1: returned '0.5' \(str\); expected a float or None"),
     (200, '{"rewards": [1.0, true]}', r"row 1: returned True \(bool\)"),
     (200, '{"rewards": [1.0, NaN]}', r"row 1: returned nan; expected a finite float"),
+    (200, '{"rewards": [1.0, 1%s]}' % ("0" * 400), r"row 1: returned a number beyond a float's range.*expected a "
+                                                    r"finite float"),
     (200, '{"rewards": "1.0, 2.0"}', r"returned str; expected a list of 2 floats or None"),
     (400, '{"error": "missing \'completions\'"}', r"refused the request \(HTTP 400\): missing 'completions'"),
     (422, '{"error": "row 0: no answer column"}', r"refused the request \(HTTP 422\): row 0: no answer column"),
@@ -324,6 +326,64 @@ def test_a_health_answer_that_is_not_rsfts_is_an_input_error(scripted):
         HttpReward(f"http://127.0.0.1:{scripted.server_address[1]}", sleep=no_sleep)
 
 
+class Trickle(QuietHandler):
+    """/health answers at once; /score promises a long answer and sends it a byte at a time, never finishing
+    while the test lets it (server.stop), each byte moving the test's clock (server.now) on by 0.3 s: a byte
+    every 0.3 s, each well within a 1 s timeout."""
+
+    def do_GET(self):
+        self.reply(200, {"status": "ok", "model": "m", "revision": "r"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        for _ in range(3000):  # 30 s at most, should the client never hang up
+            if self.server.stop.wait(0.01):
+                return
+            try:
+                self.wfile.write(b" ")
+            except OSError:  # the client hung up
+                return
+            self.server.now += 0.3
+
+
+def test_a_server_that_trickles_its_answer_fails_at_the_timeout_like_an_unreachable_one():
+    """timeout is a deadline for the whole request: bytes that keep coming, each in time, do not extend it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.now, server.stop = 0.0, threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        reward = HttpReward(url, timeout=1, retries=0, sleep=no_sleep, clock=lambda: server.now)
+        with pytest.raises(ServerUnreachable, match=rf"{url}/score is unreachable .* after 1 tries \(no complete "
+                                                    rf"answer within timeout=1 s\).* longer timeout \(now 1 s\)"):
+            reward.score(["p"], ["a"], progress=False)
+    finally:
+        server.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_failure_after_a_redirect_says_where_it_was_sent(scripted):
+    elsewhere = f"http://127.0.0.1:{free_port()}/health"
+
+    class Redirects(Scripted):
+        def do_GET(self):
+            self.send_response(302)
+            self.send_header("Location", elsewhere)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    scripted.RequestHandlerClass = Redirects
+    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    with pytest.raises(ServerUnreachable, match=rf"{url}/health is unreachable .*ConnectionRefusedError.*, after a "
+                                                rf"redirect \(HTTP 302 to {elsewhere}\)"):
+        HttpReward(url, retries=0, sleep=no_sleep)
+
+
 def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match="http:// or https://"):
         HttpReward("ftp://example/score")
@@ -331,6 +391,25 @@ def test_settings_that_cannot_work_are_config_errors():
         HttpReward("http://127.0.0.1:1", api="grpc")
     with pytest.raises(ConfigError, match="batch_size=0"):
         HttpReward("http://127.0.0.1:1", batch_size=0)
+
+
+@pytest.mark.parametrize("url, why", [("http://[::1", "Invalid IPv6 URL"), ("http://127.0.0.1:port", "'port'"),
+                                      ("http://:8000/score", "names no host")])
+def test_a_malformed_url_is_a_config_error_not_a_server_to_retry(url, why):
+    with pytest.raises(ConfigError) as caught:
+        HttpReward(url, sleep=no_sleep)
+    message = str(caught.value)
+    assert f"url={url!r}: expected an http:// or https:// address" in message and why in message
+
+
+def test_retries_are_bounded_so_that_a_missing_server_cannot_keep_a_command_waiting_for_days():
+    """A million retries, 30 s apart, would wait a year before saying the server is not there."""
+    with pytest.raises(ConfigError, match=rf"retries=1000000: expected an integer in \[0, {MAX_RETRIES}\]"):
+        HttpReward(f"http://127.0.0.1:{free_port()}", retries=1_000_000, sleep=no_sleep)
+    waits = []
+    with pytest.raises(ServerUnreachable, match=f"after {MAX_RETRIES + 1} tries"):
+        HttpReward(f"http://127.0.0.1:{free_port()}", retries=MAX_RETRIES, sleep=waits.append)
+    assert len(waits) == MAX_RETRIES
 
 
 # -- the server's side of the protocol -------------------------------------------------------------------------

@@ -382,6 +382,7 @@ def test_unscorable_rows_are_counted_and_warned_about(at_repo, caplog):
 @pytest.mark.parametrize("function,pattern", [
     ("raises", r"raised on the batch of 2 rows from row 2: RuntimeError: the verifier broke"),
     ("nan_on_three", r"row 3: returned nan"),
+    ("huge_on_three", r"row 3: returned a number beyond a float's range \(about 1.8e308\); expected a finite float"),
     ("string_on_three", r"row 3: returned 'high' \(str\)"),
     ("one_short", r"returned 1 values for the 2 rows from row 2"),
 ])
@@ -468,6 +469,15 @@ def test_checked_scores_names_rows():
     assert checked_scores([1, None, 2.5], 3, "f") == [1.0, None, 2.5]
     with pytest.raises(InputError, match="f: row 12: returned True"):
         checked_scores([1.0, True], 2, "f", row_ids=[10, 12])
+
+
+@pytest.mark.parametrize("huge", [10 ** 400, -10 ** 400])
+def test_an_integer_beyond_a_floats_range_is_refused_as_infinity_is(huge):
+    """float(10**400) raises OverflowError; the refusal names the row, like inf's, without the 400 digits."""
+    with pytest.raises(InputError, match=r"^f: row 12: returned a number beyond a float's range .*; expected a "
+                                         r"finite float, or None \(not scorable\)$") as refused:
+        checked_scores([1, huge], 2, "f", row_ids=[10, 12])
+    assert "0" * 20 not in str(refused.value)
 
 
 # ---------------------------------------------------------------- combination

@@ -108,6 +108,25 @@ def test_a_broken_pretrained_reward_is_one_line_before_any_work(make_cfg, tmp_pa
     assert "\n" not in message and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("overrides, setting", [
+    (["reward_source=http", "reward_source.spec='http://[::1'"], "reward_source.spec"),
+    (["reward_source=http", "reward_source.spec=localhost:8000"], "reward_source.spec"),
+    (["reward_source=combination", "+reward_source.components.remote.source='http://127.0.0.1:port/score'"],
+     "reward_source.components.remote.source"),
+])
+def test_a_malformed_server_url_is_a_config_error_naming_its_setting_before_any_work(make_cfg, tmp_path, overrides,
+                                                                                      setting):
+    """Not a ValueError from urllib's parser at pre-flight, and not a server retried at that address."""
+    from rsft.errors import ConfigError
+    from rsft.preflight import check_config
+
+    with pytest.raises(ConfigError) as refused:
+        check_config(make_cfg("stage=score", *overrides))
+    message = str(refused.value)
+    assert message.startswith(f"{setting}=") and "expected an http:// or https:// address" in message
+    assert "\n" not in message and not (tmp_path / "runs").exists()
+
+
 def test_a_verifier_none_is_never_kept_and_a_threshold_keeps_only_correct_answers(make_cfg, tmp_path):
     module = tmp_path / "verify.py"
     module.write_text("def check(prompts, completions):\n"

@@ -173,6 +173,7 @@ from rsft.config.across_groups import (  # noqa: F401
     check_override_names,
     check_run_dir,
     check_run_name,
+    check_unknown_settings,
     refresh_reward_on,
     renamed_key,
     simulated_labels_available,

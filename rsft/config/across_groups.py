@@ -2,8 +2,12 @@
 name; override names and renamed keys. rsft.preflight applies them before a command does any work.
 """
 
+import dataclasses
+import difflib
 import os
 from pathlib import PurePosixPath
+
+from omegaconf import DictConfig, OmegaConf
 
 from rsft import stages
 
@@ -29,6 +33,29 @@ def check_run_dir(cfg) -> None:
     if run_dir == root or os.path.commonpath([root, run_dir]) != root:
         raise ConfigError(f"paths.run_dir={cfg.paths.run_dir!r}: expected a folder inside "
                           f"paths.runs_root={cfg.paths.runs_root!r}")
+
+
+def check_unknown_settings(cfg, path: str = "") -> None:
+    """Every key of a typed section (one whose schema is a dataclass: the run, each group, each nested section)
+    is one of its dataclass's fields. Hydra refuses a misspelt key on the command line, but `+sample.temprature=0.5`
+    (what Hydra's own refusal suggests) adds it to the config, where nothing reads it and the run would go on
+    with the setting the user meant to change left as it was. A section typed as a plain dict (sample.vllm.
+    engine_args) takes any key. The whole tree, not only the groups the command reads: a key that no stage
+    reads is a mistake wherever it sits."""
+    schema = OmegaConf.get_type(cfg)
+    fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    for key in cfg:
+        name = f"{path}{key}"
+        if fields is not None and key not in fields:
+            near = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"did you mean {path}{near[0]}?" if near else f"its settings: {', '.join(fields)}"
+            raise ConfigError(f"{name}: not a setting of {path.rstrip('.') or 'the run'} ({hint}); a `+` override "
+                              f"adds a key that nothing reads, so the run would go on without the change")
+        if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
+            continue
+        child = cfg[key]
+        if isinstance(child, DictConfig):
+            check_unknown_settings(child, f"{name}.")
 
 
 def refresh_reward_on(cfg) -> bool:

@@ -139,3 +139,20 @@ def test_an_empty_pairs_file_is_one_line_not_a_traceback(tmp_path, content):
     path.write_text(content)
     with pytest.raises(ValueError, match=r"reward\.data\.path=.*pairs\.jsonl.*(is empty|has no rows).*preference pairs"):
         load_raw(OmegaConf.create({"path": str(path), "split": "train", "data_dir": None}))
+
+
+def test_a_column_of_text_and_numbers_names_the_row_before_arrow_sees_it(tmp_path):
+    import json
+    import re
+
+    from omegaconf import OmegaConf
+
+    from reward.formats import load_raw
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": "q0", "chosen": "good", "rejected": "bad"}) + "\n"
+                    + json.dumps({"prompt": "q1", "chosen": 5, "rejected": "bad"}) + "\n")
+    raw, source = load_raw(OmegaConf.create({"path": str(path), "split": "train", "data_dir": None}))
+    where = re.escape(f"reward.data.path={str(path)!r}, row 1, column 'chosen'")
+    with pytest.raises(ValueError, match=rf"^{where}: expected text, got 5$"):
+        to_preference_pairs(raw, "preference", "label_prob", source)

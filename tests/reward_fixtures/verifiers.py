@@ -37,6 +37,10 @@ def nan_on_three(prompts, completions):
     return [float("nan") if c == "one two three" else 1.0 for c in completions]
 
 
+def huge_on_three(prompts, completions):
+    return [10 ** 400 if c == "one two three" else 1 for c in completions]
+
+
 def string_on_three(prompts, completions):
     return ["high" if c == "one two three" else 1.0 for c in completions]
 
