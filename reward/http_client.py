@@ -31,7 +31,9 @@ What is retried: a refused or dropped connection, a timeout, HTTP 5xx, 408 and 4
 retry logged; then ServerUnreachable (a MissingInput) says what to check. Scoring is idempotent, so a
 batch is simply sent again. What is not retried: any other 4xx (InputError with the server's own error
 text) and an answer that arrived but is malformed (InputError): sending it again would get the same
-answer. A redirect is followed as urllib follows it, and a failure after one says where it led.
+answer. A redirect of /health is followed as urllib follows it, and a failure after one says where it
+led; a batch's POST that is redirected is an InputError naming where (urllib would resend it as a GET
+without its body).
 
 The identity (an artifact's fingerprint) is the URL, the model and the revision: the ones declared
 (`model=`, `revision=`), else the ones the server reports. A declared value that the server
@@ -378,6 +380,29 @@ class _OnDeadline:
         super().send(data)
 
 
+def _connect_within(deadline: _Deadline, address: tuple, timeout=None, source_address=None) -> socket.socket:
+    """socket.create_connection, each of the host's addresses tried with what is left of the deadline (not the
+    whole timeout each, which a host with several unreachable addresses would multiply), and the socket handed
+    on with what is then left, for the TLS handshake that follows."""
+    host, port = address
+    last: OSError | None = None
+    for family, kind, proto, _, where in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(where)
+            sock.settimeout(deadline.left())
+            return sock
+        except OSError as error:
+            sock.close()
+            last = error
+            if isinstance(error, TimeoutError) and deadline.end <= deadline.clock():
+                raise
+    raise last if last is not None else OSError(f"no address found for {host}")
+
+
 class _HTTPConnection(_OnDeadline, http.client.HTTPConnection):
     pass
 
@@ -399,6 +424,7 @@ class _OpensOnDeadline:
         def connection(host, **options):
             made = timed(host, **options)
             made.deadline = self.deadline
+            made._create_connection = functools.partial(_connect_within, self.deadline)  # http.client's hook
             made.response_class = functools.partial(_DeadlineResponse, deadline=self.deadline)
             return made
 
@@ -422,8 +448,13 @@ class _NamedRedirects(urllib.request.HTTPRedirectHandler):
         self.seen: list[str] = []
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        self.seen.append(f"HTTP {code} to {newurl}")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        if req.get_method() != "GET":  # urllib would resend a batch's POST as a GET without its body, or not at all
+            raise InputError(f"reward server {req.full_url} answered HTTP {code}, a redirect to {newurl}: a batch is "
+                             f"not sent on to another address; set the url to the address the server names")
+        followed = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if followed is not None:
+            self.seen.append(f"HTTP {code} to {newurl}")
+        return followed
 
     def where(self) -> str:
         return f", after a redirect ({', '.join(self.seen)})" if self.seen else ""

@@ -16,6 +16,7 @@ system turn), cut from the left when the policy's context cannot hold it and the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import unicodedata
@@ -200,20 +201,34 @@ def _prompt_set(cfg: DictConfig, which: str) -> tuple[Dataset, str]:
     return _normalise(ds, cfg, source, None if which == "train" else cfg.get("eval_limit")), source
 
 
+@contextlib.contextmanager
+def _quietly():
+    """datasets' progress bars off while a check before the work reads prompts: the stages' own loading shows them."""
+    import datasets
+
+    quiet = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+
+
+def check_train_prompts(cfg: DictConfig) -> None:
+    """The train split read as a whole and checked as load_prompts checks it (rsft.preflight, for a command that
+    samples without evaluating: a file that cannot be read stops it before any work), without its log lines."""
+    with _quietly():
+        _prompt_set(cfg, "train")
+
+
 def held_out_overlap(cfg: DictConfig) -> dict:
     """How many held-out prompts (as evaluation reads them) are also prompts of the train split: with the same
     text (`exact`), and after comparable_text (`normalised`, which counts the exact ones too), out of
     `held_out`; `examples`: a few such held-out prompt ids. A held-out row counts once per row."""
-    import datasets
-
-    quiet = datasets.are_progress_bars_disabled()
-    datasets.disable_progress_bars()  # a check before the work: the stages' own loading shows its progress
-    try:
+    with _quietly():
         train, train_source = _prompt_set(cfg, "train")
         held, held_source = _prompt_set(cfg, "eval")
-    finally:
-        if not quiet:
-            datasets.enable_progress_bars()
     exact_texts = set(train["prompt"])
     comparable = {comparable_text(t) for t in exact_texts}
     exact = normalised = 0

@@ -87,11 +87,11 @@ def _check_held_out_prompts(cfg: DictConfig) -> bool:
 def _check_train_prompts(cfg: DictConfig) -> None:
     """A command that reads the train prompts and does not evaluate (stage=sample, stage=prefs, a loop with
     loop.eval=false) reads them now: a data.path that is missing, empty or malformed stops it before prefs and
-    the reward model train, not at the first stage=sample (rsft.data.load_prompts' InputError)."""
+    the reward model train, not at the first stage=sample (rsft.data.check_train_prompts: load_prompts' InputError)."""
     if command_reads(cfg.stage, cfg, "data.path"):
-        from rsft.data import load_prompts  # imports datasets: only for a command that reads prompts
+        from rsft.data import check_train_prompts  # imports datasets: only for a command that reads prompts
 
-        load_prompts(cfg.data, "train")
+        check_train_prompts(cfg.data)
 
 
 def _check_schedules(cfg: DictConfig, groups: tuple[str, ...]) -> None:

@@ -384,6 +384,58 @@ def test_a_failure_after_a_redirect_says_where_it_was_sent(scripted):
         HttpReward(url, retries=0, sleep=no_sleep)
 
 
+@pytest.mark.parametrize("code", [302, 307])
+def test_a_batch_redirected_elsewhere_is_not_sent_on_and_the_error_names_where(scripted, code):
+    """urllib would resend a 302'd POST as a GET without its body (the batch lost) and not follow a 307 at all."""
+    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    reward = HttpReward(url, sleep=no_sleep)
+    elsewhere = f"http://127.0.0.1:{free_port()}/score"
+
+    class RedirectsBatches(Scripted):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(code)
+            self.send_header("Location", elsewhere)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    scripted.RequestHandlerClass = RedirectsBatches
+    with pytest.raises(InputError, match=rf"{url}/score answered HTTP {code}, a redirect to {elsewhere}: a batch is "
+                                         rf"not sent on"):
+        reward.score(["p"], ["a"], progress=False)
+
+
+def test_each_address_of_a_host_shares_the_one_deadline(monkeypatch):
+    """A host with three addresses that never answer: the connects together take the deadline, not three times it."""
+    from reward import http_client
+
+    now = [0.0]
+    tried = []
+
+    class Silent:
+        def __init__(self, *args):
+            self.timeout = None
+
+        def settimeout(self, value):
+            self.timeout = value
+
+        def connect(self, where):
+            tried.append(self.timeout)
+            now[0] += self.timeout  # the connect waits its whole timeout, then gives up
+            raise TimeoutError("timed out")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(http_client.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", (f"10.0.0.{i}", 80))
+                                                                          for i in range(3)])
+    monkeypatch.setattr(http_client.socket, "socket", Silent)
+    deadline = http_client._Deadline(1.0, lambda: now[0])
+    with pytest.raises(TimeoutError):
+        http_client._connect_within(deadline, ("example", 80))
+    assert tried == [1.0] and now[0] == 1.0
+
+
 def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match="http:// or https://"):
         HttpReward("ftp://example/score")
@@ -410,6 +462,18 @@ def test_retries_are_bounded_so_that_a_missing_server_cannot_keep_a_command_wait
     with pytest.raises(ServerUnreachable, match=f"after {MAX_RETRIES + 1} tries"):
         HttpReward(f"http://127.0.0.1:{free_port()}", retries=MAX_RETRIES, sleep=waits.append)
     assert len(waits) == MAX_RETRIES
+
+
+def test_the_configs_bound_on_retries_is_the_clients_and_names_the_setting(make_cfg):
+    from rsft.config import reward_settings
+    from rsft.preflight import check_config
+
+    assert reward_settings.MAX_RETRIES == MAX_RETRIES
+    over = make_cfg("stage=score", "reward_source=http", "reward_source.spec=http://127.0.0.1:9",
+                    f"reward_source.retries={MAX_RETRIES + 1}")
+    with pytest.raises(ConfigError, match=rf"reward_source.retries={MAX_RETRIES + 1}: expected an integer in \[0, "
+                                          rf"{MAX_RETRIES}\]"):
+        check_config(over)
 
 
 # -- the server's side of the protocol -------------------------------------------------------------------------

@@ -9,8 +9,10 @@ from omegaconf import MISSING
 
 from rsft.config.policy_settings import HfModelSource, PypiGgufSource, TinyModelSource
 from rsft.config.rules import (
+    Check,
     Checked,
     _fail,
+    _integer,
     _unresolved,
     a_seed,
     at_least,
@@ -26,6 +28,18 @@ from rsft.config.rules import (
     setting,
 )
 from rsft.config.training_settings import TrainingConfig, UNTRAINED_REWARD, WARMUP_HELP, WARMUP_TYPE
+
+# reward.http_client.MAX_RETRIES, the client's own bound (the config imports nothing of reward/ but its refusals;
+# tests/test_reward_http.py keeps the two equal): the waits between tries add up, so an unbounded count keeps a
+# command waiting for days on a server that is not there
+MAX_RETRIES = 20
+
+
+def _retries(key: str, value) -> None:
+    expected = f"an integer in [0, {MAX_RETRIES}] (0 = one try; the waits between tries grow to 30 s each)"
+    _integer(key, value, 0, "(0 = one try)")
+    if not _unresolved(value) and value > MAX_RETRIES:
+        _fail(key, value, expected)
 
 
 @dataclass
@@ -88,9 +102,10 @@ class RewardSourceConfig(Checked):
                                   "normalised rewards.", check=one_of(COMBINE_MODES))
     model: Optional[str] = setting(None, "http: the model the server must report (checked against /health).")
     revision: Optional[str] = setting(None, "http: the revision the server must report.")
-    timeout: float = setting(30.0, "http: seconds per request.", check=positive())
+    timeout: float = setting(30.0, "http: seconds one request may take, from connecting to the answer's last byte.",
+                             check=positive())
     retries: int = setting(5, "http: retries with exponential backoff before giving up (0 = one try).",
-                           check=at_least(0, "(0 = one try)"))
+                           check=Check(_retries, f"in [0, {MAX_RETRIES}]"))
     batch_size: int = setting(64, "http: rows per request.", check=at_least(1))
 
     def __post_init__(self):
