@@ -365,14 +365,10 @@ class _DeadlineResponse(http.client.HTTPResponse):
 
 
 class _OnDeadline:
-    """Mixin for http.client's HTTPConnection and HTTPSConnection: connect and send within the deadline
-    (the TLS handshake is part of connect) and read the answer through _DeadlineResponse."""
+    """Mixin for http.client's HTTPConnection and HTTPSConnection: send within the deadline (connecting, and
+    the TLS handshake after it, are _connect_within's; the answer is read through _DeadlineResponse)."""
 
     deadline: _Deadline
-
-    def connect(self):
-        self.timeout = self.deadline.left()
-        super().connect()
 
     def send(self, data):
         if self.sock is not None:  # None: send() connects first, within the deadline

@@ -14,10 +14,13 @@ rsft.config.check_across_groups. Which groups: the top-level settings every comm
 (every stage's round table reads loop.refresh_reward and loop.dpo), the policy, and the groups the
 stage reads (rsft.stages; stage=loop: those of every stage it runs). A group a stage does not read is
 not checked (stage=reward does not fail on sample.top_p=7), so a stage can be run with any leftovers
-of another experiment on the command line. This module adds what needs the machine or the user's files: the
-device, the number of processes a training batch must divide over, every refresh.pairs round
-file the command will read, the optional packages the settings need (vLLM, wandb, peft, gguf), and
-for a command that evaluates, held-out prompts that are train prompts too (rsft.data).
+of another experiment on the command line. Across the whole config, a key no schema has (one a `+` override
+added) is refused (rsft.config.check_unknown_settings). This module adds what needs the machine, the installed
+packages or the user's files: the device, the number of processes a training batch must divide over, each
+trainer's lr_scheduler among transformers' schedules, every refresh.pairs round file the command will read, the
+optional packages the settings need (vLLM, wandb, peft, gguf), the train prompts of a command that reads them,
+and for a command that evaluates, held-out prompts that are train prompts too (rsft.data); a reward server's
+URL, and every reward source opened once.
 """
 
 from __future__ import annotations
