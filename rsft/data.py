@@ -62,10 +62,13 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     if column != "prompt":
         ds = ds.remove_columns([c for c in ("prompt",) if c in ds.column_names]).rename_column(column, "prompt")
     id_column = cfg.get("id_column")
-    # id_column=prompt_id (the default of the built-in sets) on a set without that column numbers its rows
-    if id_column and (id_column != "prompt_id" or "prompt_id" in ds.column_names):
+    # the built-in sets (demo, checkable, hh_rlhf) always carry their prompt_id column, so a named column that is
+    # missing is the user's mistake, whatever its name: numbering the rows instead would key a resumed run's samples
+    # to other prompts
+    if id_column:
         if id_column not in ds.column_names:
-            raise InputError(f"data.id_column={id_column!r} is not a column of {source}; columns: {ds.column_names}")
+            raise InputError(f"data.id_column={id_column!r} is not a column of {source}; its columns are "
+                             f"{ds.column_names}; name the id column, or set data.id_column=null to number the rows")
         ids = _prompt_ids(ds[id_column], source, id_column)
     else:
         ids = [f"p{i:06d}" for i in range(len(ds))]

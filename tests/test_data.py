@@ -56,6 +56,10 @@ def test_local_parquet_and_datasets_folder(tmp_path):
         ([{"text": "a"}], {}, InputError, r"data.prompt_column='prompt' is not a column.*\['text'\]"),
         ([{"prompt": "a"}, {"prompt": 3}], {}, InputError, r"row 1, column 'prompt': expected a non-empty string"),
         ([{"prompt": "a"}, {"prompt": "  "}], {}, InputError, r"row 1"),
+        # the built-in sets' id column named on a file without it is refused, as any other missing column is
+        ([{"prompt": "a"}], {"id_column": "prompt_id"}, InputError,
+         r"data.id_column='prompt_id' is not a column of data.path=.*\['prompt'\].*data.id_column=null"),
+        ([{"prompt": "a"}], {"id_column": "uid"}, InputError, r"data.id_column='uid' is not a column"),
     ],
 )
 def test_bad_prompt_files_are_named(tmp_path, rows, extra, error, match):
