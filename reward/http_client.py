@@ -21,10 +21,10 @@ and quotes what came back (its first 200 characters): never a silent zero. The r
 server's raw scale: normalise() is the identity (mean 0, std 1) until calibrate() (RewardSource's)
 sets mean and std from a stated set of rows and records it in `calibration`.
 
-`timeout` is a deadline for a whole request, not a limit on each socket read: connecting (to each of
-the host's addresses), sending and every read of the answer wait at most what is left of it, and none
-starts after it, so a server that trickles its answer a byte at a time fails like one that does not
-answer. (Name resolution is outside it: no socket timeout reaches it.)
+`timeout` is a deadline for a whole request, not a limit on each socket read: looking up the host's
+name (_resolve_within), connecting (to each of its addresses), sending and every read of the answer wait
+at most what is left of it, and none starts after it, so a server that trickles its answer a byte at a
+time, or a DNS server that does not answer, fails like a server that does not answer.
 
 What is retried: a refused or dropped connection, a timeout, HTTP 5xx, 408 and 429, up to `retries`
 (at most MAX_RETRIES) more times, `backoff * 2**attempt` seconds apart (at most MAX_BACKOFF), each
@@ -50,7 +50,9 @@ import http.client
 import io
 import json
 import logging
+import queue
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -83,7 +85,7 @@ class HttpReward(RewardSource):
         that reports others is refused (ConfigError). Undeclared, the server's own report is recorded.
     batch_size: rows per request (score()'s own batch_size argument is ignored: the server's batch is
         the one that matters to a remote server and to its memory).
-    timeout: seconds one request may take, from connecting to the answer's last byte (per try).
+    timeout: seconds one request may take, from looking up the host to the answer's last byte (per try).
     retries, backoff, sleep: the retry policy (module docstring); sleep is injected so tests need no clock.
     clock: what the timeout is measured on (time.monotonic), injected likewise.
     api: "rsft" (rsft.serve_reward's protocol) or "vllm" (vLLM's /pooling).
@@ -382,7 +384,7 @@ def _connect_within(deadline: _Deadline, address: tuple, timeout=None, source_ad
     on with what is then left, for the TLS handshake that follows."""
     host, port = address
     last: OSError | None = None
-    for family, kind, proto, _, where in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+    for family, kind, proto, _, where in _resolve_within(deadline, host, port):
         sock = socket.socket(family, kind, proto)
         try:
             sock.settimeout(deadline.left())
@@ -397,6 +399,33 @@ def _connect_within(deadline: _Deadline, address: tuple, timeout=None, source_ad
             if isinstance(error, TimeoutError) and deadline.end <= deadline.clock():
                 raise
     raise last if last is not None else OSError(f"no address found for {host}")
+
+
+def _resolve_within(deadline: _Deadline, host: str, port: int) -> list:
+    """socket.getaddrinfo within what is left of the deadline. The system resolver takes no timeout (a stalled
+    DNS server holds it for as long as resolv.conf allows, times its retries), so a name is looked up in a daemon
+    thread that the request stops waiting for at the deadline; the thread ends when the resolver gives up. A
+    literal address needs no lookup and is answered at once."""
+    try:
+        return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        pass
+    answer: queue.SimpleQueue = queue.SimpleQueue()
+
+    def look_up():
+        try:
+            answer.put((True, socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)))
+        except BaseException as error:  # handed to the waiting request, which raises it
+            answer.put((False, error))
+
+    threading.Thread(target=look_up, name=f"rsft-resolve-{host}", daemon=True).start()
+    try:
+        found, value = answer.get(timeout=deadline.left())
+    except queue.Empty:
+        raise TimeoutError(f"looking up {host} took the whole {deadline.seconds:g} s deadline") from None
+    if found:
+        return value
+    raise value
 
 
 class _HTTPConnection(_OnDeadline, http.client.HTTPConnection):

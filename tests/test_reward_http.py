@@ -436,6 +436,44 @@ def test_each_address_of_a_host_shares_the_one_deadline(monkeypatch):
     assert tried == [1.0] and now[0] == 1.0
 
 
+def test_a_name_lookup_that_never_answers_ends_at_the_deadline(monkeypatch):
+    """The system resolver takes no timeout: a stalled DNS server would hold the request past any deadline.
+    The lookup here blocks until the test releases it, so only the deadline can end the wait."""
+    from reward import http_client
+
+    release = threading.Event()
+    asked = []
+
+    def stalled(host, port, family=0, kind=0, proto=0, flags=0):
+        if flags & socket.AI_NUMERICHOST:
+            raise socket.gaierror(socket.EAI_NONAME, "not a literal address")
+        asked.append(host)
+        release.wait(60)  # released below; bounded even so
+        return []
+
+    monkeypatch.setattr(http_client.socket, "getaddrinfo", stalled)
+    try:
+        with pytest.raises(TimeoutError, match="looking up dns.example took the whole 0.2 s deadline"):
+            http_client._connect_within(http_client._Deadline(0.2, time.monotonic), ("dns.example", 80))
+        assert asked == ["dns.example"]
+    finally:
+        release.set()
+
+
+def test_a_literal_address_and_a_failed_lookup_are_answered_as_before(monkeypatch):
+    from reward import http_client
+
+    deadline = http_client._Deadline(5.0, time.monotonic)
+    assert http_client._resolve_within(deadline, "127.0.0.1", 80)[0][4] == ("127.0.0.1", 80)
+
+    def unknown(host, port, family=0, kind=0, proto=0, flags=0):
+        raise socket.gaierror(socket.EAI_NONAME, f"{host} is not known")
+
+    monkeypatch.setattr(http_client.socket, "getaddrinfo", unknown)
+    with pytest.raises(socket.gaierror, match="nowhere.example is not known"):
+        http_client._resolve_within(deadline, "nowhere.example", 80)
+
+
 def test_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match="http:// or https://"):
         HttpReward("ftp://example/score")
