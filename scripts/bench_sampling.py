@@ -222,6 +222,9 @@ class OracleDraft:
     def __init__(self, token: int):
         self.token = token
 
+    def begin(self) -> None:
+        pass
+
     def admit(self, prefixes, copies, rows, target=None) -> None:
         pass
 

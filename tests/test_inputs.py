@@ -202,6 +202,10 @@ def test_draft_gamma_only_with_a_draft(make_cfg):
     assert config_error(make_cfg("stage=sample", "draft=ngram", "draft.gamma=0")).startswith(
         "draft.gamma: gamma must be >= 1 (got 0)")
     check_config(make_cfg("stage=sample", "draft=none"))  # gamma 0: plain sampling
+    # a gamma past any use would size every step's buffers for it: refused with the bound and why
+    assert config_error(make_cfg("stage=sample", "draft=ngram", "draft.gamma=1000000")).startswith(
+        "draft.gamma: gamma must be at most 64 (got 1000000)")
+    check_config(make_cfg("stage=sample", "draft=ngram", "draft.gamma=64"))
 
 
 def test_round_minus_one_only_for_the_draft_stage(make_cfg):

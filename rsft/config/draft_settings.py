@@ -21,7 +21,7 @@ from rsft.config.rules import (
     sampling_rule,
     setting,
 )
-from rsft.sampling.verifier import check_gamma
+from rsft.sampling.verifier import MAX_GAMMA, check_gamma
 
 
 @dataclass
@@ -33,7 +33,7 @@ class DraftNoneConfig(Checked):
 
 
 # every speculative draft's gamma: rsft.sampling.verifier's rule (>= 1 to speculate)
-GAMMA = sampling_rule(check_gamma, ">= 1")
+GAMMA = sampling_rule(check_gamma, f"in [1, {MAX_GAMMA}]")
 # stage=draft's epochs and learning rate: 0 would save the untrained draft as a trained one
 UNTRAINED_DRAFT = "(0 trains nothing, yet stage=draft would save the untrained draft as trained; draft=ngram " \
                   "drafts without training, draft=none samples without a draft)"

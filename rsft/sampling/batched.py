@@ -243,7 +243,10 @@ class Sampler:
         self.eos = set(int(t) for t in eos_token_ids)
         self.eos_ids = torch.tensor(sorted(self.eos), dtype=torch.long, device=next(target.parameters()).device)
         self.stats = AcceptanceStats()
-        self.controller = GammaController(settings.gamma if draft is not None else 0, settings.adaptive)
+        # a step drafts at most the row's tokens left less one (its own cap, in _step): buffers and the fixed-shape
+        # step are sized for what a step can use, not for a gamma past the token budget
+        usable = min(settings.gamma, max(settings.max_new_tokens - 1, 1))
+        self.controller = GammaController(usable if draft is not None else 0, settings.adaptive)
         self.timings = {"target_seconds": 0.0, "draft_seconds": 0.0, "draft_catch_up_seconds": 0.0,
                         "prefill_seconds": 0.0, "budget_reward_seconds": 0.0,
                         "graph_capture_seconds": 0.0}
@@ -284,6 +287,8 @@ class Sampler:
         done: list[Completion] = []
         pruning = None if self.prune is None else _Pruning(self, [len(r) for r in sample_ranges], indices)
         target = KVBatch(self.target, keep_features=getattr(self.draft, "needs_policy_features", False))
+        if self.draft is not None:
+            self.draft.begin()
         if waiting:  # the whole cache at once: no step grows or copies it (a row's tokens never pass this)
             longest = max(len(prompts[p]) for p, _ in waiting)
             target.reserve(min(self.settings.batch_rows, len(waiting)),

@@ -22,6 +22,9 @@
 
 The interface the sampler uses (each row's `gammas[r]` is its own cap: a row never drafts past its
 own token budget, whatever its neighbours have left):
+  begin()                                 a new generate() call: no row of an earlier call goes on (its
+                                          prompt indices are the call's own, so state kept by them would
+                                          belong to other prompts)
   admit(prefixes, copies, rows, target)   new rows (target: the policy's KVBatch, already admitted)
   catch_up()                              feed what the policy emitted during steps without drafts
   propose(last, gammas, uniforms, sampling, rows) -> (tokens [rows, G], q [rows, G, vocab] or None,
@@ -70,6 +73,11 @@ class ModelDraft:
         self.vocab_size = vocab_size or model.config.vocab_size
         self.pending: list[list[int]] = []  # per row: tokens emitted but not yet fed to the draft model
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] pending tokens fed in this step's first forward
+
+    def begin(self) -> None:
+        """A fresh cache, so that rows an interrupted call left behind are not carried into this one."""
+        self.kv = KVBatch(self.kv.model)
+        self.pending = []
 
     def admit(self, prefixes: list[list[int]], copies: list[int], rows, target=None) -> None:
         self.kv.admit(prefixes, copies)
@@ -140,6 +148,14 @@ class NgramDraft:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.sequences: dict[tuple, list[int]] = {}  # (group, member) -> tokens; member -1 = the prompt
         self.index: dict[int, dict[tuple, list[tuple]]] = defaultdict(lambda: defaultdict(list))
+
+    def begin(self) -> None:
+        """Forget the earlier call's prompts and completions: they are keyed by the call's own prompt numbers
+        (row.group), so prompt 0 of the next shard would otherwise extend the last shard's prompt 0, never be
+        indexed itself, and be drafted from another prompt's text (exact still, but rarely accepted), and the
+        index would grow with every shard."""
+        self.sequences.clear()
+        self.index.clear()
 
     def _extend(self, group: int, member: int, new_tokens: list[int]) -> None:
         seq = self.sequences.setdefault((group, member), [])
@@ -225,6 +241,11 @@ class FeatureDraft:
         self.vocab_size = model.vocab_size
         self.target = None  # the policy's KVBatch (set at admission)
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] true entries fed in this step's first forward
+
+    def begin(self) -> None:
+        """A fresh cache, so that rows an interrupted call left behind are not carried into this one."""
+        self.kv = KVBatch(self.model, keep_features=True)
+        self.target = None
 
     def admit(self, prefixes: list[list[int]], copies: list[int], rows, target) -> None:
         if not target.keep_features:

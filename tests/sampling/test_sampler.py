@@ -162,6 +162,73 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
         assert sampler.stats.summary()["num_drafted"] > 0
 
 
+EOS = 0  # the end-of-sequence token of the EOS cases: the tiny policy ends 15-40% of its 3-token completions with it
+
+
+@torch.no_grad()
+def exact_outcomes(model, prompt: list[int], length: int, settings: SamplingSettings) -> dict[tuple, float]:
+    """P(how a completion of at most `length` tokens ends) by enumeration with full forward passes: (the tokens
+    before EOS, "eos") for every place EOS can come, (the `length` tokens, "length") for the rest. Outcomes of
+    probability 0 (outside top-k or top-p) are left out, so a sample of one is a KeyError in chi_square_against."""
+    outcomes: dict[tuple, float] = {}
+
+    def walk(prefix: list[int], prob: float) -> None:
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1:]  # [1, vocab]
+        p = probs_from_logits(logits, settings.temperature, settings.top_k, settings.top_p)[0]
+        for token, q in enumerate(p.tolist()):
+            if q == 0:
+                continue
+            if token == EOS:
+                outcomes[(tuple(prefix), "eos")] = prob * q
+            elif len(prefix) + 1 == length:
+                outcomes[(tuple(prefix + [token]), "length")] = prob * q
+            else:
+                walk(prefix + [token], prob * q)
+
+    walk([], 1.0)
+    return outcomes
+
+
+@pytest.mark.parametrize(
+    "draft_kind,gamma,batch_rows,temperature,top_k,top_p,scripted",
+    [("none", 0, 96, 0.9, 0, 1.0, False), ("model", 3, 7, 1.0, 0, 0.9, False), ("ngram", 3, 16, 0.7, 4, 1.0, False),
+     ("feature", 2, 96, 0.8, 0, 1.0, False),
+     # the adaptive controller's choices (0 = a plain step, catching the draft up later), scripted: every gamma it
+     # may choose, in turn, with EOS and refills
+     ("model", 3, 16, 0.9, 0, 1.0, True), ("ngram", 2, 8, 0.7, 0, 0.8, True)],
+)
+def test_completions_ending_at_eos_match_enumeration(draft_kind, gamma, batch_rows, temperature, top_k, top_p,
+                                                     scripted):
+    """Where EOS comes, and what comes before it, is distributed as plain sampling's: an accepted draft EOS ends the
+    row and the drafts after it are dropped, a bonus or recovered EOS likewise, and the budget cuts no step. Each
+    outcome (tokens before EOS, or all 3 tokens when none came) against its enumerated probability, with the same
+    power-checked wrong-temperature control as the joint test."""
+    vocab, length, n = 5, 3, 3000
+    target = tiny_lm(vocab, seed=0)
+    settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, top_p=top_p,
+                                batch_rows=batch_rows, gamma=gamma, adaptive=scripted)
+    draft = {"none": lambda: None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
+             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1), "feature": lambda: feature_draft(target)}[draft_kind]
+    sampler = Sampler(target, settings, eos_token_ids=[EOS], draft=draft())
+    if scripted:
+        choices = itertools.cycle(range(gamma + 1))
+        sampler.controller.choose = lambda: next(choices)
+    completions = sampler.generate(PROMPTS, num_samples=n, seed=321, progress=False)
+    for p, prompt in enumerate(PROMPTS):
+        samples = [(tuple(c.token_ids), c.finish_reason) for c in completions if c.prompt_index == p]
+        assert len(samples) == n
+        right = exact_outcomes(target, prompt, length, settings)
+        assert sum(q for (_, why), q in right.items() if why == "eos") > 0.1  # EOS is common enough to test
+        pvalue = chi_square_against(right, samples)
+        assert pvalue > ALPHA, f"prompt {p}: chi-square p-value {pvalue:.2e}"
+        wrong = exact_outcomes(target, prompt, length, dataclasses.replace(
+            settings, temperature=temperature * WRONG_TEMPERATURE))
+        assert detection_power(wrong, right, n) > 1 - MISS_RATE
+        assert chi_square_against(wrong, samples) < ALPHA
+    if draft_kind != "none":
+        assert sampler.stats.summary()["num_drafted"] > 0
+
+
 def test_speculation_emits_more_than_one_token_per_forward_with_a_good_draft():
     target = tiny_lm(7, seed=0)
     settings = SamplingSettings(max_new_tokens=24, batch_rows=8, gamma=4, temperature=1.0)
@@ -300,6 +367,40 @@ def test_ngram_proposals_depend_on_the_batch_but_the_distribution_does_not():
         drafted.append([c.num_drafted for c in completions])
     # batch_rows=1: each completion runs alone, after its siblings finished: it finds more matches
     assert drafted[0] != drafted[1]
+
+
+@pytest.mark.parametrize("kind", ["ngram", "model"])
+def test_a_call_starts_from_a_fresh_draft_so_the_second_shard_is_the_one_a_fresh_sampler_draws(kind):
+    """Each generate() call numbers its prompts from 0 (one shard of a run, or adaptive K's second pass): a draft
+    that kept the last call's rows would draft the new prompt 0 from the old prompt 0's text. The second call's
+    completions and drafts must be those of a sampler that never ran the first."""
+    target = tiny_lm(9, seed=0)
+    settings = SamplingSettings(max_new_tokens=12, temperature=1.0, batch_rows=8, gamma=2)
+    build = {"ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1), "model": lambda: ModelDraft(tiny_lm(9, seed=5))}
+    first, second = [[1, 2, 3, 1, 2, 3]], [[4, 5, 6, 4, 5, 6, 4]]
+
+    def drawn(sampler):
+        out = sampler.generate(second, num_samples=4, seed=3, progress=False, prompt_indices=[1])
+        return [(c.token_ids, c.num_drafted, c.num_accepted) for c in out]
+
+    reused = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
+    reused.generate(first, num_samples=4, seed=3, progress=False, prompt_indices=[0])
+    fresh = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
+    assert drawn(reused) == drawn(fresh)
+    assert any(drafted for _, drafted, _ in drawn(fresh))  # the draft did propose
+
+
+def test_a_gamma_past_the_token_budget_drafts_what_the_budget_allows_and_sizes_nothing_for_the_rest():
+    """A step drafts at most a row's tokens left less one, so gamma 64 with 3 new tokens samples as gamma 2 does,
+    token for token, and the sampler's buffers and fixed-shape step are sized for 2, not 64."""
+    target = tiny_lm(9, seed=0)
+    out = {}
+    for gamma in (2, 64):
+        settings = SamplingSettings(max_new_tokens=3, temperature=1.0, batch_rows=8, gamma=gamma)
+        sampler = Sampler(target, settings, eos_token_ids=[], draft=ModelDraft(tiny_lm(9, seed=5, layers=1)))
+        assert sampler.controller.gamma_max == 2
+        out[gamma] = [(c.token_ids, c.num_drafted) for c in sampler.generate(PROMPTS, 4, seed=7, progress=False)]
+    assert out[2] == out[64]
 
 
 def test_adaptive_gamma_depends_on_the_measured_costs_so_completions_do_too():
