@@ -212,7 +212,8 @@ class SampleConfig(Checked):
     temperature: float = setting(0.7, "Sampling temperature, in (0, 100] (strategy=greedy ignores it).",
                                   check=TEMPERATURE)
     top_k: int = setting(0, "Keep the k most probable tokens; 0 = off.", check=TOP_K)
-    top_p: float = setting(1.0, "Nucleus sampling mass, in (0, 1]; 1.0 = off.", check=TOP_P)
+    top_p: float = setting(1.0, "Nucleus sampling mass, in (0, 1]: the most probable tokens whose mass reaches it, "
+                                "and any tied with the last of them; 1.0 = off.", check=TOP_P)
     strategy: str = setting("exact", "exact | greedy | lenient (lossy) | skip_adjustment (lossy): how drafts are "
                                      "verified.", check=STRATEGY)
     leniency: float = setting(1.0, "Only for strategy=lenient, in (0, 1]; 1.0 otherwise.", check=LENIENCY)

@@ -95,13 +95,15 @@ def probs_from_logits(logits: Tensor, temperature: float, top_k: int = 0, top_p:
         kth = scores.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))  # [..., vocab]
     if top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)  # [..., vocab], [..., vocab]
+        sorted_scores = scores.sort(dim=-1, descending=True).values  # [..., vocab]
         sorted_probs = sorted_scores.softmax(-1)  # [..., vocab]
         mass_before = sorted_probs.cumsum(-1) - sorted_probs  # [..., vocab] mass of the more probable tokens
         # the most probable token has mass_before == 0 < top_p, so at least one token always stays
         drop_sorted = mass_before >= top_p  # [..., vocab]
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # [..., vocab] in vocab order; order is a permutation
-        scores = scores.masked_fill(drop, float("-inf"))  # [..., vocab]
+        # every token tied with the last one kept stays too: which of equal scores a sort puts first may differ
+        # between the plain step's shapes and the verification's (bf16 logits tie often), and p must not
+        lowest_kept = sorted_scores.masked_fill(drop_sorted, float("inf")).amin(-1, keepdim=True)  # [..., 1]
+        scores = scores.masked_fill(scores < lowest_kept, float("-inf"))  # [..., vocab]
     return scores.softmax(-1)  # [..., vocab]
 
 

@@ -58,6 +58,26 @@ def test_top_p_hand_computation():
         torch.testing.assert_close(probs_from_logits(logits, 1.0, top_p=top_p), expected, msg=f"top_p={top_p}")
 
 
+def test_top_p_keeps_every_token_tied_with_the_last_one_kept_whatever_their_order():
+    """Scores 2, 1, 1, 0: the nucleus at 0.6 needs the top token and one of the two tied ones. Which one a sort
+    puts first is not the logits' to say (it may differ between the plain step's shapes and the verification's),
+    so both stay, in any vocabulary order, and p is a function of the logits alone."""
+    logits = torch.tensor([2.0, 1.0, 1.0, 0.0])
+    e = math.exp(1.0)
+    expected = torch.tensor([e * e, e, e, 0.0]) / (e * e + 2 * e)
+    torch.testing.assert_close(probs_from_logits(logits, 1.0, top_p=0.6), expected)
+    for order in ([1, 2, 0, 3], [3, 2, 1, 0], [2, 3, 1, 0]):
+        index = torch.tensor(order)
+        torch.testing.assert_close(probs_from_logits(logits[index], 1.0, top_p=0.6), expected[index])
+    # in bf16, where ties are common, over a batch: any permutation of the vocabulary permutes p
+    generator = torch.Generator().manual_seed(3)
+    coarse = (torch.randn(32, 40, generator=generator) * 2).to(torch.bfloat16).round()  # many exact ties
+    shuffle = torch.randperm(40, generator=generator)
+    for top_p in (0.3, 0.7, 0.95):
+        torch.testing.assert_close(probs_from_logits(coarse[:, shuffle], 1.0, top_p=top_p),
+                                   probs_from_logits(coarse, 1.0, top_p=top_p)[:, shuffle])
+
+
 def test_top_p_matches_the_reference_rule_on_random_logits():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 30, generator=generator) * 2
