@@ -206,6 +206,9 @@ def test_draft_gamma_only_with_a_draft(make_cfg):
     assert config_error(make_cfg("stage=sample", "draft=ngram", "draft.gamma=1000000")).startswith(
         "draft.gamma: gamma must be at most 64 (got 1000000)")
     check_config(make_cfg("stage=sample", "draft=ngram", "draft.gamma=64"))
+    # the gamma a trained draft's acceptance is measured with, refused before the training rather than after it
+    assert config_error(make_cfg("stage=draft", "distill.eval_gamma=100")).startswith(
+        "distill.eval_gamma: gamma must be at most 64 (got 100)")
 
 
 def test_round_minus_one_only_for_the_draft_stage(make_cfg):

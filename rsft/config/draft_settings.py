@@ -32,7 +32,8 @@ class DraftNoneConfig(Checked):
     adaptive: bool = setting(False, "Unused: draft=none does not speculate.", check=boolean())
 
 
-# every speculative draft's gamma: rsft.sampling.verifier's rule (>= 1 to speculate)
+# every speculative draft's gamma, and the gamma a draft's acceptance is measured with: rsft.sampling.verifier's
+# rule (>= 1 to speculate, at most MAX_GAMMA)
 GAMMA = sampling_rule(check_gamma, f"in [1, {MAX_GAMMA}]")
 # stage=draft's epochs and learning rate: 0 would save the untrained draft as a trained one
 UNTRAINED_DRAFT = "(0 trains nothing, yet stage=draft would save the untrained draft as trained; draft=ngram " \
@@ -124,7 +125,7 @@ class FeatureTrainConfig(Checked):
     eval_samples: int = setting(II("distill.eval_samples"), "Completions per held-out prompt in the measurement.",
                                 check=at_least(1))
     eval_gamma: int = setting(II("distill.eval_gamma"), "The fixed gamma the acceptance is measured with.",
-                              check=at_least(1))
+                              check=GAMMA)
     eval_seed: int = setting(II("distill.eval_seed"), "The measurement's sampling seed (the same for trained and "
                                                            "untrained).", check=a_seed())
 
@@ -159,7 +160,7 @@ class DistillConfig(Checked):
                                       check=open_fraction())
     eval_prompts: int = setting(8, "Held-out prompts for the acceptance measurement.", check=at_least(1))
     eval_samples: int = setting(4, "Completions per held-out prompt in the measurement.", check=at_least(1))
-    eval_gamma: int = setting(3, "The fixed gamma the acceptance is measured with.", check=at_least(1))
+    eval_gamma: int = setting(3, "The fixed gamma the acceptance is measured with.", check=GAMMA)
     weight_decay: float = setting(0.0, "AdamW weight decay.", check=non_negative())
     max_grad_norm: float = setting(1.0, "Gradient clipping norm.", check=positive())
     eval_seed: int = setting(12345, "The measurement's sampling seed (the same for trained and untrained).",

@@ -162,7 +162,7 @@ def test_joint_of_first_three_tokens_matches_enumeration(draft_kind, gamma, temp
         assert sampler.stats.summary()["num_drafted"] > 0
 
 
-EOS = 0  # the end-of-sequence token of the EOS cases: the tiny policy ends 15-40% of its 3-token completions with it
+EOS = 0  # the end-of-sequence token of the EOS cases: the tiny policy ends 22-50% of its 4-token completions with it
 
 
 @torch.no_grad()
@@ -191,25 +191,26 @@ def exact_outcomes(model, prompt: list[int], length: int, settings: SamplingSett
 
 @pytest.mark.parametrize(
     "draft_kind,gamma,batch_rows,temperature,top_k,top_p,scripted",
-    [("none", 0, 96, 0.9, 0, 1.0, False), ("model", 3, 7, 1.0, 0, 0.9, False), ("ngram", 3, 16, 0.7, 4, 1.0, False),
-     ("feature", 2, 96, 0.8, 0, 1.0, False),
+    [("none", 0, 96, 0.9, 0, 1.0, False), ("model", 3, 7, 1.0, 0, 0.9, False), ("ngram", 3, 16, 0.6, 4, 1.0, False),
+     ("feature", 3, 96, 0.8, 0, 1.0, False),
      # the adaptive controller's choices (0 = a plain step, catching the draft up later), scripted: every gamma it
      # may choose, in turn, with EOS and refills
-     ("model", 3, 16, 0.9, 0, 1.0, True), ("ngram", 2, 8, 0.7, 0, 0.8, True)],
+     ("model", 3, 16, 0.9, 0, 1.0, True), ("ngram", 3, 8, 0.7, 0, 0.8, True)],
 )
 def test_completions_ending_at_eos_match_enumeration(draft_kind, gamma, batch_rows, temperature, top_k, top_p,
                                                      scripted):
     """Where EOS comes, and what comes before it, is distributed as plain sampling's: an accepted draft EOS ends the
     row and the drafts after it are dropped, a bonus or recovered EOS likewise, and the budget cuts no step. Each
-    outcome (tokens before EOS, or all 3 tokens when none came) against its enumerated probability, with the same
-    power-checked wrong-temperature control as the joint test."""
-    vocab, length, n = 5, 3, 3000
+    outcome (tokens before EOS, or all 4 tokens when none came) against its enumerated probability, with the same
+    power-checked wrong-temperature control as the joint test. 4 tokens, so that a first step can draft all 3."""
+    vocab, length, n = 5, 4, 3000
     target = tiny_lm(vocab, seed=0)
     settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, top_p=top_p,
                                 batch_rows=batch_rows, gamma=gamma, adaptive=scripted)
     draft = {"none": lambda: None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
              "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1), "feature": lambda: feature_draft(target)}[draft_kind]
     sampler = Sampler(target, settings, eos_token_ids=[EOS], draft=draft())
+    assert sampler.controller.gamma_max == gamma  # the budget lets a step draft every one of them
     if scripted:
         choices = itertools.cycle(range(gamma + 1))
         sampler.controller.choose = lambda: next(choices)
@@ -372,21 +373,38 @@ def test_ngram_proposals_depend_on_the_batch_but_the_distribution_does_not():
 @pytest.mark.parametrize("kind", ["ngram", "model"])
 def test_a_call_starts_from_a_fresh_draft_so_the_second_shard_is_the_one_a_fresh_sampler_draws(kind):
     """Each generate() call numbers its prompts from 0 (one shard of a run, or adaptive K's second pass): a draft
-    that kept the last call's rows would draft the new prompt 0 from the old prompt 0's text. The second call's
-    completions and drafts must be those of a sampler that never ran the first."""
+    that kept an earlier call's rows (the n-gram draft kept every call's; a model draft keeps those of a call that
+    was interrupted) would draft the new prompt 0 from the old one's text or cache. The second call's completions
+    and drafts must be those of a sampler that never ran the first."""
     target = tiny_lm(9, seed=0)
     settings = SamplingSettings(max_new_tokens=12, temperature=1.0, batch_rows=8, gamma=2)
-    build = {"ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1), "model": lambda: ModelDraft(tiny_lm(9, seed=5))}
+    build = {"ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1),
+             "model": lambda: ModelDraft(tiny_lm(9, seed=5, layers=1))}
     first, second = [[1, 2, 3, 1, 2, 3]], [[4, 5, 6, 4, 5, 6, 4]]
 
     def drawn(sampler):
         out = sampler.generate(second, num_samples=4, seed=3, progress=False, prompt_indices=[1])
         return [(c.token_ids, c.num_drafted, c.num_accepted) for c in out]
 
-    reused = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
-    reused.generate(first, num_samples=4, seed=3, progress=False, prompt_indices=[0])
-    fresh = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
-    assert drawn(reused) == drawn(fresh)
+    for interrupted in (False, True):
+        reused = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
+        if interrupted:  # the first call stops mid-way, its rows still in the draft
+            propose, calls = reused.draft.propose, []
+
+            def failing(*args):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise KeyboardInterrupt
+                return propose(*args)
+
+            reused.draft.propose = failing
+            with pytest.raises(KeyboardInterrupt):
+                reused.generate(first, num_samples=4, seed=3, progress=False, prompt_indices=[0])
+            reused.draft.propose = propose
+        else:
+            reused.generate(first, num_samples=4, seed=3, progress=False, prompt_indices=[0])
+        fresh = Sampler(target, settings, eos_token_ids=[], draft=build[kind]())
+        assert drawn(reused) == drawn(fresh), f"interrupted={interrupted}"
     assert any(drafted for _, drafted, _ in drawn(fresh))  # the draft did propose
 
 
