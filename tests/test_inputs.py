@@ -155,6 +155,7 @@ def test_a_value_of_the_wrong_type_is_refused_while_composing(make_cfg, override
     ("sample.num_samples=0", "sample.num_samples"),
     ("sample.max_new_tokens=0", "sample.max_new_tokens"),
     ("sample.temperature=-1", "sample.temperature"),
+    ("sample.temperature=1e-40", "sample.temperature"),  # overflows float32 once it divides the logits
     ("sample.top_k=-1", "sample.top_k"),
     ("sample.top_p=7", "sample.top_p"),
     ("sample.top_p=0", "sample.top_p"),

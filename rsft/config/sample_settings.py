@@ -209,7 +209,7 @@ class SampleConfig(Checked):
                                   check=MAX_NEW_TOKENS)
     # below plain sampling's temperature, at which the default policy rambles
     # (docs/history.md#why-each-default-setting)
-    temperature: float = setting(0.7, "Sampling temperature, in (0, 100] (strategy=greedy ignores it).",
+    temperature: float = setting(0.7, "Sampling temperature, in [1e-6, 100] (strategy=greedy ignores it).",
                                   check=TEMPERATURE)
     top_k: int = setting(0, "Keep the k most probable tokens; 0 = off.", check=TOP_K)
     top_p: float = setting(1.0, "Nucleus sampling mass, in (0, 1]: the most probable tokens whose mass reaches it, "

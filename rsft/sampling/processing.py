@@ -30,12 +30,24 @@ def check_sampling_settings(temperature: float, top_k: int, top_p: float, strate
     check_top_k(top_k)
 
 
+# below this, logits a few tens apart divided by the temperature can pass float32's range: NaN probabilities, and
+# samples that are not the policy's; what so cold a temperature asks for is the argmax, strategy=greedy
+MIN_TEMPERATURE = 1e-6
+
+
 def check_temperature(temperature: float, strategy: str) -> None:
-    """strategy=greedy takes the argmax: temperature is unused there, and must be > 0 for any other."""
-    if strategy != "greedy" and not temperature > 0:  # `not >` also catches NaN
+    """strategy=greedy takes the argmax: temperature is unused there, and must be >= MIN_TEMPERATURE for any other."""
+    if strategy == "greedy":
+        return
+    if not temperature > 0:  # `not >` also catches NaN
         raise ValueError(
             f"temperature must be > 0 for strategy={strategy} (got {temperature}); "
             "for greedy decoding set sample.strategy=greedy"
+        )
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be at least {MIN_TEMPERATURE:g} for strategy={strategy} (got {temperature:g}): "
+            f"the logits divided by it can overflow float32; for the argmax set sample.strategy=greedy"
         )
 
 

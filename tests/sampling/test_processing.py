@@ -129,6 +129,11 @@ def test_check_sampling_settings():
         check_sampling_settings(-1.0, 0, 1.0, "lenient")
     with pytest.raises(ValueError, match="temperature"):
         check_sampling_settings(float("nan"), 0, 1.0, "exact")
+    # so cold that logits divided by it overflow float32 (NaN probabilities): refused, pointing to greedy
+    with pytest.raises(ValueError, match=r"temperature must be at least 1e-06 .*got 1e-40.*sample.strategy=greedy"):
+        check_sampling_settings(1e-40, 0, 1.0, "exact")
+    assert not torch.isnan(probs_from_logits(torch.tensor([30.0, -30.0, 0.0]), 1e-6)).any()  # the floor is safe
+    check_sampling_settings(1e-6, 0, 1.0, "exact")
     for top_p in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="top_p"):
             check_sampling_settings(1.0, 0, top_p, "exact")
