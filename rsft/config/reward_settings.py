@@ -102,7 +102,8 @@ class RewardSourceConfig(Checked):
                                   "normalised rewards.", check=one_of(COMBINE_MODES))
     model: Optional[str] = setting(None, "http: the model the server must report (checked against /health).")
     revision: Optional[str] = setting(None, "http: the revision the server must report.")
-    timeout: float = setting(30.0, "http: seconds one request may take, from looking up the host to the answer's last byte.",
+    timeout: float = setting(30.0, "http: seconds one request may take, from looking up the host to the answer's "
+                                   "last byte.",
                              check=positive())
     retries: int = setting(5, "http: retries with exponential backoff before giving up (0 = one try).",
                            check=Check(_retries, f"in [0, {MAX_RETRIES}]"))

@@ -208,7 +208,8 @@ def test_completions_ending_at_eos_match_enumeration(draft_kind, gamma, batch_ro
     settings = SamplingSettings(max_new_tokens=length, temperature=temperature, top_k=top_k, top_p=top_p,
                                 batch_rows=batch_rows, gamma=gamma, adaptive=scripted)
     draft = {"none": lambda: None, "model": lambda: ModelDraft(tiny_lm(vocab, seed=1, layers=1)),
-             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1), "feature": lambda: feature_draft(target)}[draft_kind]
+             "ngram": lambda: NgramDraft(max_ngram=2, min_ngram=1),
+             "feature": lambda: feature_draft(target)}[draft_kind]
     sampler = Sampler(target, settings, eos_token_ids=[EOS], draft=draft())
     assert sampler.controller.gamma_max == gamma  # the budget lets a step draft every one of them
     if scripted:
