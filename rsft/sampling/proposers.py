@@ -75,9 +75,9 @@ class ModelDraft:
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] pending tokens fed in this step's first forward
 
     def begin(self) -> None:
-        """A fresh cache, so that rows an interrupted call left behind are not carried into this one."""
-        self.kv = KVBatch(self.kv.model)
-        self.pending = []
+        """Drop the rows an interrupted call left behind (a finished call has kept none): the state a call that
+        ran to its end leaves, cache buffers and output head kept for this one."""
+        self.keep_rows([])
 
     def admit(self, prefixes: list[list[int]], copies: list[int], rows, target=None) -> None:
         self.kv.admit(prefixes, copies)
@@ -243,9 +243,8 @@ class FeatureDraft:
         self._fed = torch.zeros(0, dtype=torch.long)  # [rows] true entries fed in this step's first forward
 
     def begin(self) -> None:
-        """A fresh cache, so that rows an interrupted call left behind are not carried into this one."""
-        self.kv = KVBatch(self.model, keep_features=True)
-        self.target = None
+        """Drop the rows an interrupted call left behind, as ModelDraft.begin does."""
+        self.keep_rows([])
 
     def admit(self, prefixes: list[list[int]], copies: list[int], rows, target) -> None:
         if not target.keep_features:
