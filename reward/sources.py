@@ -174,7 +174,9 @@ class TrainedReward(RewardSource):
 
     def score(self, prompts, completions, rows=None, batch_size=32, progress=True, shard=(0, 1)):
         prompts, completions, _ = _checked_inputs(prompts, completions, rows, shard)
-        return self.scorer.score(self.scorer.as_trained(prompts), completions, batch_size, progress, shard=tuple(shard))
+        # a damaged model can give NaN: refused here, naming the model, before it reaches a selection or a mean
+        return checked_scores(self.scorer.score(self.scorer.as_trained(prompts), completions, batch_size, progress,
+                                                shard=tuple(shard)), len(prompts), f"trained reward {self.folder}")
 
     def identity(self):
         return dict(self._identity)
@@ -326,7 +328,7 @@ class PretrainedReward(RewardSource):
             log.warning("reward source pretrained:%s: %d of %d inputs were longer than max_length=%d tokens and were "
                         "cut (the end of the completion is not scored); raise the option max_length if the model "
                         "reads longer inputs", self.name, truncated, scored, self.max_length)
-        return scores
+        return checked_scores(scores, len(inputs), f"reward source pretrained:{self.name}")
 
     def identity(self):
         return dict(self._identity)

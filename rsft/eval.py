@@ -24,15 +24,21 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
                                         ({mean, low, high}); common random numbers make them tight
   distinct_1, distinct_2                distinct word n-grams / all word n-grams across a prompt's
                                         samples, averaged over prompts (diversity within a prompt)
-  distinct_1_all, distinct_2_all        the same over the whole eval set pooled (across prompts)
+  distinct_1_all, distinct_2_all        the same over the whole eval set pooled (across prompts); each
+                                        distinct-n is left out when no completion has n words (one-number
+                                        answers have no bigram), never written as 0
   top_opening, top_opening_share        the most common first words (rsft.stats.opening) and the share
                                         of completions that open with them: collapse across prompts
                                         ("I'm sorry, but as an AI ..." to everything) that per-prompt
-                                        distinct-n cannot see
+                                        distinct-n cannot see; an empty answer opens with "" and counts
   alike_share, distinct_answers         the share of prompts whose samples are all the same text, and the
                                         distinct texts per prompt (rsft.metrics.range_metrics), with intervals
-  pass_at_<k>, <column>_pass_at_<k>     for a verifier's column (every value 0 or 1): the unbiased pass@k,
-                                        k = 1, 2, 4, 8 up to eval.num_samples (Chen et al. 2021)
+  pass_at_<k>, <column>_pass_at_<k>     for a verifier's column (every value 0 or 1; never gold, the demo's
+                                        graded oracle): the unbiased pass@k, k = 1, 2, 4, 8 up to
+                                        eval.num_samples (Chen et al. 2021), each over the prompts with at least
+                                        k scored answers; pass_k_coverage {name: prompts} where that is fewer
+  <column>_unscorable                   answers the column could not score (None), where there are any: its
+                                        means, intervals and pass@k are over the scored ones
   mean_entropy                          the entropy (nats) of the distribution each token was drawn from
                                         (after temperature, top-k, top-p), per completion, averaged; with
                                         its interval (rsft's sampler; absent with sample.backend=vllm)

@@ -416,8 +416,10 @@ class SampleColumns:
                 "num_accepted": c.num_accepted,
                 "num_target_forwards": c.num_target_forwards,
                 **({"pruned_at": c.pruned_at} if self.pruning else {}),
-                # a shard sampled before entropy was recorded has none: null, not a wrong number
-                **({"mean_entropy": None if c.entropy_sum is None else c.entropy_sum / max(len(c.token_ids), 1)}
+                # a shard sampled before entropy was recorded has none, and a completion of no tokens (EOS
+                # first, not kept) has nothing to average: null, not a wrong number (0.0 would pull means down)
+                **({"mean_entropy": None if c.entropy_sum is None or not c.token_ids
+                    else c.entropy_sum / len(c.token_ids)}
                    if self.entropy else {}),
                 **{k: source[k] for k in extra_columns},
             })

@@ -17,6 +17,7 @@ from collections import defaultdict
 from datasets import Dataset
 
 from rsft import stats
+from rsft.errors import InputError
 
 METRICS_FILE = "metrics.json"
 # the score columns an evaluation may hold, the truth first: the demo's oracle, a judge (eval.judge), the proxy
@@ -259,17 +260,28 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
     }
     intervals = {}
     for column in score_columns(ds):
-        kept = [(p, v) for p, v in zip(ds["prompt_id"], ds[column]) if v is not None]  # None: not scorable
+        values = ds[column]
+        bad = next((i for i, v in enumerate(values) if v is not None and not math.isfinite(v)), None)
+        if bad is not None:  # a NaN would make every mean and interval NaN and count as a loss in the win rate
+            raise InputError(f"evaluation's {column} column: prompt {ds['prompt_id'][bad]}'s row {bad} scored "
+                             f"{values[bad]}; every score must be a finite number or None (not scorable): the "
+                             f"{column} model or source gives non-finite scores")
+        kept = [(p, v) for p, v in zip(ds["prompt_id"], values) if v is not None]  # None: not scorable
+        if len(kept) < len(values):  # the means below are over the scored rows only: say how many were not
+            metrics[f"{column}_unscorable"] = len(values) - len(kept)
         if not kept:
             continue
         interval = stats.bootstrap(stats.by_prompt([p for p, _ in kept], [v for _, v in kept]))
         metrics[f"{column}_mean"] = interval["mean"]
         intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
     for n in (1, 2):
+        # undefined where no completion has n words (one-number answers have no bigram): left out, not 0.0,
+        # which would read as total collapse (and trip a guard's floor) when nothing was measured
         values = [v for v in (stats.distinct_n([completions[i] for i in rows], n) for rows in texts.values())
                   if v is not None]
-        metrics[f"distinct_{n}"] = statistics.fmean(values) if values else 0.0
-        metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n) or 0.0
+        if values:
+            metrics[f"distinct_{n}"] = statistics.fmean(values)
+            metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n)
     metrics["top_opening"], metrics["top_opening_share"] = stats.top_opening(completions)
     range_metrics(ds, texts, metrics, intervals)
     if baseline is not None:
@@ -322,16 +334,24 @@ def range_metrics(ds: Dataset, rows_by_prompt: dict, metrics: dict, intervals: d
             intervals[name] = [interval["low"], interval["high"]]
     for column in score_columns(ds):
         values = ds[column]
-        if not stats.is_verifier(values):
+        # gold is the demo's graded oracle: 0 for every empty answer, so a policy collapsed to nothing would
+        # pass for a verifier's column by its values alone
+        if column == "gold" or not stats.is_verifier(values):
             continue
         verdicts = {p: [values[i] for i in rows if values[i] is not None] for p, rows in rows_by_prompt.items()}
         verdicts = {p: v for p, v in verdicts.items() if v}
-        fewest = min(len(v) for v in verdicts.values())
-        for k in (k for k in PASS_AT if k <= fewest):
+        for k in PASS_AT:
+            # over the prompts with at least k verdicts (an unscorable answer leaves its prompt fewer), so one
+            # None does not drop pass@k for every prompt; pass_k_coverage names each k that covers fewer prompts
+            counted = {p: v for p, v in verdicts.items() if len(v) >= k}
+            if not counted:
+                break
             name = f"pass_at_{k}" if column == "reward" else f"{column}_pass_at_{k}"
-            interval = stats.bootstrap({p: [stats.pass_at_k(len(v), int(sum(v)), k)] for p, v in verdicts.items()})
+            interval = stats.bootstrap({p: [stats.pass_at_k(len(v), int(sum(v)), k)] for p, v in counted.items()})
             metrics[name] = interval["mean"]
             intervals[name] = [interval["low"], interval["high"]]
+            if len(counted) < len(verdicts):
+                metrics.setdefault("pass_k_coverage", {})[name] = len(counted)
 
 
 def flat_metrics(metrics: dict) -> dict[str, float]:

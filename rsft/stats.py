@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import re
+import unicodedata
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -142,11 +143,11 @@ def opening(text: str, count: int = OPENING_WORDS) -> str:
 
 
 def top_opening(texts: list[str], count: int = OPENING_WORDS) -> tuple[str, float]:
-    """The most common opening among texts with at least one word, and its share of all texts."""
-    openings = Counter(o for o in (opening(t, count) for t in texts) if o)
-    if not openings or not texts:
+    """The most common opening and its share of all texts. A text with no words opens with "" and counts like
+    any other opening: a policy that answers everything with nothing has collapsed (share 1.0), not spread out."""
+    if not texts:
         return "", 0.0
-    text, n = openings.most_common(1)[0]
+    text, n = Counter(opening(t, count) for t in texts).most_common(1)[0]
     return text, n / len(texts)
 
 
@@ -181,14 +182,16 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 
 def is_verifier(values) -> bool:
-    """A score column whose every scored value is 0 or 1: a checker's verdict, where pass@k means something."""
+    """A score column whose every scored value is 0 or 1: a checker's verdict, where pass@k means something.
+    A bool is not a score (True == 1 in Python): a column of them is no verifier's."""
     scored = [v for v in values if v is not None]
-    return bool(scored) and all(v in (0, 1, 0.0, 1.0) for v in scored)
+    return bool(scored) and all(not isinstance(v, bool) and v in (0, 1) for v in scored)
 
 
 def normalised_answer(text: str) -> str:
-    """A completion's text as compared for "alike": case, surrounding and repeated whitespace ignored."""
-    return " ".join(text.lower().split())
+    """A completion's text as compared for "alike": case, surrounding and repeated whitespace ignored, and Unicode's
+    compatibility forms folded (NFKC: a composed and a decomposed "café", a full-width "Ａ" and "A" are alike)."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 VERDICTS = ("better", "not worse", "worse", "undecided")

@@ -160,7 +160,7 @@ def default_job_details(record: dict) -> list[str]:
              f"mean tokens | distinct-2 |", "|---|---|---|---|---|---|---|---|"]
 
     def others(metrics: dict) -> str:
-        return f"{metrics['eos_fraction']:.2f} | {metrics['mean_tokens']:.1f} | {metrics['distinct_2']:.2f}"
+        return f"{metrics['eos_fraction']:.2f} | {metrics['mean_tokens']:.1f} | {_share(metrics.get('distinct_2'))}"
 
     last = len(policies) - 1
     for i, row in enumerate(policies):
@@ -184,7 +184,7 @@ def default_job_details(record: dict) -> list[str]:
             f"{across('{:.3f}', lambda r: r['b']['mean'])} | {across('{:+.3f}', lambda r: r['b_vs_previous']['mean'])} | - | "
             f"{across('{:.2f}', lambda r: r['b_metrics'][win])} | {across('{:.2f}', lambda r: r['b_metrics']['eos_fraction'])} | "
             f"{across('{:.1f}', lambda r: r['b_metrics']['mean_tokens'])} | "
-            f"{across('{:.2f}', lambda r: r['b_metrics']['distinct_2'])} |")
+            f"{' / '.join(_share(r['b_metrics'].get('distinct_2')) for r in rounds)} |")
     return lines
 
 
@@ -218,7 +218,8 @@ def comparison_table(record: dict) -> list[str]:
 
 
 def _share(value) -> str:
-    """A share to two places, or "-" where it was not measured (one sample a prompt has no all-alike share)."""
+    """A share to two places, or "-" where it was not measured (one sample a prompt has no all-alike share, and
+    one-word answers no distinct-2)."""
     return "-" if value is None else f"{value:.2f}"
 
 

@@ -173,3 +173,57 @@ def test_range_metrics_pass_at_k_alike_share_and_distinct_answers_with_intervals
     assert "pass_at_8" not in m and not any(k.startswith("gold_pass_at") for k in m)
     assert m["alike_share"] == 0.5 and m["distinct_answers"] == 2.0
     assert m["intervals"]["pass_at_1"] == pytest.approx([0.25, 0.75]) and "alike_share" in m["intervals"]
+
+
+def _eval_rows(completions: dict[str, list[str]], **columns) -> "Dataset":
+    """An evaluation's rows: prompt -> its samples' texts, and any score columns (one value a row)."""
+    from datasets import Dataset
+
+    prompt_ids = [p for p, texts in completions.items() for _ in texts]
+    texts = [t for ts in completions.values() for t in ts]
+    n = len(texts)
+    sample_idx = [i for ts in completions.values() for i in range(len(ts))]
+    return Dataset.from_dict({"prompt_id": prompt_ids, "sample_idx": sample_idx, "completion": texts,
+                              "reward_normalised": [0.0] * n, "num_tokens": [1] * n, "finish_reason": ["eos"] * n,
+                              **columns})
+
+
+def test_one_unscorable_verdict_keeps_pass_at_k_and_is_counted():
+    """An answer the verifier could not score leaves its prompt one verdict short: pass@8 is still measured,
+    over the prompts with 8 verdicts (pass_k_coverage says how many), and the unscorable answer is counted."""
+    from rsft.metrics import policy_metrics
+
+    rewards = [1.0, 0.0] * 4 + [0.0] * 8 + [1.0] * 7 + [None]
+    m = policy_metrics(_eval_rows({p: [f"answer {i}" for i in range(8)] for p in "abc"}, reward=rewards))
+    assert m["reward_unscorable"] == 1
+    assert m["pass_at_8"] == pytest.approx((1.0 + 0.0) / 2) and m["pass_k_coverage"] == {"pass_at_8": 2}
+    # pass@4 covers all three prompts; c's 7 of 7 scored answers are right
+    assert m["pass_at_4"] == pytest.approx((1 - 1 / 70 + 0.0 + 1.0) / 3) and "pass_at_4" not in m["pass_k_coverage"]
+    assert "reward_unscorable" not in policy_metrics(_eval_rows({"a": ["x y", "y z"]}, reward=[1.0, 0.0]))
+
+
+def test_gold_and_bools_are_no_verifier_and_non_finite_scores_are_refused():
+    """The demo's gold is graded (0 for every empty answer), so a collapsed policy gets no gold pass@k; a column
+    of bools is no verifier's; a NaN score stops the evaluation, naming the column and the prompt."""
+    from rsft.errors import InputError
+    from rsft.metrics import policy_metrics
+    from rsft.stats import is_verifier
+
+    m = policy_metrics(_eval_rows({"a": ["", ""], "b": ["", ""]}, gold=[0.0] * 4, reward=[0.2, 0.1, 0.3, 0.4]))
+    assert not any("pass_at" in k for k in m)
+    assert not is_verifier([True, False]) and is_verifier([0.0, 1]) and not is_verifier([0.0, 1.0000001])
+    with pytest.raises(InputError, match=r"reward column: prompt b's row 2 scored nan"):
+        policy_metrics(_eval_rows({"a": ["x y", "y z"], "b": ["x y", "y z"]}, reward=[0.1, 0.2, float("nan"), 0.3]))
+
+
+def test_distinct_n_is_left_out_when_undefined_and_an_empty_answer_is_an_opening():
+    """One-number answers have no bigram: distinct-2 is not measured (left out, not 0.0, which reads as
+    collapse), distinct-1 still is; answers that are all empty open alike (top opening share 1.0)."""
+    from rsft.metrics import policy_metrics
+
+    m = policy_metrics(_eval_rows({"a": ["42", "17", "3"], "b": ["5", "6", "7"]}, reward=[0.0] * 6))
+    assert "distinct_2" not in m and "distinct_2_all" not in m and m["distinct_1"] == 1.0
+    empty = policy_metrics(_eval_rows({"a": ["", " "], "b": ["", ""]}, reward=[0.0] * 4))
+    assert (empty["top_opening"], empty["top_opening_share"]) == ("", 1.0)
+    mixed = policy_metrics(_eval_rows({"a": ["Sure thing.", "Sure thing!"], "b": ["", "No."]}, reward=[0.0] * 4))
+    assert (mixed["top_opening"], mixed["top_opening_share"]) == ("sure thing", 0.5)

@@ -137,6 +137,10 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
      "loop.guard.widen_k=4: expected more than select.k=4"),
     (["loop.guard.metric=distinct_2", "loop.guard.min=0.5", "loop.guard.action=widen_select",
       "select.strategy=threshold"], "select.strategy=threshold: expected top_k with loop.guard.action=widen_select"),
+    # evaluations report pass@1, 2, 4 and 8, each up to eval.num_samples (2 here): refused before any training
+    (["loop.guard.metric=pass_at_3", "loop.guard.min=0.5"], "loop.guard.metric='pass_at_3': expected null"),
+    (["loop.guard.metric=pass_at_4", "loop.guard.min=0.5"],
+     "loop.guard.metric=pass_at_4 needs 4 answers a held-out prompt, and eval.num_samples=2 gives fewer"),
 ])
 def test_bad_guard_settings_are_refused_naming_the_key(make_cfg, overrides, message):
     from rsft.preflight import check_config
@@ -224,3 +228,11 @@ def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):
                                                          "lower_lr or raise_kl"):
         check_config(make_cfg(*ONLINE, "online.eval_every=1", "online.guard.metric=distinct_1", "online.guard.min=0.5",
                               "online.guard.action=raise_temperature"))
+
+
+def test_an_online_guard_on_a_pass_at_k_its_evaluations_cannot_report_is_refused_before_training(make_cfg):
+    from rsft.preflight import check_config
+
+    with pytest.raises(ConfigError, match="online.guard.metric=reward_pass_at_8 needs 8 answers a held-out prompt"):
+        check_config(make_cfg(*ONLINE, "eval.num_samples=4", "online.eval_every=1",
+                              "online.guard.metric=reward_pass_at_8", "online.guard.min=0.5"))

@@ -334,6 +334,10 @@ def test_trained_frames_prompts_and_records_its_files(tmp_path):
     identity = source.identity()
     assert identity["kind"] == "trained" and "reward_stats.json" in identity["files"]
     assert isinstance(open_source(f"trained:{folder}"), TrainedReward)
+    with torch.no_grad():  # a damaged model: its scores are refused, naming it, before any stage uses them
+        source.scorer.model.score.weight.fill_(float("nan"))
+    with pytest.raises(InputError, match=r"trained reward .*reward: row \d+: returned nan; expected a finite float"):
+        source.score(PROMPTS, COMPLETIONS, progress=False)
 
 
 # ---------------------------------------------------------------- function

@@ -194,3 +194,22 @@ def test_sampling_with_a_budget_resumes_mid_way_and_is_reproducible(make_cfg, mo
     plain = wanted_fingerprint(make_cfg("stage=sample", "run_name=killed"))
     assert not any(k.startswith(("sample.prune", "sample.adaptive")) for k in plain["config"])
     assert "reward" not in plain["inputs"]
+
+
+def test_a_completion_of_no_tokens_has_no_mean_entropy():
+    """EOS drawn first leaves a completion of no tokens (EOS is not kept): its mean entropy is null, not 0.0,
+    which would pull a policy's mean token entropy down for every empty answer."""
+    from datasets import Dataset
+
+    from rsft.generation import SampleColumns
+    from rsft.sampling.batched import Completion
+
+    class Decoder:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    prompts = Dataset.from_dict({"prompt_id": ["p"], "prompt": ["hi"]})
+    columns = SampleColumns(prompts, Decoder(), {}, False, entropy=True)
+    rows = columns.rows([Completion(0, 0, 1, [], "eos", entropy_sum=0.0),
+                         Completion(0, 1, 2, [5, 6], "eos", entropy_sum=3.0)])
+    assert [r["mean_entropy"] for r in rows] == [None, 1.5]

@@ -124,3 +124,11 @@ def test_the_pooled_interval_widens_with_the_seed_to_seed_spread():
     assert apart["high"] - apart["low"] > 2 * (alike["high"] - alike["low"])
     with pytest.raises(ValueError, match="the same prompts"):
         pooled_bootstrap([prompts, {"p0": [1.0]}])
+
+
+def test_answers_alike_up_to_case_spacing_and_unicode_forms():
+    from rsft.stats import normalised_answer
+
+    assert normalised_answer("  Caf\u00e9\n au  lait ") == normalised_answer("cafe\u0301 au lait") == "caf\u00e9 au lait"
+    assert normalised_answer("\uff21\uff22 1") == normalised_answer("ab 1") and normalised_answer("STRASSE") == "strasse"
+    assert normalised_answer("a b") != normalised_answer("ab")

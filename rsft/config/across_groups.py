@@ -89,8 +89,19 @@ def simulated_labels_available(cfg) -> bool:
     return cfg.data.kind == "demo"
 
 
+def _check_guard_samples(guard, key: str, num_samples: int) -> None:
+    """A guard on pass@k watches a measure that an evaluation of eval.num_samples answers a prompt reports only
+    for k <= eval.num_samples: refused before any training, not at the first guarded evaluation."""
+    k = guard.metric.rsplit("pass_at_", 1)[1] if guard.metric and "pass_at_" in guard.metric else None
+    if k is not None and int(k) > num_samples:
+        raise ConfigError(f"{key}.metric={guard.metric} needs {k} answers a held-out prompt, and eval.num_samples="
+                          f"{num_samples} gives fewer: set eval.num_samples >= {k}, or watch pass_at_<k> with "
+                          f"k <= {num_samples}")
+
+
 def _check_online(cfg) -> None:
     """stage=online samples with the weights it is training, in memory, a mini-batch at a time."""
+    _check_guard_samples(cfg.online.guard, "online.guard", cfg.eval.num_samples)
     if cfg.sample.num_samples == "auto":
         raise ConfigError("sample.num_samples=auto chooses a round's K from the previous round's evaluation, and "
                           "stage=online has no rounds: set sample.num_samples=<K> (e.g. 8)")
@@ -207,6 +218,8 @@ def check_across_groups(cfg, groups) -> None:
             raise ConfigError(f"stage=loop with data.kind={cfg.data.kind} needs a reward model: reward.data.path=<your "
                               f"pairs> (or loop.reward_from=<a run with one>); the simulated labels of stage=prefs "
                               f"need the demo task's gold oracle")
+        if cfg.loop.eval:
+            _check_guard_samples(cfg.loop.guard, "loop.guard", cfg.eval.num_samples)
         # raise_kl multiplies the rounds' sft.kl: with none there is nothing to raise
         if cfg.loop.guard.metric is not None and cfg.loop.guard.action == "raise_kl" and not cfg.sft.kl > 0:
             raise ConfigError(f"sft.kl={cfg.sft.kl}: expected > 0 with loop.guard.action=raise_kl (the guard "
