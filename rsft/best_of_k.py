@@ -387,7 +387,7 @@ def select_groups(groups: Callable[[], Iterable[tuple[Any, list[dict]]]], candid
         "candidate_reward_mean": sum(candidate_rewards) / max(len(candidate_rewards), 1),
         "acceptance_fraction": selected / candidates,
     }
-    return Selection(kept, counts, stats, starved, top_opening(tally.texts), tally.largest_gap)
+    return Selection(kept, counts, stats, starved, top_opening(tally.texts, empty=False), tally.largest_gap)
 
 
 def _choose_with_levers(ranked_by_prompt: dict[Any, list[dict]], select_cfg: DictConfig, seed: int, round_idx: int,

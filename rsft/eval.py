@@ -157,6 +157,12 @@ def build(cfg: DictConfig, job: Job) -> Built:
 
     log.info("eval %s: %s", "initial policy" if initial else f"round {round_idx}",
              {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+    for name, covered in metrics.get("pass_k_coverage", {}).items():  # what a pass@k table would not say
+        log.warning("eval: %s is over %d of %d prompts (the others have fewer scored answers than its k)", name,
+                    covered, len(prompts))
+    for column in (c for c in ("reward", "gold", "judge") if metrics.get(f"{c}_unscorable")):
+        log.warning("eval: %d answers could not be scored by %s; its means are over the others",
+                    metrics[f"{column}_unscorable"], column)
     prefix = "eval_initial" if initial else "eval"
     return Built([(meta, write)], {f"{prefix}/{k}": v for k, v in flat_metrics(metrics).items()},
                  step=0 if initial else round_idx)

@@ -34,14 +34,19 @@ log = logging.getLogger(__name__)
 
 def crossed(guard, metrics: dict, key: str, where: str) -> str | None:
     """None when `metrics`' guard.metric lies within the guard's bounds, else why it does not (a sentence naming the
-    value, the bound and the setting `key`). A metric the evaluation lacks is refused (a pass@k needs a verifier's
-    0/1 column and eval.num_samples >= k; mean_entropy a sampler that records it)."""
+    value, the bound and the setting `key`). A measure the answers collapsed past (`undefined` in the metrics:
+    distinct-2 of one-word answers, the entropy of answers with no token) is not above any floor. A metric the
+    evaluation lacks otherwise is refused (a pass@k needs a verifier's 0/1 column and eval.num_samples >= k;
+    mean_entropy a sampler that records it)."""
     name = guard.metric  # set: the callers watch only a guard with a metric
     value = metrics.get(name)
+    low, high = guard.get("min"), guard.get("max")
+    why = metrics.get("undefined", {}).get(name)
+    if why is not None:  # collapsed past what the measure can take (one-word answers have no distinct-2)
+        return f"{where}: {name} is undefined ({why}), so it is not above {key}.min={low}" if low is not None else None
     if not isinstance(value, (int, float)):
         measured = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and GUARD_METRIC.match(k))
         raise MissingInput(f"{key}.metric={name}: {where} did not measure it; it measured {', '.join(measured) or 'none'}")
-    low, high = guard.get("min"), guard.get("max")
     if low is not None and value < float(low):
         return f"{where}: {name} = {value:.4f} fell below {key}.min={low}"
     if high is not None and value > float(high):

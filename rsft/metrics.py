@@ -282,6 +282,9 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         if values:
             metrics[f"distinct_{n}"] = statistics.fmean(values)
             metrics[f"distinct_{n}_all"] = stats.distinct_n(completions, n)
+        else:  # why it is missing, for a guard whose floor it is (rsft.guard.crossed)
+            undefined = metrics.setdefault("undefined", {})
+            undefined[f"distinct_{n}"] = undefined[f"distinct_{n}_all"] = f"no answer has {n} words"
     metrics["top_opening"], metrics["top_opening_share"] = stats.top_opening(completions)
     range_metrics(ds, texts, metrics, intervals)
     if baseline is not None:
@@ -325,6 +328,8 @@ def range_metrics(ds: Dataset, rows_by_prompt: dict, metrics: dict, intervals: d
             interval = stats.bootstrap({p: v for p, v in per_prompt.items() if v})
             metrics["mean_entropy"] = interval["mean"]
             intervals["mean_entropy"] = [interval["low"], interval["high"]]
+        elif not any(ds["num_tokens"]):  # every answer ended on EOS at once: no token, so no entropy to average
+            metrics.setdefault("undefined", {})["mean_entropy"] = "no answer has a token"
     answers = {p: [stats.normalised_answer(completions[i]) for i in rows] for p, rows in rows_by_prompt.items()}
     for name, per_prompt in (("alike_share", {p: [float(len(set(a)) == 1)] for p, a in answers.items() if len(a) > 1}),
                              ("distinct_answers", {p: [float(len(set(a)))] for p, a in answers.items()})):

@@ -233,15 +233,16 @@ def plot_collapse(paths: RunPaths, rounds: int, out: Path, records: Records) -> 
     import matplotlib.pyplot as plt
 
     points = [(name, records.metrics(path)) for name, path in evaluations(paths, rounds)]
-    if not points or any("distinct_2_all" not in m for _, m in points):
+    if not points or not any("top_opening_share" in m for _, m in points):
         return None
     names = [name for name, _ in points]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for key, label in (("distinct_2", "distinct-2 within a prompt"), ("distinct_2_all", "distinct-2 across prompts"),
                        ("top_opening_share", "share opening with the top 5 words"),
                        ("alike_share", "share of prompts answered alike every time")):
-        if all(key in m for _, m in points):  # evaluations made before a measure existed lack it
-            ax.plot(range(len(names)), [m[key] for _, m in points], marker="o", label=label)
+        # evaluations made before a measure existed lack it, and one-word answers have no distinct-2: a gap
+        if any(key in m for _, m in points):
+            ax.plot(range(len(names)), [m.get(key, float("nan")) for _, m in points], marker="o", label=label)
     ax.set_xticks(range(len(names)), names)
     ax.set(ylim=(0, 1.02), ylabel="fraction", title="diversity on held-out prompts")
     ax.grid(alpha=0.3)
@@ -390,6 +391,8 @@ def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
 
 
 def _cell(value, width: int = 160) -> str:
+    if value is None:  # a measure this evaluation could not take (distinct-2 of one-word answers)
+        return "-"
     if isinstance(value, float):
         return f"{value:.3f}"
     text = str(value).replace("|", "\\|").replace("\n", " / ")

@@ -142,12 +142,14 @@ def opening(text: str, count: int = OPENING_WORDS) -> str:
     return " ".join(words(text)[:count])
 
 
-def top_opening(texts: list[str], count: int = OPENING_WORDS) -> tuple[str, float]:
-    """The most common opening and its share of all texts. A text with no words opens with "" and counts like
-    any other opening: a policy that answers everything with nothing has collapsed (share 1.0), not spread out."""
-    if not texts:
+def top_opening(texts: list[str], count: int = OPENING_WORDS, empty: bool = True) -> tuple[str, float]:
+    """The most common opening and its share of all texts. A text with no words opens with "" and, with `empty`,
+    counts like any other opening: a policy that answers everything with nothing has collapsed (share 1.0), not
+    spread out. empty=False counts only openings with words (select's cap, select.max_opening_share, limits those)."""
+    openings = Counter(o for o in (opening(t, count) for t in texts) if empty or o)
+    if not openings:
         return "", 0.0
-    text, n = Counter(opening(t, count) for t in texts).most_common(1)[0]
+    text, n = openings.most_common(1)[0]
     return text, n / len(texts)
 
 
@@ -190,8 +192,9 @@ def is_verifier(values) -> bool:
 
 def normalised_answer(text: str) -> str:
     """A completion's text as compared for "alike": case, surrounding and repeated whitespace ignored, and Unicode's
-    compatibility forms folded (NFKC: a composed and a decomposed "café", a full-width "Ａ" and "A" are alike)."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    canonical forms (NFC: a composed and a decomposed "café" are alike). Not its compatibility forms (NFKC), which
+    would make "10²" and "102" one answer."""
+    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
 
 
 VERDICTS = ("better", "not worse", "worse", "undecided")

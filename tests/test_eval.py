@@ -227,3 +227,20 @@ def test_distinct_n_is_left_out_when_undefined_and_an_empty_answer_is_an_opening
     assert (empty["top_opening"], empty["top_opening_share"]) == ("", 1.0)
     mixed = policy_metrics(_eval_rows({"a": ["Sure thing.", "Sure thing!"], "b": ["", "No."]}, reward=[0.0] * 4))
     assert (mixed["top_opening"], mixed["top_opening_share"]) == ("sure thing", 0.5)
+
+
+def test_summary_cells_and_the_collapse_plot_take_a_measure_an_evaluation_lacks(tmp_path, monkeypatch):
+    """A measure an evaluation could not take is "-" in summary.md's tables, and the diversity plot keeps the
+    measures it has (a round of one-word answers has no distinct-2, yet its opening share is drawn)."""
+    from rsft.report import markdown_table, plot_collapse
+
+    assert "| - |" in markdown_table([{"distinct-2": None, "gold": 0.5}])
+
+    class Records:
+        def metrics(self, path):
+            return {"initial": {"distinct_2": 0.9, "distinct_2_all": 0.7, "top_opening_share": 0.1},
+                    "round 0": {"top_opening_share": 0.6, "undefined": {"distinct_2": "no answer has 2 words"}}}[path]
+
+    monkeypatch.setattr("rsft.report.evaluations", lambda paths, rounds: [("initial", "initial"), ("round 0", "round 0")])
+    assert plot_collapse(None, 1, tmp_path / "collapse.png", Records()) == tmp_path / "collapse.png"
+    assert (tmp_path / "collapse.png").stat().st_size > 0

@@ -139,6 +139,8 @@ def test_a_measure_the_evaluation_lacks_is_named_with_what_it_measured(make_cfg)
       "select.strategy=threshold"], "select.strategy=threshold: expected top_k with loop.guard.action=widen_select"),
     # evaluations report pass@1, 2, 4 and 8, each up to eval.num_samples (2 here): refused before any training
     (["loop.guard.metric=pass_at_3", "loop.guard.min=0.5"], "loop.guard.metric='pass_at_3': expected null"),
+    (["loop.guard.metric=gold_pass_at_2", "loop.guard.min=0.5"], "loop.guard.metric='gold_pass_at_2': expected null"),
+    (["loop.guard.metric=reward_pass_at_2", "loop.guard.min=0.5"], "loop.guard.metric='reward_pass_at_2': expected"),
     (["loop.guard.metric=pass_at_4", "loop.guard.min=0.5"],
      "loop.guard.metric=pass_at_4 needs 4 answers a held-out prompt, and eval.num_samples=2 gives fewer"),
 ])
@@ -233,6 +235,26 @@ def test_online_refuses_to_raise_the_temperature_naming_the_key(make_cfg):
 def test_an_online_guard_on_a_pass_at_k_its_evaluations_cannot_report_is_refused_before_training(make_cfg):
     from rsft.preflight import check_config
 
-    with pytest.raises(ConfigError, match="online.guard.metric=reward_pass_at_8 needs 8 answers a held-out prompt"):
+    with pytest.raises(ConfigError, match="online.guard.metric=pass_at_8 needs 8 answers a held-out prompt"):
         check_config(make_cfg(*ONLINE, "eval.num_samples=4", "online.eval_every=1",
-                              "online.guard.metric=reward_pass_at_8", "online.guard.min=0.5"))
+                              "online.guard.metric=pass_at_8", "online.guard.min=0.5"))
+
+
+def test_a_measure_the_answers_collapsed_past_is_below_any_floor():
+    """One-word answers have no distinct-2 and answers with no token no entropy: the evaluation leaves the measure
+    out and says why, and a guard whose floor it is crosses it (a collapse, not a setting to refuse)."""
+    from omegaconf import OmegaConf
+
+    from rsft.guard import crossed
+    from rsft.metrics import policy_metrics
+    from tests.test_eval import _eval_rows
+
+    metrics = policy_metrics(_eval_rows({"a": ["42", "17"], "b": ["5", "5"]}, reward=[0.0] * 4))
+    floor = OmegaConf.create({"metric": "distinct_2", "min": 0.3, "max": None})
+    assert crossed(floor, metrics, "loop.guard", "round 0's evaluation") == \
+        "round 0's evaluation: distinct_2 is undefined (no answer has 2 words), so it is not above loop.guard.min=0.3"
+    assert crossed(OmegaConf.create({"metric": "distinct_2", "min": None, "max": 0.9}), metrics, "loop.guard", "x") is None
+    empty = policy_metrics(_eval_rows({"a": ["", ""]}, reward=[0.0, 0.0], mean_entropy=[None, None])
+                           .map(lambda r: {"num_tokens": 0}))
+    assert empty["undefined"]["mean_entropy"] == "no answer has a token"
+    assert "undefined" not in policy_metrics(_eval_rows({"a": ["x y", "y z"]}, reward=[0.0, 1.0]))

@@ -130,5 +130,15 @@ def test_answers_alike_up_to_case_spacing_and_unicode_forms():
     from rsft.stats import normalised_answer
 
     assert normalised_answer("  Caf\u00e9\n au  lait ") == normalised_answer("cafe\u0301 au lait") == "caf\u00e9 au lait"
-    assert normalised_answer("\uff21\uff22 1") == normalised_answer("ab 1") and normalised_answer("STRASSE") == "strasse"
+    assert normalised_answer("10\u00b2") != normalised_answer("102") and normalised_answer("STRASSE") == "strasse"
     assert normalised_answer("a b") != normalised_answer("ab")
+
+
+def test_top_opening_counts_the_empty_opening_unless_told_not_to():
+    """An evaluation counts an empty answer as an opening (collapse to nothing shows); select's recorded share
+    counts only the openings its cap (select.max_opening_share) limits, those with words."""
+    from rsft.stats import top_opening
+
+    texts = ["", "...", "Sure thing.", "Sure thing!"]
+    assert top_opening(texts) == ("", 0.5) and top_opening(texts, empty=False) == ("sure thing", 0.5)
+    assert top_opening(["", "?"], empty=False) == ("", 0.0) and top_opening([]) == ("", 0.0)

@@ -29,14 +29,14 @@ LOOP_ONLY_GUARD_ACTIONS = {"raise_temperature": "the rounds sample and evaluate 
                            "widen_select": "it changes the selection of the rounds after a crossing"}
 # the measures of range an evaluation records (rsft.eval): higher is wider, except the two shares, where lower is
 GUARD_METRIC = re.compile(r"^(distinct_1|distinct_1_all|distinct_2|distinct_2_all|distinct_answers|alike_share|"
-                          r"mean_entropy|top_opening_share|([a-z]+_)?pass_at_[1248])$")  # the k eval reports
+                          r"mean_entropy|top_opening_share|(judge_)?pass_at_[1248])$")  # the names and k eval reports
 
 
 def _guard_metric(key: str, value) -> None:
     if value is not None and not (isinstance(value, str) and GUARD_METRIC.match(value)):
         _fail(key, value, "null (off) or one of distinct_1, distinct_2, distinct_2_all, distinct_answers, alike_share, "
-                          "mean_entropy, top_opening_share, pass_at_<k>, <column>_pass_at_<k> with k = 1, 2, 4 "
-                          "or 8 (an evaluation's measure)")
+                          "mean_entropy, top_opening_share, pass_at_<k> (the reward's) or judge_pass_at_<k> with "
+                          "k = 1, 2, 4 or 8 (an evaluation's measure)")
 
 
 @dataclass
