@@ -241,6 +241,7 @@ def test_summary_cells_and_the_collapse_plot_take_a_measure_an_evaluation_lacks(
             return {"initial": {"distinct_2": 0.9, "distinct_2_all": 0.7, "top_opening_share": 0.1},
                     "round 0": {"top_opening_share": 0.6, "undefined": {"distinct_2": "no answer has 2 words"}}}[path]
 
-    monkeypatch.setattr("rsft.report.evaluations", lambda paths, rounds: [("initial", "initial"), ("round 0", "round 0")])
+    points = [("initial", "initial"), ("round 0", "round 0")]
+    monkeypatch.setattr("rsft.report.evaluations", lambda paths, rounds: points)
     assert plot_collapse(None, 1, tmp_path / "collapse.png", Records()) == tmp_path / "collapse.png"
     assert (tmp_path / "collapse.png").stat().st_size > 0

@@ -253,7 +253,8 @@ def test_a_measure_the_answers_collapsed_past_is_below_any_floor():
     floor = OmegaConf.create({"metric": "distinct_2", "min": 0.3, "max": None})
     assert crossed(floor, metrics, "loop.guard", "round 0's evaluation") == \
         "round 0's evaluation: distinct_2 is undefined (no answer has 2 words), so it is not above loop.guard.min=0.3"
-    assert crossed(OmegaConf.create({"metric": "distinct_2", "min": None, "max": 0.9}), metrics, "loop.guard", "x") is None
+    ceiling = OmegaConf.create({"metric": "distinct_2", "min": None, "max": 0.9})
+    assert crossed(ceiling, metrics, "loop.guard", "x") is None
     empty = policy_metrics(_eval_rows({"a": ["", ""]}, reward=[0.0, 0.0], mean_entropy=[None, None])
                            .map(lambda r: {"num_tokens": 0}))
     assert empty["undefined"]["mean_entropy"] == "no answer has a token"
