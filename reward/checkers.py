@@ -6,19 +6,38 @@ against (no reference); rsft counts the Nones and never keeps such a row.
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal, InvalidOperation
 
-NUMBER = re.compile(r"-?\d+")
+# a number as people write one: -7, 3.5, .5, 1,000 (commas only in groups of three: "3,4" is 3, then 4)
+NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
+
+
+def _number(text: str) -> Decimal | None:
+    """The value of a number's text ("1,000" and "1000.0" are 1000), or None when it is none."""
+    try:
+        value = Decimal(text.strip().replace(",", ""))
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
 
 
 def first_number(prompts: list[str], completions: list[str], reference: list[str | None]) -> list[float | None]:
-    """1.0 when the first number in the completion is the reference answer, 0.0 when another number or none
-    comes first (an answer that talks around the number before giving it counts as what it says first)."""
+    """1.0 when the first number in the completion equals the reference answer as a number, 0.0 when another
+    number or none comes first (an answer that talks around the number before giving it counts as what it says
+    first). Numbers compare by value, so a reference read as 24.0 (a column that holds one decimal answer is
+    read as floats) matches "24", and "1,000" matches 1000. A missing reference (None, or NaN: a gap in a CSV or
+    Parquet column) has nothing to check against; a reference that is not a number is refused."""
     out: list[float | None] = []
     for completion, answer in zip(completions, reference):
-        if answer is None:
+        if answer is None or isinstance(answer, float) and math.isnan(answer):
             out.append(None)
             continue
+        expected = _number(str(answer))
+        if expected is None:
+            raise ValueError(f"reference answer {answer!r:.40} is not a number; first_number compares numbers "
+                             f"(write your own checker for other answers)")
         found = NUMBER.search(completion)
-        out.append(float(found is not None and found.group() == str(answer).strip()))
+        out.append(float(found is not None and _number(found.group()) == expected))
     return out

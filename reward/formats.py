@@ -76,7 +76,7 @@ def split_hh_transcript(chosen: str, rejected: str) -> tuple[str, str, str]:
         common = 0
         while common < min(len(chosen), len(rejected)) and chosen[common] == rejected[common]:
             common += 1
-        cut = chosen.rfind(ASSISTANT_TURN, 0, common - len(ASSISTANT_TURN) + 1)
+        cut = chosen.rfind(ASSISTANT_TURN, 0, common)  # the last assistant turn wholly inside the shared prefix
         if cut < 0:
             raise ValueError("the two transcripts share no assistant turn")
         end = cut + len(ASSISTANT_TURN)
@@ -113,6 +113,10 @@ def to_preference_pairs(ds: Dataset, data_format: str, label_column: str, source
     for row, example in enumerate(ds):
         try:
             if data_format == "hh_rlhf" or ("prompt" not in example and isinstance(example["chosen"], list)):
+                for column in ("chosen", "rejected"):  # a null (or a key missing from the line: datasets fills it)
+                    if not isinstance(example[column], (str, list)):
+                        raise InputError(f"{source}, row {row}, column {column!r}: expected a transcript (text) or a "
+                                         f"list of messages, got {example[column]!r:.80}")
                 if isinstance(example["chosen"], list):
                     prompt, chosen, rejected = example["chosen"][:-1], example["chosen"][-1:], example["rejected"][-1:]
                     if example["rejected"][:-1] != prompt:

@@ -76,6 +76,31 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
     if len(set(ids)) != len(ids):
         raise InputError(f"{source}: prompt ids (data.id_column={id_column!r}) are not unique; give every row its "
                          f"own id, or set data.id_column=null to number the rows")
+    return _one_type_a_column(ds, source)
+
+
+def _kind(value) -> str:
+    return "text" if isinstance(value, str) else "number" if isinstance(value, (int, float)) and not isinstance(
+        value, bool) else type(value).__name__
+
+
+def _one_type_a_column(ds: Dataset, source: str) -> Dataset:
+    """The columns a prompt carries to its samples (a reference answer, a task id), each of one type, as every
+    artifact's Arrow table needs. A JSON column of text and numbers ("1,000" beside 3.5, which `datasets` reads
+    as free-form JSON) becomes text, numbers written as they read, so that a checker sees what the file says;
+    any other mix (a list beside a number) is refused naming the column, instead of failing at the first write."""
+    for column in [c for c in ds.column_names if c not in ("prompt", "prompt_id")]:
+        values = ds[column]
+        kinds = {_kind(v) for v in values if v is not None}
+        if len(kinds) < 2:
+            continue
+        if kinds != {"text", "number"}:
+            first = next(_kind(v) for v in values if v is not None)
+            row = next(i for i, v in enumerate(values) if v is not None and _kind(v) != first)
+            raise InputError(f"{source}, column {column!r}: values of several types ({', '.join(sorted(kinds))}), "
+                             f"e.g. row {row}: {values[row]!r:.80}; expected one type a column")
+        log.info("%s: column %r holds text and numbers; read as text", source, column)
+        ds = ds.remove_columns(column).add_column(column, [None if v is None else str(v) for v in values])
     return ds
 
 

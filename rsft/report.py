@@ -380,12 +380,13 @@ def example_rows(paths: RunPaths, round_idx: int, count: int) -> list[dict]:
     rows = []
     for row in final.select(range(min(count, len(final)))):
         before = first[row["prompt_id"]]
+        gold = "gold" in row  # the demo task's oracle; a task without one (verifiable, HH) has no gold columns
         rows.append({
             "round": round_idx, "prompt": row["prompt"],
             "initial_completion": before["completion"], "initial_reward": _rounded(before["reward"]),
-            "initial_gold": _rounded(before.get("gold", float("nan"))),
+            **({"initial_gold": _rounded(before["gold"])} if gold else {}),
             "completion": row["completion"], "reward": _rounded(row["reward"]),
-            "gold": _rounded(row.get("gold", float("nan"))),
+            **({"gold": _rounded(row["gold"])} if gold else {}),
         })
     return rows
 

@@ -94,13 +94,14 @@ def shown(interval: dict, signed: bool = False) -> str:
     return f"{f.format(interval['mean'])} [{f.format(interval['low'])}, {f.format(interval['high'])}]"
 
 
-def keyed(prompt_ids, sample_idxs, values) -> dict[tuple[str, int], float]:
-    """{(prompt_id, sample_idx): value}: the pairing key of a completion across evaluations."""
+def keyed(prompt_ids, sample_idxs, values) -> dict[tuple[str, int], float | None]:
+    """{(prompt_id, sample_idx): value}: the pairing key of a completion across evaluations (None: not scorable,
+    kept so that a pairing still sees the completion and leaves it out)."""
     out = {}
     for key, value in zip(zip(prompt_ids, sample_idxs), values):
         if key in out:
             raise ValueError(f"two completions share prompt_id/sample_idx {key}; evaluations pair completions by it")
-        out[key] = float(value)
+        out[key] = None if value is None else float(value)
     return out
 
 
@@ -112,7 +113,8 @@ def _paired(mine: dict, theirs: dict, per_key) -> dict[str, list[float]]:
                           f"prompts with the same eval.num_samples and eval.seed")
     groups = defaultdict(list)
     for key, value in mine.items():
-        groups[key[0]].append(per_key(value, theirs[key]))
+        if value is not None and theirs[key] is not None:  # pair what both sides could score
+            groups[key[0]].append(per_key(value, theirs[key]))
     return dict(groups)
 
 

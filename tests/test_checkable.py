@@ -70,6 +70,17 @@ def test_the_checker_reads_the_first_number_and_has_nothing_to_check_without_a_r
     assert first_number([""] * 6, completions, reference) == [1.0, 1.0, 0.0, 0.0, None, 1.0]
 
 
+def test_the_checker_compares_numbers_by_value():
+    """Decimals, thousands separators and references read as floats (a column with one decimal answer in it)
+    are compared as numbers; a gap in the column (NaN) has nothing to check; a reference that is no number is
+    refused rather than never matched."""
+    completions = ["24", "It is 3.5 cups.", "1,000 people", "1000", ".5", "12.5", "3,4 and 5", "-7.0", "x"]
+    reference = [24.0, "3.5", 1000, "1,000", "0.5", 12, 3, " -7 ", float("nan")]
+    assert first_number([""] * 9, completions, reference) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, None]
+    with pytest.raises(ValueError, match="reference answer 'forty' is not a number"):
+        first_number([""], ["40"], ["forty"])
+
+
 def test_the_held_out_rule_is_part_of_the_samples_fingerprint(make_cfg):
     """Samples drawn under one split rule are not reused under the other: the prompts differ."""
     from rsft.runner import wanted_fingerprint

@@ -95,6 +95,19 @@ def test_a_prompt_id_that_is_not_a_string_or_integer_names_file_row_and_column(t
         load_prompts(local_cfg(path, id_column=id_column))
 
 
+def test_a_carried_column_of_text_and_numbers_is_read_as_text_and_other_mixes_are_refused(tmp_path):
+    """A reference answer column with "1,000" beside 3.5 (free-form JSON to `datasets`) reaches the samples as text,
+    as written; a list beside a number is refused naming the column and row, before any sampling."""
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p, "reference": v} for p, v in
+                                              zip("abcd", ["1,000", 3.5, 5, None])])
+    ds = load_prompts(local_cfg(path))
+    assert ds["reference"][:] == ["1,000", "3.5", "5", None] and ds.features["reference"].dtype == "string"
+    path = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "a", "task": 1}, {"prompt": "b", "task": [1, 2]}])
+    with pytest.raises(InputError, match=r"column 'task': values of several types \(list, number\), e.g. row 1: "
+                                         r"\[1, 2\]; expected one type a column"):
+        load_prompts(local_cfg(path))
+
+
 def test_two_rows_without_an_id_are_missing_ids_not_duplicates(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "id": "x"}, {"prompt": "b"}, {"prompt": "c"}])
     with pytest.raises(InputError, match=r"row 1, column 'id' \(data\.id_column\): no id"):

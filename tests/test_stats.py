@@ -142,3 +142,16 @@ def test_top_opening_counts_the_empty_opening_unless_told_not_to():
     texts = ["", "...", "Sure thing.", "Sure thing!"]
     assert top_opening(texts) == ("", 0.5) and top_opening(texts, empty=False) == ("sure thing", 0.5)
     assert top_opening(["", "?"], empty=False) == ("", 0.0) and top_opening([]) == ("", 0.0)
+
+
+def test_a_pairing_leaves_out_what_either_side_could_not_score():
+    """A reward that returns None for some answers (not scorable) still pairs the evaluations: over the completions
+    both sides scored, and a different set of completions is still refused."""
+    from rsft.errors import ConfigError
+
+    mine = stats.keyed(["a", "a", "b"], [0, 1, 0], [1.0, None, 0.5])
+    theirs = stats.keyed(["a", "a", "b"], [0, 1, 0], [0.0, 1.0, None])
+    assert mine[("a", 1)] is None
+    assert stats.paired_difference(mine, theirs)["mean"] == 1.0 and stats.paired_difference(mine, theirs)["prompts"] == 1
+    with pytest.raises(ConfigError, match="different completions"):
+        stats.paired_difference(mine, stats.keyed(["a"], [0], [1.0]))

@@ -26,6 +26,29 @@ def test_hh_split_when_earlier_turns_differ():
     assert prompt == "Human: a\n\nAssistant:" and chosen.startswith("b\n\nHuman: c") and rejected.startswith("b\n\nHuman: x")
 
 
+def test_hh_split_at_the_last_shared_assistant_turn_and_never_without_one():
+    """Transcripts that part right after a shared assistant turn split there, not a turn earlier; transcripts that
+    share less than one assistant turn are refused (an end before the marker used to count from the end)."""
+    prompt, chosen, rejected = split_hh_transcript(
+        "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d\n\nHuman: e\n\nAssistant: f",
+        "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: g")
+    assert prompt == "Human: a\n\nAssistant: b\n\nHuman: c\n\nAssistant:"
+    assert (chosen, rejected) == ("d\n\nHuman: e\n\nAssistant: f", "g")
+    with pytest.raises(ValueError, match="share no assistant turn"):
+        split_hh_transcript("\n\nHuman: How do I bake bread?\n\nAssistant: Knead it.",
+                            "\n\nHuman: Tell me a joke\n\nAssistant: no.")
+
+
+@pytest.mark.parametrize("row", [{"chosen": None, "rejected": "x"}, {"chosen": "x", "rejected": None}])
+def test_a_null_transcript_is_named_by_row_and_column(row):
+    from rsft.errors import InputError
+
+    rows = Dataset.from_list([{"chosen": HH_CHOSEN, "rejected": HH_REJECTED}, row])
+    column = "chosen" if row["chosen"] is None else "rejected"
+    with pytest.raises(InputError, match=f"pairs.jsonl, row 1, column '{column}': expected a transcript .* got None"):
+        to_preference_pairs(rows, "hh_rlhf", "label_prob", "pairs.jsonl")
+
+
 def test_formats_plain_conversational_implicit_and_soft_labels():
     plain = Dataset.from_list([{"prompt": "p", "chosen": "a", "rejected": "b", "label_prob": 0.7}])
     assert to_preference_pairs(plain, "preference", "label_prob", "t")[0] == {
