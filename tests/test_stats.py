@@ -152,6 +152,7 @@ def test_a_pairing_leaves_out_what_either_side_could_not_score():
     mine = stats.keyed(["a", "a", "b"], [0, 1, 0], [1.0, None, 0.5])
     theirs = stats.keyed(["a", "a", "b"], [0, 1, 0], [0.0, 1.0, None])
     assert mine[("a", 1)] is None
-    assert stats.paired_difference(mine, theirs)["mean"] == 1.0 and stats.paired_difference(mine, theirs)["prompts"] == 1
+    difference = stats.paired_difference(mine, theirs)
+    assert difference["mean"] == 1.0 and difference["prompts"] == 1
     with pytest.raises(ConfigError, match="different completions"):
         stats.paired_difference(mine, stats.keyed(["a"], [0], [1.0]))
