@@ -84,23 +84,39 @@ def _kind(value) -> str:
         value, bool) else type(value).__name__
 
 
+def _holds_json(feature) -> bool:
+    """Whether a column's type is, or nests, `datasets`' free-form JSON (what it makes of values of mixed types)."""
+    if isinstance(feature, dict):
+        return any(_holds_json(f) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(_holds_json(f) for f in feature)
+    inner = getattr(feature, "feature", None)  # Sequence, List, LargeList
+    return type(feature).__name__ == "Json" or (inner is not None and _holds_json(inner))
+
+
 def _one_type_a_column(ds: Dataset, source: str) -> Dataset:
     """The columns a prompt carries to its samples (a reference answer, a task id), each of one type, as every
-    artifact's Arrow table needs. A JSON column of text and numbers ("1,000" beside 3.5, which `datasets` reads
-    as free-form JSON) becomes text, numbers written as they read, so that a checker sees what the file says;
-    any other mix (a list beside a number) is refused naming the column, instead of failing at the first write."""
-    for column in [c for c in ds.column_names if c not in ("prompt", "prompt_id")]:
+    artifact's Arrow table needs. Only a column `datasets` read as free-form JSON can mix types (a typed Arrow
+    column cannot, so the others are not read here). One of text and numbers ("1,000" beside 3.5) becomes text,
+    numbers written as they read, so that a checker sees what the file says; any other mix (a list beside a
+    number, {"answer": 4} beside {"answer": "four"}) is refused naming the column, instead of failing at the first
+    write of samples, after sampling."""
+    import pyarrow as pa
+
+    for column, feature in ds.features.items():
+        if column in ("prompt", "prompt_id") or not _holds_json(feature):
+            continue
         values = ds[column]
         kinds = {_kind(v) for v in values if v is not None}
-        if len(kinds) < 2:
+        if kinds == {"text", "number"}:
+            log.info("%s: column %r holds text and numbers; read as text", source, column)
+            ds = ds.remove_columns(column).add_column(column, [None if v is None else str(v) for v in values])
             continue
-        if kinds != {"text", "number"}:
-            first = next(_kind(v) for v in values if v is not None)
-            row = next(i for i, v in enumerate(values) if v is not None and _kind(v) != first)
-            raise InputError(f"{source}, column {column!r}: values of several types ({', '.join(sorted(kinds))}), "
-                             f"e.g. row {row}: {values[row]!r:.80}; expected one type a column")
-        log.info("%s: column %r holds text and numbers; read as text", source, column)
-        ds = ds.remove_columns(column).add_column(column, [None if v is None else str(v) for v in values])
+        try:
+            pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise InputError(f"{source}, column {column!r}: values of several types or shapes "
+                             f"({', '.join(sorted(kinds))}: {err}); expected one type a column") from None
     return ds
 
 

@@ -129,9 +129,12 @@ def paired_win_rate(mine: dict, theirs: dict, **kw) -> dict:
 
 
 def by_prompt(prompt_ids, values) -> dict[str, list[float]]:
+    """{prompt_id: its values}, leaving out None (not scorable): a prompt none of whose answers could be scored
+    has no entry."""
     groups = defaultdict(list)
     for prompt_id, value in zip(prompt_ids, values):
-        groups[prompt_id].append(float(value))
+        if value is not None:
+            groups[prompt_id].append(float(value))
     return dict(groups)
 
 

@@ -77,8 +77,12 @@ def test_the_checker_compares_numbers_by_value():
     completions = ["24", "It is 3.5 cups.", "1,000 people", "1000", ".5", "12.5", "3,4 and 5", "-7.0", "x"]
     reference = [24.0, "3.5", 1000, "1,000", "0.5", 12, 3, " -7 ", float("nan")]
     assert first_number([""] * 9, completions, reference) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, None]
-    with pytest.raises(ValueError, match="reference answer 'forty' is not a number"):
-        first_number([""], ["40"], ["forty"])
+    assert first_number([""] * 3, ["1e20 is 100000000000000000000", "0.0000001", "+4"], [1e20, 1e-7, "+4"]) == \
+        [0.0, 1.0, 1.0]  # "1e20" reads as 1, then stops: what comes first counts
+    assert first_number([""], ["4"], [""]) == [None]  # an empty reference is a gap, as a null is
+    for written in ("forty", "3,4", "1,00", "1e3", "1_000"):  # read as strictly as an answer is
+        with pytest.raises(ValueError, match=f"row 1 of the batch: reference answer '{written}' is not a number"):
+            first_number([""] * 2, ["4", "40"], ["4", written])
 
 
 def test_the_held_out_rule_is_part_of_the_samples_fingerprint(make_cfg):

@@ -102,10 +102,11 @@ def test_a_carried_column_of_text_and_numbers_is_read_as_text_and_other_mixes_ar
                                               zip("abcd", ["1,000", 3.5, 5, None])])
     ds = load_prompts(local_cfg(path))
     assert ds["reference"][:] == ["1,000", "3.5", "5", None] and ds.features["reference"].dtype == "string"
-    path = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "a", "task": 1}, {"prompt": "b", "task": [1, 2]}])
-    with pytest.raises(InputError, match=r"column 'task': values of several types \(list, number\), e.g. row 1: "
-                                         r"\[1, 2\]; expected one type a column"):
-        load_prompts(local_cfg(path))
+    for i, values in enumerate(([1, [1, 2]], [{"answer": 4}, {"answer": "four"}], [[1, 2], ["x"]])):
+        path = write_jsonl(tmp_path / f"q{i}.jsonl", [{"prompt": p, "task": v} for p, v in zip("ab", values)])
+        with pytest.raises(InputError, match=r"column 'task': values of several types or shapes .*; expected one "
+                                             r"type a column"):
+            load_prompts(local_cfg(path))
 
 
 def test_two_rows_without_an_id_are_missing_ids_not_duplicates(tmp_path):

@@ -156,3 +156,4 @@ def test_a_pairing_leaves_out_what_either_side_could_not_score():
     assert difference["mean"] == 1.0 and difference["prompts"] == 1
     with pytest.raises(ConfigError, match="different completions"):
         stats.paired_difference(mine, stats.keyed(["a"], [0], [1.0]))
+    assert stats.by_prompt(["a", "a", "b"], [1.0, None, None]) == {"a": [1.0]}  # each side's own interval too
