@@ -80,8 +80,12 @@ def _normalise(ds: Dataset, cfg: DictConfig, source: str, limit: int | None) -> 
 
 
 def _kind(value) -> str:
-    return "text" if isinstance(value, str) else "number" if isinstance(value, (int, float)) and not isinstance(
-        value, bool) else type(value).__name__
+    """What a carried value is, as a refusal names it: text, number (not a bool) or its type's name."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "number"
+    return type(value).__name__
 
 
 def _holds_json(feature) -> bool:

@@ -26,7 +26,8 @@ speculative one is exact, so a draft would change nothing but speed). Metrics (m
                                         samples, averaged over prompts (diversity within a prompt)
   distinct_1_all, distinct_2_all        the same over the whole eval set pooled (across prompts); each
                                         distinct-n is left out when no completion has n words (one-number
-                                        answers have no bigram), never written as 0
+                                        answers have no bigram), never written as 0; `undefined`
+                                        {name: why} says so, and a guard's floor counts it as crossed
   top_opening, top_opening_share        the most common first words (rsft.stats.opening) and the share
                                         of completions that open with them: collapse across prompts
                                         ("I'm sorry, but as an AI ..." to everything) that per-prompt

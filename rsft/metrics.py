@@ -276,7 +276,7 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
     for n in (1, 2):
         # undefined where no completion has n words (one-number answers have no bigram): left out, not 0.0,
-        # which would read as total collapse (and trip a guard's floor) when nothing was measured
+        # which would read as a measured value; `undefined` says why (a guard's floor counts it as crossed)
         values = [v for v in (stats.distinct_n([completions[i] for i in rows], n) for rows in texts.values())
                   if v is not None]
         if values:
