@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 # a number as people write one: -7, 3.5, .5, 1,000 (commas only in groups of three: "3,4" is 3, then 4)
 NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
@@ -18,12 +18,7 @@ def _number(text: str) -> Decimal | None:
     """The value of a number written as NUMBER reads one ("1,000" and "1000.0" are 1000; a leading + allowed), or
     None when the whole text is no such number ("3,4", "1e3", "1_000": what an answer could not say either)."""
     text = text.strip().removeprefix("+")
-    if not NUMBER.fullmatch(text):
-        return None
-    try:
-        return Decimal(text.replace(",", ""))
-    except InvalidOperation:  # the pattern admits only what Decimal reads; kept for safety
-        return None
+    return Decimal(text.replace(",", "")) if NUMBER.fullmatch(text) else None  # the pattern admits only Decimals
 
 
 def first_number(prompts: list[str], completions: list[str], reference: list[str | None]) -> list[float | None]:

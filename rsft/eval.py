@@ -70,6 +70,7 @@ from rsft.errors import MissingInput
 from rsft.generation import open_policy, sample_evaluation, sampling_settings
 from rsft.metrics import (
     METRICS_FILE,
+    SCORE_TITLES,
     best_of_n_curve,
     flat_metrics,
     gold_scores,
@@ -161,7 +162,7 @@ def build(cfg: DictConfig, job: Job) -> Built:
     for name, covered in metrics.get("pass_k_coverage", {}).items():  # what a pass@k table would not say
         log.warning("eval: %s is over %d of %d prompts (the others have fewer scored answers than its k)", name,
                     covered, len(prompts))
-    for column in (c for c in ("reward", "gold", "judge") if metrics.get(f"{c}_unscorable")):
+    for column in (c for c in SCORE_TITLES if metrics.get(f"{c}_unscorable")):
         log.warning("eval: %d answers could not be scored by %s; its means are over the others",
                     metrics[f"{column}_unscorable"], column)
     prefix = "eval_initial" if initial else "eval"

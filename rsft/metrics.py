@@ -232,10 +232,9 @@ def scorable(values) -> list[float]:
     return [v for v in values if v is not None]
 
 
-def scored_by_key(ds: Dataset, column: str) -> dict[tuple[str, int], float]:
-    """{(prompt_id, sample_idx): value} of the rows whose `column` was scored (rsft.stats.keyed)."""
-    rows = [(p, s, v) for p, s, v in zip(ds["prompt_id"], ds["sample_idx"], ds[column]) if v is not None]
-    return stats.keyed([p for p, _, _ in rows], [s for _, s, _ in rows], [v for _, _, v in rows])
+def keyed(ds: Dataset, column: str) -> dict[tuple[str, int], float | None]:
+    """{(prompt_id, sample_idx): value} of an evaluation's `column` (rsft.stats.keyed; None: not scored)."""
+    return stats.keyed(ds["prompt_id"], ds["sample_idx"], ds[column])
 
 
 def score_columns(ds: Dataset) -> list[str]:
@@ -266,12 +265,12 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
             raise InputError(f"evaluation's {column} column: prompt {ds['prompt_id'][bad]}'s row {bad} scored "
                              f"{values[bad]}; every score must be a finite number or None (not scorable): the "
                              f"{column} model or source gives non-finite scores")
-        kept = [(p, v) for p, v in zip(ds["prompt_id"], values) if v is not None]  # None: not scorable
-        if len(kept) < len(values):  # the means below are over the scored rows only: say how many were not
-            metrics[f"{column}_unscorable"] = len(values) - len(kept)
-        if not kept:
+        unscorable = sum(v is None for v in values)
+        if unscorable:  # the means below are over the scored rows only (by_prompt leaves out None): say how many
+            metrics[f"{column}_unscorable"] = unscorable
+        if unscorable == len(values):
             continue
-        interval = stats.bootstrap(stats.by_prompt([p for p, _ in kept], [v for _, v in kept]))
+        interval = stats.bootstrap(stats.by_prompt(ds["prompt_id"], values))
         metrics[f"{column}_mean"] = interval["mean"]
         intervals[f"{column}_mean"] = [interval["low"], interval["high"]]
     for n in (1, 2):
@@ -292,11 +291,8 @@ def policy_metrics(ds: Dataset, baseline: Dataset | None = None) -> dict:
         for column in score_columns(ds):
             if column not in baseline.column_names:
                 continue
-            mine, theirs = scored_by_key(ds, column), scored_by_key(baseline, column)
-            if None in ds[column] or None in baseline[column]:  # pair only what both could score
-                common = mine.keys() & theirs.keys()
-                mine, theirs = ({k: v for k, v in d.items() if k in common} for d in (mine, theirs))
-            if not mine:
+            mine, theirs = keyed(ds, column), keyed(baseline, column)
+            if not stats.scored_in_both(mine, theirs):  # the pairing leaves out what either side could not score
                 continue
             win = stats.paired_win_rate(mine, theirs)
             metrics["vs_initial"][column] = stats.paired_difference(mine, theirs)

@@ -26,7 +26,7 @@ from datasets import Dataset, load_from_disk
 
 from rsft import stats
 from rsft.errors import InputError, MissingInput
-from rsft.metrics import METRICS_FILE, SCORE_TITLES, flat_metrics, read_metrics, scored_by_key
+from rsft.metrics import METRICS_FILE, SCORE_TITLES, flat_metrics, keyed, read_metrics
 from rsft.paths import RunPaths
 from rsft.plotting import finish, interval_errorbar, pyplot
 from rsft.store import is_complete, load_dataset_artifact, read_meta
@@ -200,11 +200,8 @@ def paired(mine: dict, theirs: dict, column: str) -> dict | None:
     if set(zip(mine["eval"]["prompt_id"], mine["eval"]["sample_idx"])) != set(
             zip(theirs["eval"]["prompt_id"], theirs["eval"]["sample_idx"])):
         return None
-    a, b = scored_by_key(mine["eval"], column), scored_by_key(theirs["eval"], column)
-    common = a.keys() & b.keys()
-    if not common:
-        return None
-    return stats.paired_difference({k: a[k] for k in common}, {k: b[k] for k in common})
+    a, b = keyed(mine["eval"], column), keyed(theirs["eval"], column)
+    return stats.paired_difference(a, b) if stats.scored_in_both(a, b) else None
 
 
 def series_name(points: list[dict]) -> str:

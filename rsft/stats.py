@@ -118,6 +118,11 @@ def _paired(mine: dict, theirs: dict, per_key) -> dict[str, list[float]]:
     return dict(groups)
 
 
+def scored_in_both(mine: dict, theirs: dict) -> bool:
+    """Whether any completion of two keyed evaluations was scored by both: what a pairing has to go on."""
+    return any(value is not None and theirs.get(key) is not None for key, value in mine.items())
+
+
 def paired_difference(mine: dict, theirs: dict, **kw) -> dict:
     """Mean of (mine - theirs) over paired completions, with its bootstrap interval over prompts."""
     return bootstrap(_paired(mine, theirs, lambda a, b: a - b), **kw)
